@@ -1,0 +1,293 @@
+//! Running workloads on pinned threads and reporting medians.
+
+use std::io::Write as _;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// One implementation of a scenario, built fresh for each measurement.
+pub trait Workload: Sync {
+    /// Performs `iters` operations as worker `tid` (of `threads`).
+    fn run(&self, tid: usize, iters: u64);
+
+    /// The row worker `tid` reports into: `""` for the implementation's own
+    /// row, or a role such as `"reads"` (reported as `IMPL:reads`).
+    fn role(&self, _tid: usize) -> &'static str {
+        ""
+    }
+
+    /// Operations per call of [`run`](Self::run) for worker `tid`; the stop
+    /// flag is checked once per batch, so the harness costs nothing per
+    /// operation.
+    fn batch(&self, _tid: usize) -> u64 {
+        1024
+    }
+
+    /// Checks the work done against `ops_per_worker` (e.g. a counter's sum
+    /// against the operations counted), after all workers stopped.
+    fn verify(&self, _ops_per_worker: &[u64]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Builds the workload of implementation `imp` for `threads` workers, or
+/// says why it cannot run here (the row is then skipped with that reason).
+pub type Build = fn(imp: &str, threads: usize) -> Result<Box<dyn Workload>, String>;
+
+/// A named benchmark with its implementations.
+pub struct Scenario {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub impls: &'static [&'static str],
+    pub build: Build,
+}
+
+/// How to run: thread counts, durations, repetitions, implementation filter.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub threads: Vec<usize>,
+    pub duration: Duration,
+    pub runs: usize,
+    pub impls: Option<Vec<String>>,
+}
+
+/// One reported line: the median over runs of one (row, threads).
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub scenario: String,
+    #[serde(rename = "impl")]
+    pub imp: String,
+    pub threads: usize,
+    /// Median total throughput, million operations per second.
+    pub mops: f64,
+    /// Sample standard deviation of the runs' totals.
+    pub stddev: f64,
+    pub mops_per_thread: f64,
+    /// Number of runs the median is taken over.
+    pub runs: usize,
+    /// Each run's total, in run order.
+    pub samples: Vec<f64>,
+}
+
+impl Row {
+    /// The row in the kernel selftests' format.
+    #[must_use]
+    pub fn line(&self, width: usize) -> String {
+        format!(
+            "{:<width$} ({:>3} cpus): {:>9.3} ± {:>7.3}M/s  ({:>8.3}M/s/cpu)",
+            format!("{}/{}", self.scenario, self.imp),
+            self.threads,
+            self.mops,
+            self.stddev,
+            self.mops_per_thread,
+        )
+    }
+}
+
+/// The CPUs this process may run on (its affinity mask), in order.
+#[must_use]
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) != 0 {
+            return (0..std::thread::available_parallelism().map_or(1, usize::from)).collect();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
+}
+
+fn pin_to(cpu: usize) {
+    // SAFETY: as above; a failure to pin only makes the run less tidy.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set);
+    }
+}
+
+/// Runs `w` on `threads` workers pinned round-robin to `cpus` for
+/// `duration`; returns each worker's operations and rate (ops/s).
+fn measure(w: &dyn Workload, threads: usize, cpus: &[usize], duration: Duration) -> Vec<(u64, f64)> {
+    let stop = AtomicBool::new(false);
+    let start = Barrier::new(threads + 1);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|tid| {
+                let (stop, start) = (&stop, &start);
+                let cpu = cpus[tid % cpus.len()];
+                s.spawn(move || {
+                    pin_to(cpu);
+                    let batch = w.batch(tid).max(1);
+                    start.wait();
+                    let t0 = Instant::now();
+                    let mut ops = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        w.run(tid, batch);
+                        ops += batch;
+                    }
+                    (ops, ops as f64 / t0.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        start.wait();
+        std::thread::sleep(duration);
+        stop.store(true, Ordering::Relaxed);
+        workers.into_iter().map(|h| h.join().expect("benchmark worker panicked")).collect()
+    })
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        f64::midpoint(v[n / 2 - 1], v[n / 2])
+    }
+}
+
+fn stddev(xs: &[f64]) -> f64 {
+    if xs.len() < 2 {
+        return 0.0;
+    }
+    let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+    (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (xs.len() - 1) as f64).sqrt()
+}
+
+/// Progress on stderr, for runs longer than a few seconds.
+struct Progress {
+    total: usize,
+    done: usize,
+    enabled: bool,
+}
+
+impl Progress {
+    fn step(&mut self, what: &str) {
+        self.done += 1;
+        if self.enabled {
+            eprint!("\r\x1b[2K[{}/{}] {what}", self.done, self.total);
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    fn finish(&self) {
+        if self.enabled {
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
+
+/// Runs every selected implementation of `sc` at every thread count,
+/// interleaved run by run, and returns the rows plus the skip reasons.
+pub fn run_scenario(sc: &Scenario, opts: &Options) -> Result<(Vec<Row>, Vec<String>), String> {
+    let impls: Vec<&str> = match &opts.impls {
+        None => sc.impls.to_vec(),
+        Some(sel) => {
+            for s in sel {
+                if !sc.impls.contains(&s.as_str()) {
+                    return Err(format!(
+                        "scenario {} has no implementation {s:?} (it has: {})",
+                        sc.name,
+                        sc.impls.join(", ")
+                    ));
+                }
+            }
+            sc.impls.iter().copied().filter(|i| sel.iter().any(|s| s == i)).collect()
+        }
+    };
+    let cpus = allowed_cpus();
+    let steps = opts.runs * opts.threads.len() * impls.len();
+    let mut progress = Progress {
+        total: steps,
+        done: 0,
+        enabled: opts.duration.as_secs_f64() * steps as f64 > 3.0,
+    };
+    // (row name, threads) -> per-run totals, in first-seen order.
+    let mut samples: Vec<((String, usize), Vec<f64>)> = Vec::new();
+    let mut skipped = Vec::new();
+    let mut skip_set = std::collections::HashSet::new();
+    for _run in 0..opts.runs {
+        for &threads in &opts.threads {
+            for imp in &impls {
+                progress.step(&format!("{}/{imp} ({threads} threads)", sc.name));
+                if skip_set.contains(imp) {
+                    continue;
+                }
+                let w = match (sc.build)(imp, threads) {
+                    Ok(w) => w,
+                    Err(why) => {
+                        skip_set.insert(*imp);
+                        skipped.push(format!("{}/{imp}: skipped: {why}", sc.name));
+                        continue;
+                    }
+                };
+                let results = measure(&*w, threads, &cpus, opts.duration);
+                let ops: Vec<u64> = results.iter().map(|r| r.0).collect();
+                w.verify(&ops)
+                    .map_err(|e| format!("{}/{imp} ({threads} threads) failed its check: {e}", sc.name))?;
+                let mut per_role: Vec<(&'static str, f64)> = Vec::new();
+                for (tid, (_, rate)) in results.iter().enumerate() {
+                    let role = w.role(tid);
+                    match per_role.iter_mut().find(|(r, _)| *r == role) {
+                        Some((_, total)) => *total += rate,
+                        None => per_role.push((role, *rate)),
+                    }
+                }
+                for (role, rate) in per_role {
+                    let name = if role.is_empty() { (*imp).to_string() } else { format!("{imp}:{role}") };
+                    let key = (name, threads);
+                    match samples.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, v)) => v.push(rate / 1e6),
+                        None => samples.push((key, vec![rate / 1e6])),
+                    }
+                }
+            }
+        }
+    }
+    progress.finish();
+    // Report grouped by row, then threads, as the seeds' tables are.
+    let mut order: Vec<String> = Vec::new();
+    for ((name, _), _) in &samples {
+        if !order.contains(name) {
+            order.push(name.clone());
+        }
+    }
+    let mut rows = Vec::new();
+    for name in &order {
+        for ((n, threads), v) in &samples {
+            if n == name {
+                let m = median(v);
+                rows.push(Row {
+                    scenario: sc.name.to_string(),
+                    imp: n.clone(),
+                    threads: *threads,
+                    mops: m,
+                    stddev: stddev(v),
+                    mops_per_thread: m / *threads as f64,
+                    runs: v.len(),
+                    samples: v.clone(),
+                });
+            }
+        }
+    }
+    Ok((rows, skipped))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{median, stddev};
+
+    #[test]
+    fn median_and_stddev() {
+        assert!((median(&[3.0, 1.0, 2.0]) - 2.0).abs() < 1e-12);
+        assert!((median(&[4.0, 1.0, 2.0, 3.0]) - 2.5).abs() < 1e-12);
+        assert!(stddev(&[5.0]).abs() < 1e-12);
+        assert!((stddev(&[1.0, 3.0]) - 2f64.sqrt()).abs() < 1e-12);
+    }
+}

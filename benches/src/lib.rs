@@ -1,0 +1,12 @@
+//! The benchmark harness behind the `bench` binary, and its scenarios.
+//!
+//! A [`Scenario`](harness::Scenario) names implementations; for each
+//! (implementation, thread count) the harness builds a fresh
+//! [`Workload`](harness::Workload), runs it on pinned threads for a fixed
+//! time, interleaving implementations run by run so a noisy machine's drift
+//! hits all of them alike, and reports medians in the kernel selftests'
+//! format (`SCENARIO/IMPL ( N cpus): TOTAL ± STDDEV M/s ( PER_CPU M/s/cpu)`).
+#![allow(missing_docs, clippy::missing_panics_doc)]
+
+pub mod harness;
+pub mod scenarios;

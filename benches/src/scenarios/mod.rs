@@ -1,0 +1,18 @@
+//! Every scenario `bench` knows, one module per primitive.
+
+mod counter;
+mod cpu_id;
+
+use crate::harness::Scenario;
+
+/// All scenarios, in the order `bench --list` prints them.
+#[must_use]
+pub fn all() -> Vec<Scenario> {
+    vec![cpu_id::SCENARIO, counter::SCENARIO]
+}
+
+/// The scenario called `name`.
+#[must_use]
+pub fn find(name: &str) -> Option<Scenario> {
+    all().into_iter().find(|s| s.name == name)
+}

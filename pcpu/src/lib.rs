@@ -1,0 +1,52 @@
+//! Per-CPU data for userspace, the foundation of the `kscale` crates.
+//!
+//! The Linux kernel scales its hottest paths with per-CPU data: each CPU
+//! writes only its own cache line, and the rare reader of "all of it" sums.
+//! Userspace cannot disable preemption, but it can come close:
+//!
+//! - [`current_cpu()`] reads the CPU id that the kernel keeps in glibc's
+//!   registered rseq area (one load), falling back to `sched_getcpu()`;
+//! - [`possible_cpus()`] sizes per-CPU arrays from the kernel's possible
+//!   mask (never from the affinity mask);
+//! - [`PerCpu<T>`] holds one cache-padded slot per possible CPU plus an
+//!   overflow slot for CPU ids beyond it;
+//! - [`rseq`] runs per-CPU updates as restartable sequences: plain stores
+//!   that the kernel restarts on preemption, ~7x cheaper than an atomic
+//!   `fetch_add`, with atomic fallbacks where rseq is not registered;
+//!   [`PerCpuCounter`] and [`PerCpuStack`] are built on them;
+//! - [`fence`] pairs a compiler-only fence on the hot side with
+//!   `membarrier()` on the cold side (asymmetric fences);
+//! - [`sync`] is the loom shim the whole workspace model-checks with.
+//!
+//! # Async-signal safety
+//! Each item says whether it may be called from a signal handler. In short:
+//! reading the CPU id, the rseq operations, the counters, the `try_`
+//! operations of [`PerCpuStack`], both fences and the futex wait/wake are
+//! async-signal-safe; constructors (which allocate) are not. The rseq area
+//! and membarrier are looked up from a load-time constructor, so nothing
+//! initialises lazily inside a handler.
+//!
+//! # Fork
+//! A child inherits rseq registration and membarrier registration; per-CPU
+//! data is copied as it was. A [`PerCpuStack`] lock held by another thread
+//! at `fork()` stays held in the child (that thread does not exist there):
+//! only the `try_` operations are safe on such a stack in the child.
+#![cfg_attr(not(test), warn(missing_docs))]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod counter;
+mod cpu;
+pub mod fence;
+#[cfg(loom)]
+pub mod loom_cpu;
+mod per_cpu;
+pub mod rseq;
+mod stack;
+pub mod sync;
+
+pub use counter::PerCpuCounter;
+#[cfg(not(loom))]
+pub use cpu::sched_getcpu;
+pub use cpu::{current_cpu, possible_cpus};
+pub use per_cpu::PerCpu;
+pub use stack::{PerCpuStack, WouldBlock};

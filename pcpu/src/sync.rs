@@ -1,0 +1,149 @@
+//! The loom shim: every synchronisation primitive the workspace's lock-free
+//! code uses, re-exported from [`loom`](https://docs.rs/loom) under
+//! `--cfg loom` and from `core`/`std` otherwise (the crossbeam and tokio
+//! pattern).
+//!
+//! Crates of the workspace import atomics, `UnsafeCell`, threads and the
+//! futex-style wait/wake from here, so one `RUSTFLAGS="--cfg loom"` build
+//! model-checks all of them. Under loom:
+//! - the CPU id comes from [`crate::loom_cpu`] (a per-loom-thread value),
+//! - rseq operations take their atomic fallback,
+//! - both sides of the asymmetric fence are `fence(SeqCst)`,
+//! - [`futex::wait`] yields to other loom threads (a futex may wake
+//!   spuriously, so callers loop; a lost wake-up shows up as a loom deadlock).
+
+#[cfg(not(loom))]
+pub use core::sync::atomic;
+#[cfg(loom)]
+pub use loom::sync::atomic;
+
+#[cfg(not(loom))]
+pub use std::thread;
+#[cfg(loom)]
+pub use loom::thread;
+
+#[cfg(not(loom))]
+pub use core::hint;
+#[cfg(loom)]
+pub use loom::hint;
+
+/// `UnsafeCell` with loom's closure-based access API on both builds, so code
+/// written against it compiles unchanged under `--cfg loom`.
+pub mod cell {
+    #[cfg(loom)]
+    pub use loom::cell::UnsafeCell;
+
+    /// A `core::cell::UnsafeCell` with loom's `with`/`with_mut` accessors.
+    #[cfg(not(loom))]
+    #[derive(Debug, Default)]
+    #[repr(transparent)]
+    pub struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
+
+    #[cfg(not(loom))]
+    impl<T> UnsafeCell<T> {
+        /// Wraps `value`.
+        pub const fn new(value: T) -> Self {
+            Self(core::cell::UnsafeCell::new(value))
+        }
+
+        /// Calls `f` with a shared raw pointer to the value.
+        #[inline]
+        pub fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+            f(self.0.get())
+        }
+
+        /// Calls `f` with a mutable raw pointer to the value.
+        #[inline]
+        pub fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+
+        /// Unwraps the value.
+        pub fn into_inner(self) -> T {
+            self.0.into_inner()
+        }
+    }
+}
+
+/// Futex-style waiting on a 32-bit atomic: the blocking primitive that is
+/// also usable inside a signal handler (a raw `futex` system call takes no
+/// user-space lock and allocates nothing).
+pub mod futex {
+    use super::atomic::AtomicU32;
+
+    /// Blocks while `word` holds `expected`, until [`wake`] is called on it.
+    ///
+    /// May return spuriously (as `FUTEX_WAIT` does): callers re-check their
+    /// condition in a loop. Async-signal-safe.
+    #[cfg(not(loom))]
+    pub fn wait(word: &AtomicU32, expected: u32) {
+        // SAFETY: FUTEX_WAIT_PRIVATE reads the aligned u32 behind `word`,
+        // which lives for the duration of the call; a null timeout waits
+        // without limit. Errors (EAGAIN when the value changed, EINTR) are
+        // spurious returns, which the contract allows.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                expected,
+                core::ptr::null::<libc::timespec>(),
+            );
+        }
+    }
+
+    /// Like [`wait`], but gives up after `timeout`. Async-signal-safe.
+    #[cfg(not(loom))]
+    pub fn wait_timeout(word: &AtomicU32, expected: u32, timeout: core::time::Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().try_into().unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(timeout.subsec_nanos().cast_signed()),
+        };
+        // SAFETY: as in `wait`; `ts` outlives the call (relative timeout).
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                expected,
+                &raw const ts,
+            );
+        }
+    }
+
+    /// Wakes up to `count` threads blocked in [`wait`] on `word`.
+    /// Async-signal-safe.
+    #[cfg(not(loom))]
+    pub fn wake(word: &AtomicU32, count: u32) {
+        let count = count.min(i32::MAX as u32);
+        // SAFETY: FUTEX_WAKE_PRIVATE only uses the address of `word` as a key.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                count,
+            );
+        }
+    }
+
+    /// Loom model of `FUTEX_WAIT`: a spurious wake-up after letting other
+    /// threads run.
+    #[cfg(loom)]
+    pub fn wait(word: &AtomicU32, expected: u32) {
+        use super::atomic::Ordering;
+        if word.load(Ordering::SeqCst) == expected {
+            loom::thread::yield_now();
+        }
+    }
+
+    /// Loom model of a timed `FUTEX_WAIT`: the same as [`wait`].
+    #[cfg(loom)]
+    pub fn wait_timeout(word: &AtomicU32, expected: u32, _timeout: core::time::Duration) {
+        wait(word, expected);
+    }
+
+    /// Loom model of `FUTEX_WAKE`: waiters re-check on their own.
+    #[cfg(loom)]
+    pub fn wake(_word: &AtomicU32, _count: u32) {}
+}
