@@ -9,7 +9,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 fn cpu_id(c: &mut Criterion) {
     let mut g = c.benchmark_group("cpu-id");
     g.bench_function("current_cpu", |b| b.iter(|| black_box(pcpu::current_cpu())));
-    g.bench_function("sched_getcpu", |b| b.iter(|| black_box(pcpu::sched_getcpu())));
+    g.bench_function("sched_getcpu", |b| {
+        b.iter(|| black_box(pcpu::sched_getcpu()));
+    });
     g.finish();
 }
 
@@ -18,9 +20,13 @@ fn counter(c: &mut Criterion) {
     let rseq = pcpu::PerCpuCounter::new();
     g.bench_function("rseq", |b| b.iter(|| rseq.add(black_box(1))));
     let percpu = pcpu::PerCpu::<AtomicU64>::default();
-    g.bench_function("percpu-atomic", |b| b.iter(|| percpu.current().fetch_add(black_box(1), Relaxed)));
+    g.bench_function("percpu-atomic", |b| {
+        b.iter(|| percpu.current().fetch_add(black_box(1), Relaxed));
+    });
     let shared = AtomicU64::new(0);
-    g.bench_function("shared-atomic", |b| b.iter(|| shared.fetch_add(black_box(1), Relaxed)));
+    g.bench_function("shared-atomic", |b| {
+        b.iter(|| shared.fetch_add(black_box(1), Relaxed));
+    });
     g.finish();
 }
 
@@ -28,7 +34,9 @@ fn fences(c: &mut Criterion) {
     let mut g = c.benchmark_group("fence");
     g.bench_function("light", |b| b.iter(pcpu::fence::light));
     g.bench_function("heavy", |b| b.iter(pcpu::fence::heavy));
-    g.bench_function("seqcst", |b| b.iter(|| std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst)));
+    g.bench_function("seqcst", |b| {
+        b.iter(|| std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst));
+    });
     g.finish();
 }
 
@@ -44,7 +52,9 @@ fn stack(c: &mut Criterion) {
             // SAFETY: the node is leaked (lives forever), and is in no list:
             // it is popped back before the next push.
             unsafe { stack.push(node) };
-            let n = stack.pop().or_else(|| (0..stack.slots()).find_map(|s| stack.pop_slot(s)));
+            let n = stack
+                .pop()
+                .or_else(|| (0..stack.slots()).find_map(|s| stack.pop_slot(s)));
             black_box(n)
         });
     });

@@ -1,6 +1,6 @@
 //! Running workloads on pinned threads and reporting medians.
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -95,7 +95,9 @@ pub fn allowed_cpus() -> Vec<usize> {
         if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) != 0 {
             return (0..std::thread::available_parallelism().map_or(1, usize::from)).collect();
         }
-        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
     }
 }
 
@@ -110,7 +112,12 @@ fn pin_to(cpu: usize) {
 
 /// Runs `w` on `threads` workers pinned round-robin to `cpus` for
 /// `duration`; returns each worker's operations and rate (ops/s).
-fn measure(w: &dyn Workload, threads: usize, cpus: &[usize], duration: Duration) -> Vec<(u64, f64)> {
+fn measure(
+    w: &dyn Workload,
+    threads: usize,
+    cpus: &[usize],
+    duration: Duration,
+) -> Vec<(u64, f64)> {
     let stop = AtomicBool::new(false);
     let start = Barrier::new(threads + 1);
     std::thread::scope(|s| {
@@ -135,7 +142,10 @@ fn measure(w: &dyn Workload, threads: usize, cpus: &[usize], duration: Duration)
         start.wait();
         std::thread::sleep(duration);
         stop.store(true, Ordering::Relaxed);
-        workers.into_iter().map(|h| h.join().expect("benchmark worker panicked")).collect()
+        workers
+            .into_iter()
+            .map(|h| h.join().expect("benchmark worker panicked"))
+            .collect()
     })
 }
 
@@ -170,14 +180,21 @@ struct Progress {
 impl Progress {
     fn step(&mut self, what: &str) {
         self.done += 1;
-        if self.enabled {
+        if !self.enabled {
+            return;
+        }
+        if std::io::stderr().is_terminal() {
             eprint!("\r\x1b[2K[{}/{}] {what}", self.done, self.total);
             let _ = std::io::stderr().flush();
+        } else if self.done == 1 || self.done * 10 / self.total != (self.done - 1) * 10 / self.total
+        {
+            // Logs get a line per tenth, not a line per measurement.
+            eprintln!("[{}/{}] {what}", self.done, self.total);
         }
     }
 
     fn finish(&self) {
-        if self.enabled {
+        if self.enabled && std::io::stderr().is_terminal() {
             eprint!("\r\x1b[2K");
         }
     }
@@ -198,7 +215,11 @@ pub fn run_scenario(sc: &Scenario, opts: &Options) -> Result<(Vec<Row>, Vec<Stri
                     ));
                 }
             }
-            sc.impls.iter().copied().filter(|i| sel.iter().any(|s| s == i)).collect()
+            sc.impls
+                .iter()
+                .copied()
+                .filter(|i| sel.iter().any(|s| s == i))
+                .collect()
         }
     };
     let cpus = allowed_cpus();
@@ -228,9 +249,13 @@ pub fn run_scenario(sc: &Scenario, opts: &Options) -> Result<(Vec<Row>, Vec<Stri
                     }
                 };
                 let results = measure(&*w, threads, &cpus, opts.duration);
-                let ops: Vec<u64> = results.iter().map(|r| r.0).collect();
-                w.verify(&ops)
-                    .map_err(|e| format!("{}/{imp} ({threads} threads) failed its check: {e}", sc.name))?;
+                let op_counts: Vec<u64> = results.iter().map(|r| r.0).collect();
+                w.verify(&op_counts).map_err(|e| {
+                    format!(
+                        "{}/{imp} ({threads} threads) failed its check: {e}",
+                        sc.name
+                    )
+                })?;
                 let mut per_role: Vec<(&'static str, f64)> = Vec::new();
                 for (tid, (_, rate)) in results.iter().enumerate() {
                     let role = w.role(tid);
@@ -240,7 +265,11 @@ pub fn run_scenario(sc: &Scenario, opts: &Options) -> Result<(Vec<Row>, Vec<Stri
                     }
                 }
                 for (role, rate) in per_role {
-                    let name = if role.is_empty() { (*imp).to_string() } else { format!("{imp}:{role}") };
+                    let name = if role.is_empty() {
+                        (*imp).to_string()
+                    } else {
+                        format!("{imp}:{role}")
+                    };
                     let key = (name, threads);
                     match samples.iter_mut().find(|(k, _)| *k == key) {
                         Some((_, v)) => v.push(rate / 1e6),
@@ -251,20 +280,24 @@ pub fn run_scenario(sc: &Scenario, opts: &Options) -> Result<(Vec<Row>, Vec<Stri
         }
     }
     progress.finish();
-    // Report grouped by row, then threads, as the seeds' tables are.
+    Ok((rows_from(sc.name, &samples), skipped))
+}
+
+/// Medians per (row, threads), grouped by row as the seeds' tables are.
+fn rows_from(scenario: &str, samples: &[((String, usize), Vec<f64>)]) -> Vec<Row> {
     let mut order: Vec<String> = Vec::new();
-    for ((name, _), _) in &samples {
+    for ((name, _), _) in samples {
         if !order.contains(name) {
             order.push(name.clone());
         }
     }
     let mut rows = Vec::new();
     for name in &order {
-        for ((n, threads), v) in &samples {
+        for ((n, threads), v) in samples {
             if n == name {
                 let m = median(v);
                 rows.push(Row {
-                    scenario: sc.name.to_string(),
+                    scenario: scenario.to_string(),
                     imp: n.clone(),
                     threads: *threads,
                     mops: m,
@@ -276,7 +309,7 @@ pub fn run_scenario(sc: &Scenario, opts: &Options) -> Result<(Vec<Row>, Vec<Stri
             }
         }
     }
-    Ok((rows, skipped))
+    rows
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! time, interleaving implementations run by run so a noisy machine's drift
 //! hits all of them alike, and reports medians in the kernel selftests'
 //! format (`SCENARIO/IMPL ( N cpus): TOTAL ± STDDEV M/s ( PER_CPU M/s/cpu)`).
-#![allow(missing_docs, clippy::missing_panics_doc)]
+// Throughput statistics convert operation counts to f64 on purpose.
+#![allow(missing_docs, clippy::missing_panics_doc, clippy::cast_precision_loss)]
 
 pub mod harness;
 pub mod scenarios;

@@ -99,8 +99,8 @@ fn configured_cpus() -> usize {
 fn parse_cpu_list_max(list: &str) -> Option<usize> {
     let mut max = None;
     for part in list.trim().split(',').filter(|p| !p.is_empty()) {
-        let last = part.rsplit('-').next()?;
-        let id: usize = last.trim().parse().ok()?;
+        let upper = part.rsplit('-').next()?;
+        let id: usize = upper.trim().parse().ok()?;
         max = Some(max.map_or(id, |m: usize| m.max(id)));
     }
     max

@@ -96,7 +96,11 @@ pub fn mode() -> Mode {
     if m == UNKNOWN {
         m = register();
     }
-    if m == MEMBARRIER { Mode::Membarrier } else { Mode::SeqCstFallback }
+    if m == MEMBARRIER {
+        Mode::Membarrier
+    } else {
+        Mode::SeqCstFallback
+    }
 }
 
 /// The frequent side's fence: a compiler fence when membarrier is
@@ -116,6 +120,10 @@ pub fn light() {
 /// thread of this process), `fence(SeqCst)` otherwise.
 ///
 /// Async-signal-safe: yes after start-up (one system call).
+///
+/// # Panics
+/// If the kernel refuses the barrier after accepting the registration
+/// (it never does; continuing would silently break every light side).
 pub fn heavy() {
     #[cfg(not(loom))]
     if mode() == Mode::Membarrier {
@@ -150,7 +158,9 @@ pub fn register_rseq_fence() -> bool {
 }
 
 pub(crate) fn membarrier_rseq_cpu(cpu: usize) -> bool {
-    let Ok(cpu) = libc::c_int::try_from(cpu) else { return false };
+    let Ok(cpu) = libc::c_int::try_from(cpu) else {
+        return false;
+    };
     membarrier(CMD_PRIVATE_EXPEDITED_RSEQ, CMD_FLAG_CPU, cpu) == 0
 }
 

@@ -5,7 +5,7 @@
 use core::cell::Cell;
 
 loom::thread_local! {
-    static CPU: Cell<usize> = const { Cell::new(0) };
+    static CPU: Cell<usize> = Cell::new(0);
 }
 
 /// The modelled CPU of the calling loom thread (0 unless set).

@@ -34,7 +34,9 @@ impl<T> PerCpu<T> {
     /// the overflow slot. Not async-signal-safe (allocates).
     pub fn new(mut init: impl FnMut(usize) -> T) -> Self {
         let n = possible_cpus() + 1;
-        Self { slots: (0..n).map(|i| CachePadded::new(init(i))).collect() }
+        Self {
+            slots: (0..n).map(|i| CachePadded::new(init(i))).collect(),
+        }
     }
 
     /// The number of CPU slots (the possible-CPU count when built), not
@@ -89,6 +91,7 @@ impl<T> PerCpu<T> {
     }
 
     /// All slots, CPU slots first, then the overflow slot. Async-signal-safe.
+    #[must_use]
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &T> + '_ {
         self.slots.iter().map(|s| &**s)
     }
@@ -100,6 +103,7 @@ impl<T> PerCpu<T> {
 
     /// Address of slot 0 and the distance between slots, for the rseq
     /// critical sections.
+    #[cfg_attr(any(loom, not(target_arch = "x86_64")), allow(dead_code))]
     #[inline]
     pub(crate) fn raw_layout(&self) -> (*const u8, usize) {
         (self.slots.as_ptr().cast(), size_of::<CachePadded<T>>())

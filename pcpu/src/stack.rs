@@ -86,9 +86,16 @@ impl PerCpuStack {
     /// If `next_offset` is not a multiple of `align_of::<usize>()`.
     #[must_use]
     pub fn new(next_offset: usize) -> Self {
-        assert!(next_offset % align_of::<usize>() == 0, "link word must be usize-aligned");
+        assert!(
+            next_offset.is_multiple_of(align_of::<usize>()),
+            "link word must be usize-aligned"
+        );
         let use_rseq = crate::rseq::available() && crate::fence::register_rseq_fence();
-        Self { heads: PerCpu::default(), next_offset, use_rseq }
+        Self {
+            heads: PerCpu::default(),
+            next_offset,
+            use_rseq,
+        }
     }
 
     /// Whether pushes and pops on the current CPU use rseq critical sections.
@@ -129,7 +136,8 @@ impl PerCpuStack {
     ///
     /// # Safety
     /// `node` is valid for reads and writes of the link word at
-    /// `next_offset`, is not in any list, and stays valid until popped.
+    /// `next_offset` (a usize-aligned address), is not in any list, and stays
+    /// valid until popped.
     pub unsafe fn push(&self, node: NonNull<u8>) {
         // SAFETY: forwarded.
         if unsafe { self.push_fast(node) } {
@@ -181,7 +189,9 @@ impl PerCpuStack {
     pub fn pop(&self) -> Option<NonNull<u8>> {
         match self.pop_fast() {
             Ok(node) => node,
-            Err(()) => self.with_lock(self.current_slot(), true, |h| self.unlink(h)).flatten(),
+            Err(()) => self
+                .with_lock(self.current_slot(), true, |h| self.unlink(h))
+                .flatten(),
         }
     }
 
@@ -189,7 +199,9 @@ impl PerCpuStack {
     pub fn try_pop(&self) -> Result<Option<NonNull<u8>>, WouldBlock> {
         match self.pop_fast() {
             Ok(node) => Ok(node),
-            Err(()) => self.with_lock(self.current_slot(), false, |h| self.unlink(h)).ok_or(WouldBlock),
+            Err(()) => self
+                .with_lock(self.current_slot(), false, |h| self.unlink(h))
+                .ok_or(WouldBlock),
         }
     }
 
@@ -209,7 +221,8 @@ impl PerCpuStack {
     /// # Panics
     /// If `slot >= self.slots()`.
     pub fn try_pop_slot(&self, slot: usize) -> Result<Option<NonNull<u8>>, WouldBlock> {
-        self.with_lock(slot, false, |h| self.unlink(h)).ok_or(WouldBlock)
+        self.with_lock(slot, false, |h| self.unlink(h))
+            .ok_or(WouldBlock)
     }
 
     /// The rseq push; `false` if it must take the locked path.
@@ -220,12 +233,19 @@ impl PerCpuStack {
             && let Some(area) = crate::rseq::area::offset()
         {
             let (base, stride) = self.heads.raw_layout();
-            let next = node.as_ptr().wrapping_add(self.next_offset).cast::<usize>();
+            let next = self.link_word(node);
             // SAFETY: rseq mode: CPU slots are `Head`s written only by this
             // CPU's critical sections or under their lock; the caller
             // guarantees the node's link word.
             let rc = unsafe {
-                crate::rseq::raw_push(area, base, stride, self.heads.cpus() as u32, node.as_ptr() as usize, next)
+                crate::rseq::raw_push(
+                    area,
+                    base,
+                    stride,
+                    self.heads.cpus() as u32,
+                    node.as_ptr() as usize,
+                    next,
+                )
             };
             return rc == crate::rseq::DONE;
         }
@@ -243,8 +263,15 @@ impl PerCpuStack {
             let (base, stride) = self.heads.raw_layout();
             // SAFETY: as in `push_fast`; nodes in a list have readable link
             // words (the push contract).
-            let (rc, node) =
-                unsafe { crate::rseq::raw_pop(area, base, stride, self.heads.cpus() as u32, self.next_offset) };
+            let (rc, node) = unsafe {
+                crate::rseq::raw_pop(
+                    area,
+                    base,
+                    stride,
+                    self.heads.cpus() as u32,
+                    self.next_offset,
+                )
+            };
             return match rc {
                 crate::rseq::DONE => Ok(NonNull::new(node as *mut u8)),
                 crate::rseq::EMPTY => Ok(None),
@@ -287,11 +314,18 @@ impl PerCpuStack {
         Some(r)
     }
 
+    /// The address of `node`'s link word (aligned: `new` checked the offset,
+    /// and nodes are at least usize-aligned by the push contract).
+    #[allow(clippy::cast_ptr_alignment)]
+    fn link_word(&self, node: NonNull<u8>) -> *mut usize {
+        node.as_ptr().wrapping_add(self.next_offset).cast::<usize>()
+    }
+
     /// `node.next = top; top = node`, with the list's lock held.
     unsafe fn link(&self, head: &Head, node: NonNull<u8>) {
         let top = head.top.load(Ordering::Relaxed);
         // SAFETY: the push contract: the link word is valid and ours.
-        unsafe { node.as_ptr().add(self.next_offset).cast::<usize>().write(top) };
+        unsafe { self.link_word(node).write(top) };
         head.top.store(node.as_ptr() as usize, Ordering::Relaxed);
     }
 
@@ -299,7 +333,7 @@ impl PerCpuStack {
     fn unlink(&self, head: &Head) -> Option<NonNull<u8>> {
         let top = NonNull::new(head.top.load(Ordering::Relaxed) as *mut u8)?;
         // SAFETY: `top` is in the list, whose nodes have valid link words.
-        let next = unsafe { top.as_ptr().add(self.next_offset).cast::<usize>().read() };
+        let next = unsafe { self.link_word(top).read() };
         head.top.store(next, Ordering::Relaxed);
         Some(top)
     }

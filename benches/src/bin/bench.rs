@@ -77,14 +77,23 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Option<Args>, String>
             "--json" => json = Some(value("--json")?),
             f if f.starts_with('-') => return Err(format!("unknown option {f}")),
             _ if scenario.is_none() => scenario = Some(arg),
-            _ => return Err(format!("unexpected argument {arg:?} (one scenario at a time)")),
+            _ => {
+                return Err(format!(
+                    "unexpected argument {arg:?} (one scenario at a time)"
+                ));
+            }
         }
     }
     let scenario = scenario.ok_or("no scenario given (see --list)")?;
     let threads = threads.unwrap_or_else(|| (1..=allowed_cpus().len()).collect());
     Ok(Some(Args {
         scenario,
-        opts: Options { threads, duration: Duration::from_millis(duration_ms), runs, impls },
+        opts: Options {
+            threads,
+            duration: Duration::from_millis(duration_ms),
+            runs,
+            impls,
+        },
         json,
     }))
 }
@@ -111,7 +120,10 @@ fn main() -> ExitCode {
         }
     };
     let Some(sc) = scenarios::find(&args.scenario) else {
-        eprintln!("bench: unknown scenario {:?}; `bench --list` shows them", args.scenario);
+        eprintln!(
+            "bench: unknown scenario {:?}; `bench --list` shows them",
+            args.scenario
+        );
         return ExitCode::from(2);
     };
     let (rows, skipped) = match run_scenario(&sc, &args.opts) {
@@ -121,7 +133,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let width = rows.iter().map(|r| r.scenario.len() + r.imp.len() + 1).max().unwrap_or(0);
+    let width = rows
+        .iter()
+        .map(|r| r.scenario.len() + r.imp.len() + 1)
+        .max()
+        .unwrap_or(0);
     for r in &rows {
         println!("{}", r.line(width));
     }

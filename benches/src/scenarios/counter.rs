@@ -20,7 +20,7 @@ struct Rseq(PerCpuCounter);
 struct Percpu(PerCpu<AtomicU64>);
 /// One `AtomicU64` that every thread increments.
 struct Shared(CachePadded<AtomicU64>);
-/// 64 cache-padded shards picked by a per-thread index (the ShardedLock
+/// 64 cache-padded shards picked by a per-thread index (the `ShardedLock`
 /// approach): no CPU id needed, but shards collide when threads outnumber
 /// them and a thread's line migrates with it.
 struct ShardedThread(Box<[CachePadded<AtomicU64>]>);
@@ -83,19 +83,26 @@ fn check(sum: u64, ops: &[u64]) -> Result<(), String> {
     if sum == expected {
         Ok(())
     } else {
-        Err(format!("counter sums to {sum}, but {expected} increments were made"))
+        Err(format!(
+            "counter sums to {sum}, but {expected} increments were made"
+        ))
     }
 }
 
 fn build(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     Ok(match imp {
         "rseq" if !pcpu::rseq::available() => {
-            return Err("rseq operations unavailable here (not x86-64, or glibc registered no rseq area)".into());
+            return Err(
+                "rseq operations unavailable here (not x86-64, or glibc registered no rseq area)"
+                    .into(),
+            );
         }
         "rseq" => Box::new(Rseq(PerCpuCounter::new())),
         "percpu" => Box::new(Percpu(PerCpu::default())),
         "shared" => Box::new(Shared(CachePadded::new(AtomicU64::new(0)))),
-        "sharded-thread" => Box::new(ShardedThread((0..SHARDS).map(|_| CachePadded::default()).collect())),
+        "sharded-thread" => Box::new(ShardedThread(
+            (0..SHARDS).map(|_| CachePadded::default()).collect(),
+        )),
         _ => unreachable!("unknown implementation {imp}"),
     })
 }

@@ -42,7 +42,12 @@ impl Workload for Syscall {
             let mut cpu = 0u32;
             // SAFETY: getcpu writes one u32; the other pointers may be null.
             unsafe {
-                libc::syscall(libc::SYS_getcpu, &raw mut cpu, std::ptr::null_mut::<u32>(), 0usize);
+                libc::syscall(
+                    libc::SYS_getcpu,
+                    &raw mut cpu,
+                    std::ptr::null_mut::<u32>(),
+                    0usize,
+                );
             }
             acc = acc.wrapping_add(cpu);
         }
@@ -57,7 +62,9 @@ impl Workload for Syscall {
 fn build(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     Ok(match imp {
         "rseq" if !pcpu::rseq::available() && !rseq_cpu_id_readable() => {
-            return Err("glibc registered no rseq area (current_cpu() would measure sched_getcpu)".into());
+            return Err(
+                "glibc registered no rseq area (current_cpu() would measure sched_getcpu)".into(),
+            );
         }
         "rseq" => Box::new(Rseq),
         "sched_getcpu" => Box::new(SchedGetcpu),

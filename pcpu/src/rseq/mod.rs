@@ -32,6 +32,7 @@
 //! running on that CPU (`MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ` aimed at
 //! it). [`PerCpuStack`](crate::PerCpuStack) implements exactly that.
 
+#[cfg(not(loom))]
 pub(crate) mod area;
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 mod x86_64;

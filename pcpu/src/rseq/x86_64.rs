@@ -89,8 +89,16 @@ macro_rules! rseq_cs_epilogue {
 /// thread's registered rseq area); `base + i * stride`
 /// for every `i < cpus` is a valid, 8-byte aligned `u64` written only by
 /// rseq operations of CPU `i`.
+// Always inlined: a call would cost more than the critical section.
+#[allow(clippy::inline_always)]
 #[inline(always)]
-pub(crate) unsafe fn add(area: isize, base: *const u8, stride: usize, cpus: u32, delta: u64) -> u32 {
+pub(crate) unsafe fn add(
+    area: isize,
+    base: *const u8,
+    stride: usize,
+    cpus: u32,
+    delta: u64,
+) -> u32 {
     let rc: u32;
     // SAFETY: the caller's contract; the section touches only the rseq
     // area and the current CPU's slot.
@@ -114,6 +122,8 @@ pub(crate) unsafe fn add(area: isize, base: *const u8, stride: usize, cpus: u32,
 /// # Safety
 /// As for [`add`], with each slot a `(head, lock)` pair of words; `node`
 /// is owned by the caller and `next_field` is its link word.
+// Always inlined: a call would cost more than the critical section.
+#[allow(clippy::inline_always)]
 #[inline(always)]
 pub(crate) unsafe fn push(
     area: isize,
@@ -152,8 +162,16 @@ pub(crate) unsafe fn push(
 /// # Safety
 /// As for [`push`]; every node in a list has a readable link word at
 /// `next_offset`.
+// Always inlined: a call would cost more than the critical section.
+#[allow(clippy::inline_always)]
 #[inline(always)]
-pub(crate) unsafe fn pop(area: isize, base: *const u8, stride: usize, cpus: u32, next_offset: usize) -> (u32, usize) {
+pub(crate) unsafe fn pop(
+    area: isize,
+    base: *const u8,
+    stride: usize,
+    cpus: u32,
+    next_offset: usize,
+) -> (u32, usize) {
     let rc: u32;
     let node: usize;
     // SAFETY: the caller's contract.

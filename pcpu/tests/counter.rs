@@ -1,0 +1,85 @@
+//! Per-CPU counters stay exact while threads migrate freely.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use pcpu::{PerCpu, PerCpuCounter};
+
+fn threads() -> usize {
+    // More threads than CPUs, unpinned: the scheduler moves them around
+    // and preempts them inside critical sections.
+    4 * std::thread::available_parallelism().map_or(2, usize::from)
+}
+
+#[test]
+fn sum_of_adds_is_exact_under_migration() {
+    let counter = PerCpuCounter::new();
+    let per_thread = 200_000u64;
+    std::thread::scope(|s| {
+        for _ in 0..threads() {
+            s.spawn(|| {
+                for i in 0..per_thread {
+                    counter.add(1);
+                    if i % 4096 == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(counter.sum(), per_thread * threads() as u64);
+}
+
+#[test]
+fn wrapping_subtraction_balances() {
+    let counts = PerCpu::<AtomicU64>::default();
+    std::thread::scope(|s| {
+        for t in 0..threads() {
+            let counts = &counts;
+            s.spawn(move || {
+                for _ in 0..50_000 {
+                    pcpu::rseq::add(counts, 3);
+                    // Release on whatever CPU we are on now: only the sum matters.
+                    if t % 2 == 0 {
+                        std::thread::yield_now();
+                    }
+                    pcpu::rseq::add(counts, 3u64.wrapping_neg());
+                }
+            });
+        }
+    });
+    let sum = counts
+        .iter()
+        .fold(0u64, |a, c| a.wrapping_add(c.load(Relaxed)));
+    assert_eq!(sum, 0);
+}
+
+#[test]
+fn ids_beyond_the_possible_count_use_the_overflow_slot() {
+    let slots = PerCpu::new(|i| i);
+    let n = slots.cpus();
+    assert_eq!(n, pcpu::possible_cpus());
+    assert_eq!(slots.index_of(n - 1), n - 1);
+    assert_eq!(slots.index_of(n), slots.overflow_index());
+    assert_eq!(slots.index_of(usize::MAX), slots.overflow_index());
+    assert_eq!(slots.get(slots.overflow_index()), Some(&n));
+    assert_eq!(slots.get(n + 1), None);
+    assert_eq!(slots.iter().count(), n + 1);
+}
+
+#[test]
+fn current_cpu_is_within_the_affinity_mask() {
+    // Pin to each allowed CPU in turn and check the id follows.
+    for cpu in 0..pcpu::possible_cpus() {
+        // SAFETY: cpu_set_t is plain data.
+        let pinned = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) == 0
+        };
+        if pinned {
+            std::thread::yield_now();
+            assert_eq!(pcpu::current_cpu(), cpu);
+            assert_eq!(pcpu::sched_getcpu(), cpu);
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! `PerCpuStack` never loses or duplicates a node, with local rseq
+//! operations, remote pops and oversubscribed threads all mixed.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use pcpu::PerCpuStack;
+
+#[repr(C)]
+struct Node {
+    next: usize,
+    /// Set while some thread owns the node (popped, not yet pushed back).
+    owned: AtomicBool,
+    /// How many times the node was taken.
+    takes: AtomicU64,
+}
+
+fn pool(n: usize) -> Vec<Node> {
+    (0..n)
+        .map(|_| Node {
+            next: 0,
+            owned: AtomicBool::new(false),
+            takes: AtomicU64::new(0),
+        })
+        .collect()
+}
+
+fn take(stack: &PerCpuStack, round: usize) -> Option<NonNull<Node>> {
+    let slots = stack.slots();
+    let node = if round.is_multiple_of(3) {
+        // Remote pops: start at some other list.
+        (0..slots).find_map(|i| stack.pop_slot((round + i) % slots))
+    } else {
+        stack
+            .pop()
+            .or_else(|| (0..slots).find_map(|s| stack.pop_slot(s)))
+    }?;
+    let node = node.cast::<Node>();
+    // SAFETY: nodes come from the pool, which outlives the stack's use.
+    let n = unsafe { node.as_ref() };
+    assert!(
+        !n.owned.swap(true, Ordering::AcqRel),
+        "node handed out twice"
+    );
+    n.takes.fetch_add(1, Ordering::Relaxed);
+    Some(node)
+}
+
+fn give(stack: &PerCpuStack, node: NonNull<Node>, round: usize) {
+    // SAFETY: as above.
+    unsafe { node.as_ref() }
+        .owned
+        .store(false, Ordering::Release);
+    // SAFETY: we own the node (taken above), it outlives the test, and its
+    // link word is at offset 0.
+    unsafe {
+        if round.is_multiple_of(5) {
+            stack.push_slot(round % stack.slots(), node.cast());
+        } else {
+            stack.push(node.cast());
+        }
+    }
+}
+
+fn churn(threads: usize, rounds: usize) {
+    let nodes = pool(64);
+    let stack = PerCpuStack::new(std::mem::offset_of!(Node, next));
+    for (i, n) in nodes.iter().enumerate() {
+        // SAFETY: each node is pushed once and outlives the stack's use.
+        unsafe { stack.push_slot(i % stack.slots(), NonNull::from(n).cast()) };
+    }
+    let total = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (stack, total) = (&stack, &total);
+            s.spawn(move || {
+                let mut held = Vec::new();
+                for round in 0..rounds {
+                    let r = round + t;
+                    if let Some(n) = take(stack, r) {
+                        held.push(n);
+                        total.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if held.len() > 2 || (r % 2 == 0 && !held.is_empty()) {
+                        give(stack, held.remove(0), r);
+                    }
+                }
+                for n in held {
+                    give(stack, n, 1);
+                }
+            });
+        }
+    });
+    // Every node is back, exactly once.
+    let mut back = 0;
+    for s in 0..stack.slots() {
+        while let Some(n) = stack.pop_slot(s) {
+            // SAFETY: pool node.
+            let node = unsafe { n.cast::<Node>().as_ref() };
+            assert!(!node.owned.load(Ordering::Relaxed));
+            back += 1;
+        }
+    }
+    assert_eq!(back, nodes.len(), "nodes lost or duplicated");
+    let takes: u64 = nodes.iter().map(|n| n.takes.load(Ordering::Relaxed)).sum();
+    assert_eq!(takes, total.load(Ordering::Relaxed));
+}
+
+#[test]
+fn conserves_nodes_with_one_thread_per_cpu() {
+    churn(
+        std::thread::available_parallelism().map_or(2, usize::from),
+        100_000,
+    );
+}
+
+#[test]
+fn conserves_nodes_oversubscribed() {
+    churn(
+        4 * std::thread::available_parallelism().map_or(2, usize::from),
+        30_000,
+    );
+}
+
+#[test]
+fn try_variants_report_a_held_lock() {
+    let nodes = pool(2);
+    let stack = PerCpuStack::new(0);
+    let a = NonNull::from(&nodes[0]).cast();
+    // SAFETY: pool node, pushed once.
+    unsafe { stack.push_slot(0, a) };
+    assert_eq!(stack.try_pop_slot(0), Ok(Some(a)));
+    assert_eq!(stack.try_pop_slot(0), Ok(None));
+    assert!(stack.looks_empty(0));
+}
