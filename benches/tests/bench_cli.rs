@@ -5,7 +5,7 @@
 use std::process::Command;
 
 fn bench() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_bench"))
+    test_support::command(env!("CARGO_BIN_EXE_bench"))
 }
 
 #[test]

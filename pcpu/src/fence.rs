@@ -68,6 +68,9 @@ fn membarrier(cmd: libc::c_int, flags: libc::c_uint, cpu: libc::c_int) -> libc::
 static REGISTER_AT_LOAD: extern "C" fn() = {
     extern "C" fn register_at_load() {
         let _ = mode();
+        if crate::rseq::available() {
+            let _ = register_rseq_fence();
+        }
     }
     register_at_load
 };
@@ -140,21 +143,35 @@ pub fn heavy() {
     fence(Ordering::SeqCst);
 }
 
-/// Registers the process for [`crate::rseq::fence_cpu`]
-/// (`MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ`, Linux 5.10+).
-/// Returns whether it is available. Not async-signal-safe on first call
-/// (the kernel may wait for an RCU grace period); cheap afterwards.
+static RSEQ_FENCE: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+/// Registers the process for rseq fences ([`crate::rseq::fence_cpu`],
+/// [`crate::rseq::fence_all`]: `MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ`,
+/// Linux 5.10+). Returns whether they are available. Runs from the
+/// load-time constructor where rseq is available; not async-signal-safe on
+/// a first call after start-up (the kernel may wait for an RCU grace
+/// period), cheap afterwards.
 pub fn register_rseq_fence() -> bool {
-    static RSEQ: AtomicU8 = AtomicU8::new(UNKNOWN);
-    match RSEQ.load(Ordering::Acquire) {
+    match RSEQ_FENCE.load(Ordering::Acquire) {
         MEMBARRIER => true,
         FALLBACK => false,
         _ => {
             let ok = membarrier(CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0;
-            RSEQ.store(if ok { MEMBARRIER } else { FALLBACK }, Ordering::Release);
+            RSEQ_FENCE.store(if ok { MEMBARRIER } else { FALLBACK }, Ordering::Release);
             ok
         }
     }
+}
+
+/// Whether rseq fences are registered (no registration attempt).
+/// Async-signal-safe.
+#[inline]
+pub(crate) fn rseq_fence_registered() -> bool {
+    RSEQ_FENCE.load(Ordering::Relaxed) == MEMBARRIER
+}
+
+pub(crate) fn membarrier_rseq_all() -> bool {
+    membarrier(CMD_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0
 }
 
 pub(crate) fn membarrier_rseq_cpu(cpu: usize) -> bool {

@@ -83,3 +83,43 @@ fn current_cpu_is_within_the_affinity_mask() {
         }
     }
 }
+
+#[test]
+fn gated_adds_stop_once_the_gate_is_set_and_fenced() {
+    use pcpu::rseq::{GatedAdd, add_if_zero, fence_all};
+    use std::sync::atomic::{AtomicBool, AtomicU32};
+
+    let counts = PerCpu::<AtomicU64>::default();
+    let gate = AtomicU32::new(1);
+    assert_ne!(
+        add_if_zero(&counts, &gate, 1),
+        GatedAdd::Added,
+        "added through a closed gate"
+    );
+    gate.store(0, Relaxed);
+    if add_if_zero(&counts, &gate, 1) == GatedAdd::Unavailable {
+        // No rseq here (aarch64, qemu, old glibc): nothing may be written.
+        assert_eq!(counts.iter().map(|c| c.load(Relaxed)).sum::<u64>(), 0);
+        return;
+    }
+    let stop = AtomicBool::new(false);
+    let sum = || counts.iter().map(|c| c.load(Relaxed)).sum::<u64>();
+    std::thread::scope(|s| {
+        for _ in 0..threads() {
+            s.spawn(|| {
+                while !stop.load(Relaxed) {
+                    let _ = add_if_zero(&counts, &gate, 1);
+                }
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        gate.store(1, Relaxed);
+        fence_all();
+        // The grace period is over: no add can commit any more.
+        let frozen = sum();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(sum(), frozen, "an add committed after the gate closed");
+        stop.store(true, Relaxed);
+    });
+    assert!(sum() > 1, "the adders never ran");
+}

@@ -2,8 +2,6 @@
 //! atomic or locked fallback and stays exact. The checks run in a child
 //! process started with `GLIBC_TUNABLES=glibc.pthread.rseq=0`.
 
-mod common;
-
 #[repr(C)]
 struct Node {
     next: usize,
@@ -15,14 +13,17 @@ fn fallbacks_are_exact_without_rseq() {
         child();
         return;
     }
-    let out = common::rerun_in_child(
+    let out = test_support::rerun_in_child(
         "fallbacks_are_exact_without_rseq",
         &[
             ("PCPU_CHILD", "1"),
             ("GLIBC_TUNABLES", "glibc.pthread.rseq=0"),
         ],
     );
-    assert!(common::printed(&out, "child: rseq off, fallbacks exact"));
+    assert!(test_support::printed(
+        &out,
+        "child: rseq off, fallbacks exact"
+    ));
 }
 
 fn child() {

@@ -2,8 +2,6 @@
 //! reading the other's flag as unset), with membarrier and, in a child
 //! process started with `PCPU_NO_MEMBARRIER=1`, with the `SeqCst` fallback.
 
-mod common;
-
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
@@ -59,9 +57,9 @@ fn seqcst_fallback_forbids_store_buffering() {
         println!("child: fallback fences hold");
         return;
     }
-    let out = common::rerun_in_child(
+    let out = test_support::rerun_in_child(
         "seqcst_fallback_forbids_store_buffering",
         &[("PCPU_NO_MEMBARRIER", "1")],
     );
-    assert!(common::printed(&out, "child: fallback fences hold"));
+    assert!(test_support::printed(&out, "child: fallback fences hold"));
 }

@@ -65,6 +65,10 @@ fn give(stack: &PerCpuStack, node: NonNull<Node>, round: usize) {
 fn churn(threads: usize, rounds: usize) {
     let nodes = pool(64);
     let stack = PerCpuStack::new(std::mem::offset_of!(Node, next));
+    assert_eq!(
+        stack.uses_rseq(),
+        pcpu::rseq::available() && pcpu::fence::register_rseq_fence()
+    );
     for (i, n) in nodes.iter().enumerate() {
         // SAFETY: each node is pushed once and outlives the stack's use.
         unsafe { stack.push_slot(i % stack.slots(), NonNull::from(n).cast()) };

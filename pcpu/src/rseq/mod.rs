@@ -102,6 +102,98 @@ pub fn add(counters: &PerCpu<AtomicU64>, delta: u64) {
     counters.current().fetch_add(delta, Ordering::Relaxed);
 }
 
+/// What [`add_if_zero`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatedAdd {
+    /// The gate was 0 and the delta was added, in one critical section.
+    Added,
+    /// The gate was not 0; nothing was written.
+    Gated,
+    /// No critical section could run here (rseq not available, or this
+    /// thread's CPU id is beyond the possible count or unregistered):
+    /// nothing was written; use a fallback protocol (see below).
+    Unavailable,
+}
+
+/// Adds `delta` to the current CPU's counter **only if `*gate == 0`**,
+/// reading the gate inside the same restartable sequence as the add.
+///
+/// This is the userspace form of the kernel's "if `rcu_sync_is_idle()` then
+/// `this_cpu_inc()`" under disabled preemption: a writer that stores a
+/// non-zero gate and then calls [`fence_all`] knows that from then on no
+/// `add_if_zero` commits having seen the gate open, and that every add that
+/// did commit is visible to it. The reader pays no fence at all.
+///
+/// Returns [`GatedAdd::Unavailable`] where rseq cannot run; callers then
+/// use [`add`] (which routes to atomics) together with the asymmetric
+/// fences of [`crate::fence`]. Never `Unavailable` on x86-64 with a
+/// glibc-registered rseq area, registered rseq fences (Linux 5.10+) and a
+/// thread on a CPU below the possible count.
+///
+/// **Async-signal-safe**: yes.
+#[inline]
+pub fn add_if_zero(
+    counters: &PerCpu<AtomicU64>,
+    gate: &crate::sync::atomic::AtomicU32,
+    delta: u64,
+) -> GatedAdd {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    // Without rseq fences a writer could not restart a section that read
+    // the gate as open, so the gated add is only offered with them.
+    if let Some(area) = area::offset()
+        && crate::fence::rseq_fence_registered()
+    {
+        let (base, stride) = counters.raw_layout();
+        // SAFETY: as in `add`; `gate` is a live, aligned `AtomicU32`.
+        let rc = unsafe {
+            x86_64::add_if_zero(
+                area,
+                base,
+                stride,
+                counters.cpus() as u32,
+                gate.as_ptr(),
+                delta,
+            )
+        };
+        return match rc {
+            x86_64::DONE => GatedAdd::Added,
+            x86_64::EMPTY => GatedAdd::Gated,
+            _ => GatedAdd::Unavailable,
+        };
+    }
+    let _ = (counters, gate, delta);
+    GatedAdd::Unavailable
+}
+
+/// Restarts every rseq critical section running in the process and makes
+/// the caller's earlier stores visible to every thread before it continues
+/// (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)`: an IPI with a full
+/// barrier to each CPU running a thread of the process). This is the
+/// "grace period" for [`add_if_zero`]; it also orders like
+/// [`fence::heavy`](crate::fence::heavy).
+///
+/// Falls back to [`fence::heavy`](crate::fence::heavy) when rseq fences are
+/// not registered (then no critical section runs either: see
+/// [`available`]). **Async-signal-safe** after registration (one system
+/// call); registers on first use, which is not.
+///
+/// # Panics
+/// If the kernel refuses the fence after accepting the registration (it
+/// never does; continuing would break every gated add's guarantee).
+pub fn fence_all() {
+    if available() && crate::fence::register_rseq_fence() {
+        // Sections that read a gate as open are restarted, and the IPI's
+        // barrier orders like `fence::heavy` for the atomic fallbacks.
+        let done = crate::fence::membarrier_rseq_all();
+        assert!(
+            done,
+            "membarrier(PRIVATE_EXPEDITED_RSEQ) failed after registration"
+        );
+    } else {
+        crate::fence::heavy();
+    }
+}
+
 /// Restarts any rseq critical section running on CPU `cpu` and makes the
 /// caller's earlier stores visible there before the next one starts
 /// (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, cpu)`).

@@ -116,6 +116,44 @@ pub(crate) unsafe fn add(
     rc
 }
 
+/// `*(u64 *)slot(cpu) += delta`, but only if `*gate == 0` when the commit
+/// happens (returns `EMPTY` without writing anything otherwise). Because
+/// the gate is read inside the critical section, a writer that sets the
+/// gate and then restarts every CPU's critical sections
+/// (`MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ`) knows that no add can commit
+/// afterwards having seen the gate open.
+///
+/// # Safety
+/// As for [`add`]; `gate` is a valid, aligned `u32`.
+// Always inlined: a call would cost more than the critical section.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) unsafe fn add_if_zero(
+    area: isize,
+    base: *const u8,
+    stride: usize,
+    cpus: u32,
+    gate: *const u32,
+    delta: u64,
+) -> u32 {
+    let rc: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!(
+            rseq_cs_prologue!(),
+            "cmpl $0, ({gate})",
+            "jne 9f",
+            "add {delta}, ({slot})",
+            rseq_cs_epilogue!(),
+            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
+            cpus = in(reg) cpus, gate = in(reg) gate, delta = in(reg) delta,
+            tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
+            options(att_syntax, nostack),
+        );
+    }
+    rc
+}
+
 /// Pushes `node` on the current CPU's list: `*next_field = head; head = node`,
 /// unless the slot's lock word (at `slot + 8`) is set.
 ///
