@@ -61,4 +61,24 @@ fn stack(c: &mut Criterion) {
 }
 
 criterion_group!(benches, cpu_id, counter, fences, stack);
-criterion_main!(benches);
+
+fn rwsem(c: &mut Criterion) {
+    let mut g = c.benchmark_group("rwsem-uncontended");
+    let percpu = percpu_rwsem::PercpuRwSem::new(0u64);
+    let std_lock = std::sync::RwLock::new(0u64);
+    let pl = parking_lot::RwLock::new(0u64);
+    g.bench_function("percpu-rwsem/read", |b| {
+        b.iter(|| black_box(*percpu.read()))
+    });
+    g.bench_function("std/read", |b| {
+        b.iter(|| black_box(*std_lock.read().unwrap()))
+    });
+    g.bench_function("parking_lot/read", |b| b.iter(|| black_box(*pl.read())));
+    g.bench_function("percpu-rwsem/write", |b| b.iter(|| *percpu.write() += 1));
+    g.bench_function("std/write", |b| b.iter(|| *std_lock.write().unwrap() += 1));
+    g.bench_function("parking_lot/write", |b| b.iter(|| *pl.write() += 1));
+    g.finish();
+}
+
+criterion_group!(rwsem_benches, rwsem);
+criterion_main!(benches, rwsem_benches);

@@ -231,20 +231,18 @@ pub fn run_scenario(sc: &Scenario, opts: &Options) -> Result<(Vec<Row>, Vec<Stri
     };
     // (row name, threads) -> per-run totals, in first-seen order.
     let mut samples: Vec<((String, usize), Vec<f64>)> = Vec::new();
-    let mut skipped = Vec::new();
-    let mut skip_set = std::collections::HashSet::new();
+    let mut skipped: Vec<String> = Vec::new();
     for _run in 0..opts.runs {
         for &threads in &opts.threads {
             for imp in &impls {
                 progress.step(&format!("{}/{imp} ({threads} threads)", sc.name));
-                if skip_set.contains(imp) {
-                    continue;
-                }
                 let w = match (sc.build)(imp, threads) {
                     Ok(w) => w,
                     Err(why) => {
-                        skip_set.insert(*imp);
-                        skipped.push(format!("{}/{imp}: skipped: {why}", sc.name));
+                        let line = format!("{}/{imp} ({threads} threads): skipped: {why}", sc.name);
+                        if !skipped.contains(&line) {
+                            skipped.push(line);
+                        }
                         continue;
                     }
                 };

@@ -158,16 +158,13 @@ pub fn register_rseq_fence() -> bool {
         _ => {
             let ok = membarrier(CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0;
             RSEQ_FENCE.store(if ok { MEMBARRIER } else { FALLBACK }, Ordering::Release);
+            #[cfg(not(loom))]
+            if ok {
+                crate::rseq::area::enable_gated();
+            }
             ok
         }
     }
-}
-
-/// Whether rseq fences are registered (no registration attempt).
-/// Async-signal-safe.
-#[inline]
-pub(crate) fn rseq_fence_registered() -> bool {
-    RSEQ_FENCE.load(Ordering::Relaxed) == MEMBARRIER
 }
 
 pub(crate) fn membarrier_rseq_all() -> bool {

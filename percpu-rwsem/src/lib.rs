@@ -1,7 +1,40 @@
-//! `percpu-rwsem`: a reader-writer semaphore whose read side increments a per-CPU count (an rseq critical section, no shared cache line, no full fence) and whose writer forces readers onto a slow path, waits for the per-CPU sum to drain and returns them to the fast path lazily, as the kernel's `percpu_rw_semaphore` with `rcu_sync` does.
+//! A per-CPU reader-writer semaphore for userspace: readers never share a
+//! cache line.
 //!
-//! **Not implemented yet.** This crate is a reserved, empty library in the
-//! `kscale` workspace; it has no API until its issue lands (seed
-//! `001_e630711ada7161ed` in the workspace's `shared/seeds`). It builds on
-//! [`pcpu`](https://docs.rs/pcpu), the workspace's per-CPU foundation.
+//! In 2024 the Linux uprobes subsystem replaced the reader-writer spinlock
+//! on its hot lookup path (`uprobes_treelock`) with a
+//! `percpu_rw_semaphore`, because every reader of a one-word lock writes
+//! the same cache line, which stops scaling at a handful of CPUs. This
+//! crate is that semaphore for Rust programs:
+//!
+//! - [`PercpuRwSem<T>`] with RAII guards, `read`/`try_read`/`write`/
+//!   `try_write`, `const` construction for statics;
+//! - [`RawPercpuRwSem`], also a [`lock_api::RawRwLock`];
+//! - a read side made of one restartable sequence per lock and per unlock
+//!   (no locked instruction, no fence: see [`raw`'s ordering
+//!   argument](RawPercpuRwSem)), built on [`pcpu`];
+//! - writers that pay a `membarrier()` grace period (once per burst) and
+//!   wait for the per-CPU sum of readers to drain;
+//! - async-signal-safe read operations, with self-deadlock detection for a
+//!   writer interrupted by its own handler.
+//!
+//! Measured with `cargo run --release -p benches --bin bench -- rwsem-read`
+//! in the workspace: see its README for the table against `std`,
+//! `parking_lot` and crossbeam's `ShardedLock`.
+//!
+//! ```
+//! let table = percpu_rwsem::PercpuRwSem::new(vec![1, 2, 3]);
+//! assert_eq!(table.read().len(), 3);
+//! table.write().push(4);
+//! assert_eq!(*table.read(), [1, 2, 3, 4]);
+//! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+
+mod futex_mutex;
+mod lock;
+#[cfg(not(loom))]
+mod lock_api_impl;
+mod raw;
+
+pub use lock::{PercpuRwSem, ReadGuard, WouldDeadlock, WriteGuard};
+pub use raw::{LINGER_DELAY, RawPercpuRwSem};

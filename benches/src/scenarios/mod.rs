@@ -2,13 +2,19 @@
 
 mod counter;
 mod cpu_id;
+mod rwsem;
 
 use crate::harness::Scenario;
 
 /// All scenarios, in the order `bench --list` prints them.
 #[must_use]
 pub fn all() -> Vec<Scenario> {
-    vec![cpu_id::SCENARIO, counter::SCENARIO]
+    vec![
+        cpu_id::SCENARIO,
+        counter::SCENARIO,
+        rwsem::READ,
+        rwsem::MIXED,
+    ]
 }
 
 /// The scenario called `name`.

@@ -87,6 +87,25 @@ pub(crate) fn offset() -> Option<isize> {
     Some(off)
 }
 
+/// `__rseq_offset` once rseq fences are registered as well (see
+/// [`crate::rseq::add_if_zero`]); one load on the hot path.
+static GATED_OFFSET: AtomicIsize = AtomicIsize::new(UNAVAILABLE);
+
+/// Called once rseq fences are registered.
+pub(crate) fn enable_gated() {
+    if let Some(off) = offset() {
+        GATED_OFFSET.store(off, Ordering::Relaxed);
+    }
+}
+
+/// [`offset`] if rseq fences are registered, else `None`. Async-signal-safe.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[inline]
+pub(crate) fn gated_offset() -> Option<isize> {
+    let off = GATED_OFFSET.load(Ordering::Relaxed);
+    if off <= UNAVAILABLE { None } else { Some(off) }
+}
+
 #[cold]
 fn unavailable_or_lookup(off: isize) -> Option<isize> {
     if off == UNKNOWN && lookup() != UNAVAILABLE {

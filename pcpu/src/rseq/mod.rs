@@ -83,14 +83,14 @@ pub fn available() -> bool {
 pub fn add(counters: &PerCpu<AtomicU64>, delta: u64) {
     #[cfg(all(target_arch = "x86_64", not(loom)))]
     if let Some(area) = area::offset() {
-        let (base, stride) = counters.raw_layout();
+        let (base, _) = counters.raw_layout();
         // SAFETY: `area` is glibc's `__rseq_offset`, so `%fs:area` is this
         // thread's registered rseq area; CPU slots
         // are `CachePadded<AtomicU64>` (aligned u64 at offset 0) that, while
         // rseq is registered process-wide, are written only by rseq
         // operations of their CPU (the fallback below uses the overflow
         // slot).
-        let rc = unsafe { x86_64::add(area, base, stride, counters.cpus() as u32, delta) };
+        let rc = unsafe { x86_64::add(area, base, counters.cpus() as u32, delta) };
         if rc == x86_64::DONE {
             return;
         }
@@ -102,17 +102,87 @@ pub fn add(counters: &PerCpu<AtomicU64>, delta: u64) {
     counters.current().fetch_add(delta, Ordering::Relaxed);
 }
 
-/// What [`add_if_zero`] did.
+/// What [`add_if_zero`] did. (The discriminants are the critical
+/// sections' own return codes, so mapping them costs nothing.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
 pub enum GatedAdd {
     /// The gate was 0 and the delta was added, in one critical section.
-    Added,
+    Added = 0,
     /// The gate was not 0; nothing was written.
-    Gated,
+    Gated = 1,
     /// No critical section could run here (rseq not available, or this
     /// thread's CPU id is beyond the possible count or unregistered):
     /// nothing was written; use a fallback protocol (see below).
-    Unavailable,
+    Unavailable = 2,
+}
+
+/// Proof that gated adds run as rseq critical sections in this process
+/// (x86-64, a glibc-registered rseq area, registered rseq fences), carrying
+/// what they need. Get it once with [`GatedAdder::get`] and keep it next to
+/// the counters: its [`add_if_zero`](Self::add_if_zero) then skips the
+/// process-wide availability check that the free function makes on every
+/// call (a measurable part of a read lock).
+#[derive(Clone, Copy, Debug)]
+pub struct GatedAdder {
+    /// `__rseq_offset`, never 0 (the area is not the thread control
+    /// block), which gives `Option<GatedAdder>` a niche: one word, one load.
+    #[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
+    offset: core::num::NonZeroIsize,
+}
+
+impl GatedAdder {
+    /// The token, or `None` where gated adds are unavailable (then
+    /// [`add_if_zero`] always answers [`GatedAdd::Unavailable`]).
+    /// Async-signal-safe.
+    #[inline]
+    #[must_use]
+    pub fn get() -> Option<Self> {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        if let Some(offset) = area::gated_offset().and_then(core::num::NonZeroIsize::new) {
+            return Some(Self { offset });
+        }
+        None
+    }
+
+    /// [`add_if_zero`] without the availability check. Never returns
+    /// [`GatedAdd::Unavailable`] except for a thread whose CPU id is beyond
+    /// the possible count or whose rseq registration failed.
+    /// **Async-signal-safe.**
+    #[allow(clippy::inline_always)] // a call would cost more than the section
+    #[inline(always)]
+    pub fn add_if_zero(
+        self,
+        counters: &PerCpu<AtomicU64>,
+        gate: &crate::sync::atomic::AtomicU32,
+        delta: u64,
+    ) -> GatedAdd {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        {
+            let (base, _) = counters.raw_layout();
+            // SAFETY: as in `add`; the token exists only with rseq fences
+            // registered; `gate` is a live, aligned `AtomicU32`.
+            let rc = unsafe {
+                x86_64::add_if_zero(
+                    self.offset.get(),
+                    base,
+                    counters.cpus() as u32,
+                    gate.as_ptr(),
+                    delta,
+                )
+            };
+            match rc {
+                x86_64::DONE => GatedAdd::Added,
+                x86_64::EMPTY => GatedAdd::Gated,
+                _ => GatedAdd::Unavailable,
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        {
+            let _ = (counters, gate, delta);
+            GatedAdd::Unavailable
+        }
+    }
 }
 
 /// Adds `delta` to the current CPU's counter **only if `*gate == 0`**,
@@ -137,32 +207,13 @@ pub fn add_if_zero(
     gate: &crate::sync::atomic::AtomicU32,
     delta: u64,
 ) -> GatedAdd {
-    #[cfg(all(target_arch = "x86_64", not(loom)))]
     // Without rseq fences a writer could not restart a section that read
-    // the gate as open, so the gated add is only offered with them.
-    if let Some(area) = area::offset()
-        && crate::fence::rseq_fence_registered()
-    {
-        let (base, stride) = counters.raw_layout();
-        // SAFETY: as in `add`; `gate` is a live, aligned `AtomicU32`.
-        let rc = unsafe {
-            x86_64::add_if_zero(
-                area,
-                base,
-                stride,
-                counters.cpus() as u32,
-                gate.as_ptr(),
-                delta,
-            )
-        };
-        return match rc {
-            x86_64::DONE => GatedAdd::Added,
-            x86_64::EMPTY => GatedAdd::Gated,
-            _ => GatedAdd::Unavailable,
-        };
+    // the gate as open, so the gated add is only offered with them
+    // (`GatedAdder::get` is `None` until they are registered).
+    match GatedAdder::get() {
+        Some(adder) => adder.add_if_zero(counters, gate, delta),
+        None => GatedAdd::Unavailable,
     }
-    let _ = (counters, gate, delta);
-    GatedAdd::Unavailable
 }
 
 /// Restarts every rseq critical section running in the process and makes

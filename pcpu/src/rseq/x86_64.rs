@@ -21,7 +21,7 @@
 
 use core::arch::asm;
 
-/// The operation committed.
+/// The operation committed (also `GatedAdd::Added`).
 pub(crate) const DONE: u32 = 0;
 /// `pop` found the current CPU's list empty.
 pub(crate) const EMPTY: u32 = 1;
@@ -33,6 +33,9 @@ pub(crate) const SLOW: u32 = 2;
 /// start label.
 macro_rules! rseq_cs_prologue {
     () => {
+        rseq_cs_prologue!("imul {stride}, {slot}\n")
+    };
+    ($scale:expr) => {
         concat!(
             ".pushsection __rseq_cs, \"aw\"\n",
             ".balign 32\n",
@@ -52,7 +55,7 @@ macro_rules! rseq_cs_prologue {
             "mov %fs:4({area}), {slot:e}\n",
             "cmp {cpus:e}, {slot:e}\n",
             "jae 7f\n",
-            "imul {stride}, {slot}\n",
+            $scale,
             "add {base}, {slot}\n",
         )
     };
@@ -82,32 +85,34 @@ macro_rules! rseq_cs_epilogue {
     };
 }
 
+/// log2 of the distance between the slots of a `PerCpu<AtomicU64>`: the
+/// counter sections shift instead of multiplying, which frees a register.
+const COUNTER_STRIDE_SHIFT: u32 = {
+    let stride = size_of::<crossbeam_utils::CachePadded<core::sync::atomic::AtomicU64>>();
+    assert!(stride.is_power_of_two());
+    stride.trailing_zeros()
+};
+
 /// `*(u64 *)slot(cpu) += delta` on the current CPU's slot.
 ///
 /// # Safety
 /// `area` is glibc's `__rseq_offset` (so `%fs:area` is the calling
-/// thread's registered rseq area); `base + i * stride`
+/// thread's registered rseq area); `base + (i << COUNTER_STRIDE_SHIFT)`
 /// for every `i < cpus` is a valid, 8-byte aligned `u64` written only by
 /// rseq operations of CPU `i`.
 // Always inlined: a call would cost more than the critical section.
 #[allow(clippy::inline_always)]
 #[inline(always)]
-pub(crate) unsafe fn add(
-    area: isize,
-    base: *const u8,
-    stride: usize,
-    cpus: u32,
-    delta: u64,
-) -> u32 {
+pub(crate) unsafe fn add(area: isize, base: *const u8, cpus: u32, delta: u64) -> u32 {
     let rc: u32;
     // SAFETY: the caller's contract; the section touches only the rseq
     // area and the current CPU's slot.
     unsafe {
         asm!(
-            rseq_cs_prologue!(),
+            rseq_cs_prologue!("shl ${shift}, {slot}\n"),
             "add {delta}, ({slot})",
             rseq_cs_epilogue!(),
-            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
+            area = in(reg) area, base = in(reg) base, shift = const COUNTER_STRIDE_SHIFT,
             cpus = in(reg) cpus, delta = in(reg) delta,
             tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
             options(att_syntax, nostack),
@@ -131,7 +136,6 @@ pub(crate) unsafe fn add(
 pub(crate) unsafe fn add_if_zero(
     area: isize,
     base: *const u8,
-    stride: usize,
     cpus: u32,
     gate: *const u32,
     delta: u64,
@@ -140,12 +144,12 @@ pub(crate) unsafe fn add_if_zero(
     // SAFETY: the caller's contract.
     unsafe {
         asm!(
-            rseq_cs_prologue!(),
+            rseq_cs_prologue!("shl ${shift}, {slot}\n"),
             "cmpl $0, ({gate})",
             "jne 9f",
             "add {delta}, ({slot})",
             rseq_cs_epilogue!(),
-            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
+            area = in(reg) area, base = in(reg) base, shift = const COUNTER_STRIDE_SHIFT,
             cpus = in(reg) cpus, gate = in(reg) gate, delta = in(reg) delta,
             tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
             options(att_syntax, nostack),

@@ -1,0 +1,163 @@
+#![allow(clippy::inline_always)] // read paths are forced inline for every impl alike
+//! `rwsem-read` and `rwsem-mixed`: seed 001, the per-CPU reader-writer
+//! semaphore against the reader-writer locks Rust users pick today.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use crossbeam_utils::sync::ShardedLock;
+use percpu_rwsem::PercpuRwSem;
+
+use crate::harness::{Scenario, Workload};
+
+const IMPLS: &[&str] = &["percpu-rwsem", "std", "parking_lot", "sharded"];
+
+pub const READ: Scenario = Scenario {
+    name: "rwsem-read",
+    about: "seed 001: each thread loops read-lock, read the value, unlock (no writer)",
+    impls: IMPLS,
+    build: build_read,
+};
+
+pub const MIXED: Scenario = Scenario {
+    name: "rwsem-mixed",
+    about: "seed 001: one writer (write, then 100 us pause) while the other threads read; rows IMPL:reads and IMPL:writes",
+    impls: IMPLS,
+    build: build_mixed,
+};
+
+/// The pause between two writes in `rwsem-mixed`, the same for every impl.
+const WRITE_PAUSE: Duration = Duration::from_micros(100);
+
+/// The lock types under test, behind one interface (reads forced inline
+/// for every implementation alike, so the loop measures the lock).
+trait Lock: Sync {
+    fn read_value(&self) -> u64;
+    fn add(&self, delta: u64);
+}
+
+impl Lock for PercpuRwSem<u64> {
+    #[inline(always)]
+    fn read_value(&self) -> u64 {
+        *self.read()
+    }
+    fn add(&self, delta: u64) {
+        *self.write() += delta;
+    }
+}
+
+impl Lock for std::sync::RwLock<u64> {
+    #[inline(always)]
+    fn read_value(&self) -> u64 {
+        *self.read().unwrap()
+    }
+    fn add(&self, delta: u64) {
+        *self.write().unwrap() += delta;
+    }
+}
+
+impl Lock for parking_lot::RwLock<u64> {
+    #[inline(always)]
+    fn read_value(&self) -> u64 {
+        *self.read()
+    }
+    fn add(&self, delta: u64) {
+        *self.write() += delta;
+    }
+}
+
+impl Lock for ShardedLock<u64> {
+    #[inline(always)]
+    fn read_value(&self) -> u64 {
+        *self.read().unwrap()
+    }
+    fn add(&self, delta: u64) {
+        *self.write().unwrap() += delta;
+    }
+}
+
+fn new_lock(imp: &str) -> Box<dyn Lock> {
+    match imp {
+        "percpu-rwsem" => {
+            let l = PercpuRwSem::new(0);
+            l.prepare();
+            Box::new(l)
+        }
+        "std" => Box::new(std::sync::RwLock::new(0)),
+        "parking_lot" => Box::new(parking_lot::RwLock::new(0)),
+        "sharded" => Box::new(ShardedLock::new(0)),
+        _ => unreachable!("unknown implementation {imp}"),
+    }
+}
+
+/// Monomorphic read loops: the lock type is known inside the loop, so the
+/// benchmark measures the lock and not a virtual call per iteration.
+struct ReadLoop<L>(L);
+
+impl<L: Lock> Workload for ReadLoop<L> {
+    fn run(&self, _tid: usize, iters: u64) {
+        let mut acc = 0u64;
+        for _ in 0..iters {
+            acc = acc.wrapping_add(self.0.read_value());
+        }
+        black_box(acc);
+    }
+}
+
+fn build_read(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    Ok(match imp {
+        "percpu-rwsem" => {
+            let l = PercpuRwSem::new(0u64);
+            l.prepare();
+            Box::new(ReadLoop(l))
+        }
+        "std" => Box::new(ReadLoop(std::sync::RwLock::new(0u64))),
+        "parking_lot" => Box::new(ReadLoop(parking_lot::RwLock::new(0u64))),
+        "sharded" => Box::new(ReadLoop(ShardedLock::new(0u64))),
+        _ => unreachable!("unknown implementation {imp}"),
+    })
+}
+
+/// Worker 0 writes (then pauses), the others read.
+struct Mixed(Box<dyn Lock>);
+
+impl Workload for Mixed {
+    fn run(&self, tid: usize, iters: u64) {
+        if tid == 0 {
+            for _ in 0..iters {
+                self.0.add(1);
+                std::thread::sleep(WRITE_PAUSE);
+            }
+        } else {
+            let mut acc = 0u64;
+            for _ in 0..iters {
+                acc = acc.wrapping_add(self.0.read_value());
+            }
+            black_box(acc);
+        }
+    }
+
+    fn role(&self, tid: usize) -> &'static str {
+        if tid == 0 { "writes" } else { "reads" }
+    }
+
+    fn batch(&self, tid: usize) -> u64 {
+        if tid == 0 { 1 } else { 1024 }
+    }
+
+    fn verify(&self, ops: &[u64]) -> Result<(), String> {
+        let value = self.0.read_value();
+        if value == ops[0] {
+            Ok(())
+        } else {
+            Err(format!("the value is {value} after {} writes", ops[0]))
+        }
+    }
+}
+
+fn build_mixed(imp: &str, threads: usize) -> Result<Box<dyn Workload>, String> {
+    if threads < 2 {
+        return Err("needs 2 or more threads: one writer, the rest readers".into());
+    }
+    Ok(Box::new(Mixed(new_lock(imp))))
+}

@@ -1,0 +1,488 @@
+//! `RawPercpuRwSem`: the lock without the data, in the shape of the
+//! kernel's `struct percpu_rw_semaphore`.
+//!
+//! # State
+//!
+//! | field | kernel | meaning |
+//! |---|---|---|
+//! | `counts` | `read_count` | per-CPU reader counts; only their sum means anything |
+//! | `gate` | `rss` + `block` | 0: readers take the fast path. `LINGER`: no writer, but readers stay on the slow path for a while after the last write (`rcu_sync`'s delayed exit). `BLOCK`: a writer holds the lock or waits for readers to drain. `PARKED`: some reader sleeps on `gate`. |
+//! | `writer` | `rwsem`'s writer mutex | serialises writers |
+//! | `drain` | `writer` rcuwait | futex word the writer sleeps on while readers drain; leaving readers bump it |
+//! | `owner` | | the writer's thread, for self-deadlock detection |
+//!
+//! # Memory ordering
+//!
+//! Three pairings make it correct.
+//!
+//! 1. **Fast reader vs. entering writer (the grace period).** A fast reader
+//!    runs [`pcpu::rseq::add_if_zero`]: "if `gate == 0`, add 1 to my CPU's
+//!    count" in one restartable sequence, with no fence. A writer that
+//!    moves `gate` from 0 to non-zero then calls [`pcpu::rseq::fence_all`]
+//!    (`membarrier(PRIVATE_EXPEDITED_RSEQ)`), which restarts every
+//!    critical section in flight and issues a full barrier on every CPU
+//!    running our threads. Afterwards no fast add can commit, and every
+//!    one that did is visible to the writer's sum. This is exactly the
+//!    kernel's `rcu_sync_enter()` waiting for a grace period while readers
+//!    test `rcu_sync_is_idle()` with preemption disabled. Fast unlocks are
+//!    gated the same way, so while `gate != 0` every unlock takes the slow
+//!    path below.
+//! 2. **Fallback readers** (no rseq: aarch64, qemu, old glibc, or a CPU id
+//!    beyond the possible count) do `add; fence::light(); load gate` and
+//!    the writer's grace period is a heavy fence: the store-buffering
+//!    pattern of [`pcpu::fence`], so either the reader sees the gate or the
+//!    writer sees the count. A fallback unlock that saw `gate == 0` before
+//!    decrementing re-checks after a light fence and wakes the writer if
+//!    the gate closed meanwhile.
+//! 3. **Slow paths** (`gate != 0`) use `fence(SeqCst)` on both sides: a
+//!    reader does `add; fence; load gate` and backs out if `BLOCK` is set;
+//!    the writer does `gate |= BLOCK; fence; read drain; sum`. A reader
+//!    leaving while `BLOCK` is set bumps `drain` and wakes the writer, so
+//!    the writer's `FUTEX_WAIT(drain, seen)` never misses the last reader.
+//!
+//! The gate only returns to 0 through a compare-and-swap from exactly
+//! `LINGER`, so a writer that finds it non-zero knows a previous writer's
+//! grace period still holds and skips its own: back-to-back writers pay
+//! one `membarrier` between them, not one each.
+//!
+//! Data ordering: a reader's section is bracketed by an acquire (the gate
+//! load, which on x86-64's rseq path is a plain load under TSO) and a
+//! release (a release fence before the decrement, implicit under TSO); the
+//! writer reads the counts and then issues an acquire fence before
+//! entering, and releases with the store that reopens the gate.
+
+use core::time::Duration;
+
+use pcpu::PerCpu;
+use pcpu::rseq::{self, GatedAdd};
+use pcpu::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+use pcpu::sync::futex;
+
+use crate::futex_mutex::FutexMutex;
+
+/// A writer holds the lock or is draining readers.
+const BLOCK: u32 = 1;
+/// No writer, but readers stay on the slow path until the linger delay.
+const LINGER: u32 = 2;
+/// At least one reader sleeps on the gate (the unlocking writer wakes them).
+const PARKED: u32 = 4;
+
+/// How long readers stay on the slow path after a write, so that a burst
+/// of writers pays one grace period (the kernel waits one RCU grace
+/// period, a few milliseconds, before `rcu_sync` returns to idle).
+pub const LINGER_DELAY: Duration = Duration::from_millis(1);
+
+/// How a read attempt behaves when a writer is in the way.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Sleep until the writer leaves.
+    Block,
+    /// Give up at once.
+    Never,
+}
+
+/// Why a read attempt did not take the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadRefused {
+    WouldBlock,
+    HeldByThisThread,
+}
+
+/// The per-CPU reader counts, allocated on first use, with the gated-add
+/// token next to them (one cache line, loaded once per operation).
+struct Counts {
+    gated: Option<rseq::GatedAdder>,
+    slots: PerCpu<AtomicU64>,
+}
+
+impl Counts {
+    fn new() -> Self {
+        Self {
+            gated: rseq::GatedAdder::get(),
+            slots: PerCpu::default(),
+        }
+    }
+
+    /// "If the gate is open, add `delta` to my CPU's count", in one
+    /// restartable sequence (pairing 1), or `Unavailable`.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn add_if_open(&self, gate: &AtomicU32, delta: u64) -> GatedAdd {
+        match self.gated {
+            Some(adder) => adder.add_if_zero(&self.slots, gate, delta),
+            None => GatedAdd::Unavailable,
+        }
+    }
+
+    /// Unconditional add (rseq where possible, else atomic).
+    fn add(&self, delta: u64) {
+        rseq::add(&self.slots, delta);
+    }
+
+    fn sum(&self) -> u64 {
+        self.slots
+            .iter()
+            .fold(0u64, |s, c| s.wrapping_add(c.load(Ordering::Relaxed)))
+    }
+}
+
+/// The raw per-CPU reader-writer semaphore (no data): the lock that
+/// [`PercpuRwSem`](crate::PercpuRwSem) wraps, and a
+/// [`lock_api::RawRwLock`] (so `lock_api::RwLock<RawPercpuRwSem, T>` works).
+///
+/// Constructible in a `const` context: the per-CPU counts are allocated on
+/// first use, or by [`prepare`](Self::prepare), which code that will take
+/// the lock inside a signal handler must call first.
+pub struct RawPercpuRwSem {
+    counts: AtomicPtr<Counts>,
+    gate: AtomicU32,
+    drain: AtomicU32,
+    writer: FutexMutex,
+    owner: AtomicUsize,
+    #[cfg_attr(loom, allow(dead_code))]
+    last_write_ns: AtomicU64,
+}
+
+// The lock word and counts are atomics; the raw pointer is owned.
+// SAFETY: every field is an atomic or owned through one; nothing is tied
+// to a thread.
+unsafe impl Send for RawPercpuRwSem {}
+// SAFETY: as above; all shared access goes through atomics.
+unsafe impl Sync for RawPercpuRwSem {}
+
+impl Default for RawPercpuRwSem {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl core::fmt::Debug for RawPercpuRwSem {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RawPercpuRwSem")
+            .field("gate", &self.gate.load(Ordering::Relaxed))
+            .field("write_locked", &self.writer.is_locked())
+            .finish_non_exhaustive()
+    }
+}
+
+/// An address unique to the calling thread (while it lives), used to
+/// recognise the writer. A `const`-initialised thread-local without a
+/// destructor: reading it never allocates, even in a signal handler.
+#[cfg(not(loom))]
+fn thread_token() -> usize {
+    std::thread_local!(static TOKEN: u8 = const { 0 });
+    TOKEN.with(|t| core::ptr::from_ref(t) as usize)
+}
+
+/// Under loom, thread-locals of different model threads may share an
+/// address: number the threads instead (the counter is outside the model).
+#[cfg(loom)]
+fn thread_token() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+    loom::thread_local!(static TOKEN: usize = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    TOKEN.with(|t| *t)
+}
+
+/// Monotonic time in nanoseconds (`CLOCK_MONOTONIC_COARSE`, vDSO;
+/// async-signal-safe).
+#[cfg(not(loom))]
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
+impl RawPercpuRwSem {
+    /// An unlocked semaphore; allocates nothing.
+    #[cfg(not(loom))]
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            counts: AtomicPtr::new(core::ptr::null_mut()),
+            gate: AtomicU32::new(0),
+            drain: AtomicU32::new(0),
+            writer: FutexMutex::new(),
+            owner: AtomicUsize::new(0),
+            last_write_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// An unlocked semaphore (loom build: not `const`).
+    #[cfg(loom)]
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            counts: AtomicPtr::new(core::ptr::null_mut()),
+            gate: AtomicU32::new(0),
+            drain: AtomicU32::new(0),
+            writer: FutexMutex::new(),
+            owner: AtomicUsize::new(0),
+            last_write_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Allocates the per-CPU counts now, so no later lock operation
+    /// allocates. Call it before the lock is used from a signal handler.
+    /// Not async-signal-safe (it allocates); idempotent.
+    pub fn prepare(&self) {
+        let _ = self.counts();
+    }
+
+    // The read path is forced inline: its rseq sections need many
+    // registers, and a call would cost more than the sections themselves.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn counts(&self) -> &Counts {
+        let p = self.counts.load(Ordering::Acquire);
+        if p.is_null() {
+            return self.allocate_counts();
+        }
+        // SAFETY: a non-null pointer was published by `allocate_counts`
+        // and lives until `drop`.
+        unsafe { &*p }
+    }
+
+    #[cold]
+    fn allocate_counts(&self) -> &Counts {
+        let fresh = Box::into_raw(Box::new(Counts::new()));
+        match self.counts.compare_exchange(
+            core::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: we just published `fresh`; it lives until `drop`.
+            Ok(_) => unsafe { &*fresh },
+            Err(winner) => {
+                // SAFETY: `fresh` was never shared.
+                drop(unsafe { Box::from_raw(fresh) });
+                // SAFETY: the winner's pointer lives until `drop`.
+                unsafe { &*winner }
+            }
+        }
+    }
+
+    fn readers(&self) -> u64 {
+        self.counts().sum()
+    }
+
+    // ----- read side -----------------------------------------------------
+
+    /// Takes the read side; see [`PercpuRwSem::read`](crate::PercpuRwSem::read).
+    /// Only the gated add is inline; everything else is out of line.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub(crate) fn read_lock(&self, wait: Wait) -> Result<(), ReadRefused> {
+        let counts = self.counts();
+        match counts.add_if_open(&self.gate, 1) {
+            GatedAdd::Added => Ok(()),
+            other => self.read_lock_not_fast(counts, other, wait),
+        }
+    }
+
+    /// The read lock when the rseq fast path did not commit: the gate is
+    /// closed, or rseq is unavailable here (fallback pairing 2).
+    #[cold]
+    #[inline(never)]
+    fn read_lock_not_fast(
+        &self,
+        counts: &Counts,
+        fast: GatedAdd,
+        wait: Wait,
+    ) -> Result<(), ReadRefused> {
+        if fast == GatedAdd::Unavailable {
+            counts.add(1);
+            pcpu::fence::light();
+            if self.gate.load(Ordering::Acquire) == 0 {
+                return Ok(());
+            }
+            self.leave_slow(counts);
+        }
+        self.read_lock_slow(counts, wait)
+    }
+
+    #[cold]
+    fn read_lock_slow(&self, counts: &Counts, wait: Wait) -> Result<(), ReadRefused> {
+        loop {
+            let g = self.gate.load(Ordering::Acquire);
+            if g & BLOCK == 0 {
+                if g & !PARKED == LINGER && self.linger_over() {
+                    // Back to the fast path for later readers; this one
+                    // still enters below, which is correct in every state.
+                    let _ = self
+                        .gate
+                        .compare_exchange(g, 0, Ordering::AcqRel, Ordering::Relaxed);
+                }
+                counts.add(1);
+                fence(Ordering::SeqCst);
+                if self.gate.load(Ordering::Acquire) & BLOCK == 0 {
+                    return Ok(());
+                }
+                self.leave_slow(counts);
+                continue;
+            }
+            if wait == Wait::Never {
+                return Err(ReadRefused::WouldBlock);
+            }
+            if self.owner.load(Ordering::Relaxed) == thread_token() {
+                return Err(ReadRefused::HeldByThisThread);
+            }
+            if g & PARKED == 0
+                && self
+                    .gate
+                    .compare_exchange(g, g | PARKED, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            futex::wait(&self.gate, g | PARKED);
+        }
+    }
+
+    /// Releases the read side (possibly taken on another thread or CPU).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub(crate) fn read_unlock(&self) {
+        let counts = self.counts();
+        match counts.add_if_open(&self.gate, 1u64.wrapping_neg()) {
+            GatedAdd::Added => {}
+            other => self.read_unlock_not_fast(counts, other),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn read_unlock_not_fast(&self, counts: &Counts, fast: GatedAdd) {
+        match fast {
+            GatedAdd::Added => {}
+            GatedAdd::Gated => self.leave_slow(counts),
+            GatedAdd::Unavailable if self.gate.load(Ordering::Relaxed) != 0 => {
+                self.leave_slow(counts)
+            }
+            GatedAdd::Unavailable => {
+                fence(Ordering::Release);
+                counts.add(1u64.wrapping_neg());
+                pcpu::fence::light();
+                // The gate may have closed between the check and the
+                // decrement; a writer may already have summed our count.
+                if self.gate.load(Ordering::Relaxed) != 0 {
+                    self.wake_writer();
+                }
+            }
+        }
+    }
+
+    /// Decrements on the slow path and wakes a draining writer.
+    fn leave_slow(&self, counts: &Counts) {
+        fence(Ordering::Release);
+        counts.add(1u64.wrapping_neg());
+        fence(Ordering::SeqCst);
+        if self.gate.load(Ordering::Relaxed) & BLOCK != 0 {
+            self.wake_writer();
+        }
+    }
+
+    fn wake_writer(&self) {
+        self.drain.fetch_add(1, Ordering::Release);
+        futex::wake(&self.drain, 1);
+    }
+
+    #[cfg(not(loom))]
+    fn linger_over(&self) -> bool {
+        now_ns().wrapping_sub(self.last_write_ns.load(Ordering::Relaxed))
+            >= LINGER_DELAY.as_nanos() as u64
+    }
+
+    /// Under loom time does not pass on its own: the delay is modelled as
+    /// always over, so models explore the return to the fast path racing
+    /// with writers.
+    #[cfg(loom)]
+    fn linger_over(&self) -> bool {
+        true
+    }
+
+    // ----- write side ----------------------------------------------------
+
+    /// Takes the write side; `false` only with `Wait::Never` when readers
+    /// or another writer are in the way.
+    pub(crate) fn write_lock(&self, wait: Wait) -> bool {
+        match wait {
+            Wait::Block => self.writer.lock(),
+            Wait::Never => {
+                if !self.writer.try_lock() {
+                    return false;
+                }
+            }
+        }
+        self.prepare();
+        self.owner.store(thread_token(), Ordering::Relaxed);
+        let old = self.gate.fetch_or(BLOCK, Ordering::SeqCst);
+        if old & !PARKED == 0 {
+            // Readers were on the fast path: one grace period moves them
+            // all to the slow path (kernel: rcu_sync_enter).
+            rseq::fence_all();
+        }
+        fence(Ordering::SeqCst);
+        loop {
+            let seen = self.drain.load(Ordering::Acquire);
+            fence(Ordering::SeqCst);
+            if self.readers() == 0 {
+                fence(Ordering::Acquire);
+                return true;
+            }
+            if wait == Wait::Never {
+                self.release_gate();
+                self.owner.store(0, Ordering::Relaxed);
+                self.writer.unlock();
+                return false;
+            }
+            futex::wait(&self.drain, seen);
+        }
+    }
+
+    /// Releases the write side.
+    pub(crate) fn write_unlock(&self) {
+        self.owner.store(0, Ordering::Relaxed);
+        self.release_gate();
+        self.writer.unlock();
+    }
+
+    /// Reopens the gate to slow-path readers (`LINGER`) and wakes sleepers.
+    fn release_gate(&self) {
+        #[cfg(not(loom))]
+        self.last_write_ns.store(now_ns(), Ordering::Relaxed);
+        if self.gate.swap(LINGER, Ordering::Release) & PARKED != 0 {
+            futex::wake(&self.gate, u32::MAX);
+        }
+    }
+
+    /// Whether some thread holds (or is acquiring) the write side: a
+    /// snapshot, for diagnostics and assertions.
+    #[must_use]
+    pub fn is_locked_exclusive(&self) -> bool {
+        self.gate.load(Ordering::Relaxed) & BLOCK != 0
+    }
+
+    /// Whether some reader is inside (a snapshot: sums the per-CPU counts).
+    #[must_use]
+    pub fn has_readers(&self) -> bool {
+        self.readers() != 0
+    }
+}
+
+impl Drop for RawPercpuRwSem {
+    fn drop(&mut self) {
+        let p = self.counts.load(Ordering::Relaxed);
+        if !p.is_null() {
+            // SAFETY: `p` came from `Box::into_raw` and `&mut self` means
+            // no guard is alive.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
