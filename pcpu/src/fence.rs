@@ -128,6 +128,11 @@ pub fn light() {
 /// If the kernel refuses the barrier after accepting the registration
 /// (it never does; continuing would silently break every light side).
 pub fn heavy() {
+    #[cfg(loom)]
+    if crate::loom_cpu::rseq_modelled() {
+        crate::loom_cpu::fence_all_cpus();
+        return;
+    }
     #[cfg(not(loom))]
     if mode() == Mode::Membarrier {
         // The light side already relies on us: a failure here after a

@@ -90,7 +90,9 @@ impl PerCpuStack {
             next_offset.is_multiple_of(align_of::<usize>()),
             "link word must be usize-aligned"
         );
-        let use_rseq = crate::rseq::available() && crate::fence::register_rseq_fence();
+        // Under loom the stack models its fallback (the lock-word protocol).
+        let use_rseq =
+            cfg!(not(loom)) && crate::rseq::available() && crate::fence::register_rseq_fence();
         Self {
             heads: PerCpu::default(),
             next_offset,

@@ -81,6 +81,33 @@ fn stack_local_and_remote_pops_conserve_nodes() {
 }
 
 #[test]
+fn gated_add_after_the_grace_period_sees_the_gate() {
+    use loom::sync::atomic::AtomicU32;
+    use pcpu::rseq::{GatedAdd, add_if_zero, fence_all};
+    loom::model(|| {
+        let counts = Arc::new(PerCpu::<AtomicU64>::default());
+        let gate = Arc::new(AtomicU32::new(0));
+        let (c2, g2) = (Arc::clone(&counts), Arc::clone(&gate));
+        let reader = thread::spawn(move || {
+            pcpu::loom_cpu::set_current(1);
+            add_if_zero(&c2, &g2, 1)
+        });
+        gate.store(1, Relaxed);
+        fence_all();
+        // After the grace period: every add that committed is visible...
+        let sum_after_fence = counts.iter().map(|c| c.load(Relaxed)).sum::<u64>();
+        let outcome = reader.join().unwrap();
+        let final_sum = counts.iter().map(|c| c.load(Relaxed)).sum::<u64>();
+        // ...and none commits later: the sum cannot grow after the fence.
+        assert_eq!(
+            sum_after_fence, final_sum,
+            "an add committed after the grace period"
+        );
+        assert_eq!(final_sum, u64::from(outcome == GatedAdd::Added));
+    });
+}
+
+#[test]
 fn asymmetric_fence_forbids_store_buffering() {
     loom::model(|| {
         let a = Arc::new(AtomicUsize::new(0));

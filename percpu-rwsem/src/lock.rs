@@ -190,7 +190,8 @@ impl<T: ?Sized> PercpuRwSem<T> {
         self.data.get_mut()
     }
 
-    /// The raw semaphore.
+    /// The raw semaphore (for [`RawPercpuRwSem::set_linger`] and state
+    /// snapshots).
     pub fn raw(&self) -> &RawPercpuRwSem {
         &self.raw
     }

@@ -1,5 +1,5 @@
 //! `RawPercpuRwSem` as a [`lock_api::RawRwLock`], so
-//! `lock_api::RwLock<RawPercpuRwSem, T>` works with lock_api's guards and
+//! `lock_api::RwLock<RawPercpuRwSem, T>` works with `lock_api`'s guards and
 //! mapping. The fast paths are the same calls [`PercpuRwSem`](crate::PercpuRwSem)
 //! makes. Shared guards are `Send` (a read may end on another thread);
 //! exclusive guards are not (the writer's thread is remembered to detect
@@ -23,9 +23,11 @@ unsafe impl lock_api::RawRwLock for RawPercpuRwSem {
     /// If the calling thread holds the write side (it would deadlock).
     #[inline]
     fn lock_shared(&self) -> GuardSend {
-        if self.read_lock(Wait::Block).is_err() {
-            panic!("{}", crate::WouldDeadlock);
-        }
+        assert!(
+            self.read_lock(Wait::Block).is_ok(),
+            "{}",
+            crate::WouldDeadlock
+        );
         GuardSend::new()
     }
 

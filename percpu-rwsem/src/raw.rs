@@ -6,7 +6,7 @@
 //! | field | kernel | meaning |
 //! |---|---|---|
 //! | `counts` | `read_count` | per-CPU reader counts; only their sum means anything |
-//! | `gate` | `rss` + `block` | 0: readers take the fast path. `LINGER`: no writer, but readers stay on the slow path for a while after the last write (`rcu_sync`'s delayed exit). `BLOCK`: a writer holds the lock or waits for readers to drain. `PARKED`: some reader sleeps on `gate`. |
+//! | `gate` | `rss` + `block` | 0: readers take the fast path. `LINGER`: no writer, but readers stay on the slow path for a while after the last write (`rcu_sync`'s delayed exit). `WRITER`: a writer is entering (fast path closed, slow-path readers still admitted). `BLOCK`: a writer holds the lock or waits for readers to drain. `PARKED`: some reader sleeps on `gate`. |
 //! | `writer` | `rwsem`'s writer mutex | serialises writers |
 //! | `drain` | `writer` rcuwait | futex word the writer sleeps on while readers drain; leaving readers bump it |
 //! | `owner` | | the writer's thread, for self-deadlock detection |
@@ -66,11 +66,26 @@ const BLOCK: u32 = 1;
 const LINGER: u32 = 2;
 /// At least one reader sleeps on the gate (the unlocking writer wakes them).
 const PARKED: u32 = 4;
+/// A writer holds the writer mutex: the fast path is closed and may not be
+/// reopened, but readers still enter on the slow path until `BLOCK` (so a
+/// grace period in progress does not stall them, as in the kernel, where
+/// `rcu_sync_enter` runs before `block` is set).
+const WRITER: u32 = 8;
 
-/// How long readers stay on the slow path after a write, so that a burst
-/// of writers pays one grace period (the kernel waits one RCU grace
-/// period, a few milliseconds, before `rcu_sync` returns to idle).
-pub const LINGER_DELAY: Duration = Duration::from_millis(1);
+/// Rounds of polling before a waiter sleeps in `FUTEX_WAIT`: a reader's
+/// section or a write is usually over within nanoseconds, and a futex
+/// sleep plus wake-up costs tens of microseconds on a VM.
+const SPIN_ROUNDS: u32 = 200;
+
+/// How long readers stay on the slow path after a write by default, so
+/// that a burst of writers pays one grace period between them. The kernel
+/// waits one RCU grace period (milliseconds) before `rcu_sync` returns to
+/// idle; our grace period is a `membarrier` of about 0.5 us here, so the
+/// delay that amortises it is microseconds: 5 us is ten grace periods. (In
+/// `bench rwsem-mixed`, one write per ~180 us, readers kept 380-400 M/s
+/// with 2-5 us, 370 with 20 us, 300 with 50 us or with none.) Tune it per
+/// lock with [`RawPercpuRwSem::set_linger`].
+pub const LINGER_DELAY: Duration = Duration::from_micros(5);
 
 /// How a read attempt behaves when a writer is in the way.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -141,6 +156,8 @@ pub struct RawPercpuRwSem {
     owner: AtomicUsize,
     #[cfg_attr(loom, allow(dead_code))]
     last_write_ns: AtomicU64,
+    #[cfg_attr(loom, allow(dead_code))]
+    linger_ns: AtomicU64,
 }
 
 // The lock word and counts are atomics; the raw pointer is owned.
@@ -183,7 +200,7 @@ fn thread_token() -> usize {
     TOKEN.with(|t| *t)
 }
 
-/// Monotonic time in nanoseconds (`CLOCK_MONOTONIC_COARSE`, vDSO;
+/// Monotonic time in nanoseconds (`CLOCK_MONOTONIC`, vDSO, ~20 ns;
 /// async-signal-safe).
 #[cfg(not(loom))]
 fn now_ns() -> u64 {
@@ -192,7 +209,7 @@ fn now_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
     (ts.tv_sec as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts.tv_nsec as u64)
@@ -210,6 +227,7 @@ impl RawPercpuRwSem {
             writer: FutexMutex::new(),
             owner: AtomicUsize::new(0),
             last_write_ns: AtomicU64::new(0),
+            linger_ns: AtomicU64::new(LINGER_DELAY.as_nanos() as u64),
         }
     }
 
@@ -224,6 +242,7 @@ impl RawPercpuRwSem {
             writer: FutexMutex::new(),
             owner: AtomicUsize::new(0),
             last_write_ns: AtomicU64::new(0),
+            linger_ns: AtomicU64::new(LINGER_DELAY.as_nanos() as u64),
         }
     }
 
@@ -333,6 +352,9 @@ impl RawPercpuRwSem {
             if self.owner.load(Ordering::Relaxed) == thread_token() {
                 return Err(ReadRefused::HeldByThisThread);
             }
+            if Self::spin_until(|| self.gate.load(Ordering::Relaxed) & BLOCK == 0) {
+                continue;
+            }
             if g & PARKED == 0
                 && self
                     .gate
@@ -363,7 +385,7 @@ impl RawPercpuRwSem {
             GatedAdd::Added => {}
             GatedAdd::Gated => self.leave_slow(counts),
             GatedAdd::Unavailable if self.gate.load(Ordering::Relaxed) != 0 => {
-                self.leave_slow(counts)
+                self.leave_slow(counts);
             }
             GatedAdd::Unavailable => {
                 fence(Ordering::Release);
@@ -396,7 +418,20 @@ impl RawPercpuRwSem {
     #[cfg(not(loom))]
     fn linger_over(&self) -> bool {
         now_ns().wrapping_sub(self.last_write_ns.load(Ordering::Relaxed))
-            >= LINGER_DELAY.as_nanos() as u64
+            >= self.linger_ns.load(Ordering::Relaxed)
+    }
+
+    /// Sets how long readers stay on the slow path after a write before
+    /// the first of them reopens the fast path (default [`LINGER_DELAY`]).
+    /// Longer: writers in bursts share one grace period, readers pay a
+    /// fence meanwhile. Shorter: readers return to the fence-free path
+    /// sooner, and each isolated write pays a `membarrier`.
+    /// Async-signal-safe.
+    pub fn set_linger(&self, delay: Duration) {
+        self.linger_ns.store(
+            delay.as_nanos().try_into().unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Under loom time does not pass on its own: the delay is modelled as
@@ -422,17 +457,21 @@ impl RawPercpuRwSem {
         }
         self.prepare();
         self.owner.store(thread_token(), Ordering::Relaxed);
-        let old = self.gate.fetch_or(BLOCK, Ordering::SeqCst);
-        if old & !PARKED == 0 {
+        let old = self.gate.fetch_or(WRITER, Ordering::SeqCst);
+        if old == 0 {
             // Readers were on the fast path: one grace period moves them
-            // all to the slow path (kernel: rcu_sync_enter).
+            // all to the slow path (kernel: rcu_sync_enter). Otherwise the
+            // gate has been closed since an earlier writer's grace period.
             rseq::fence_all();
         }
+        self.gate.fetch_or(BLOCK, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         loop {
             let seen = self.drain.load(Ordering::Acquire);
             fence(Ordering::SeqCst);
-            if self.readers() == 0 {
+            if self.readers() == 0
+                || (wait == Wait::Block && Self::spin_until(|| self.readers() == 0))
+            {
                 fence(Ordering::Acquire);
                 return true;
             }
@@ -446,6 +485,20 @@ impl RawPercpuRwSem {
         }
     }
 
+    /// Polls `done` for a bounded number of rounds (with growing pauses);
+    /// returns whether it became true.
+    fn spin_until(done: impl Fn() -> bool) -> bool {
+        for round in 0..SPIN_ROUNDS {
+            for _ in 0..1u32 << round.min(5) {
+                pcpu::sync::hint::spin_loop();
+            }
+            if done() {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Releases the write side.
     pub(crate) fn write_unlock(&self) {
         self.owner.store(0, Ordering::Relaxed);
@@ -453,7 +506,8 @@ impl RawPercpuRwSem {
         self.writer.unlock();
     }
 
-    /// Reopens the gate to slow-path readers (`LINGER`) and wakes sleepers.
+    /// Reopens the gate to slow-path readers (`LINGER`, clearing `WRITER`
+    /// and `BLOCK`) and wakes sleepers.
     fn release_gate(&self) {
         #[cfg(not(loom))]
         self.last_write_ns.store(now_ns(), Ordering::Relaxed);

@@ -1,6 +1,6 @@
-#![allow(clippy::inline_always)] // read paths are forced inline for every impl alike
 //! `rwsem-read` and `rwsem-mixed`: seed 001, the per-CPU reader-writer
 //! semaphore against the reader-writer locks Rust users pick today.
+#![allow(clippy::inline_always)] // read paths are forced inline for every impl alike
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -76,20 +76,6 @@ impl Lock for ShardedLock<u64> {
     }
 }
 
-fn new_lock(imp: &str) -> Box<dyn Lock> {
-    match imp {
-        "percpu-rwsem" => {
-            let l = PercpuRwSem::new(0);
-            l.prepare();
-            Box::new(l)
-        }
-        "std" => Box::new(std::sync::RwLock::new(0)),
-        "parking_lot" => Box::new(parking_lot::RwLock::new(0)),
-        "sharded" => Box::new(ShardedLock::new(0)),
-        _ => unreachable!("unknown implementation {imp}"),
-    }
-}
-
 /// Monomorphic read loops: the lock type is known inside the loop, so the
 /// benchmark measures the lock and not a virtual call per iteration.
 struct ReadLoop<L>(L);
@@ -104,13 +90,10 @@ impl<L: Lock> Workload for ReadLoop<L> {
     }
 }
 
+#[allow(clippy::unnecessary_wraps)] // the signature of `harness::Build`
 fn build_read(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     Ok(match imp {
-        "percpu-rwsem" => {
-            let l = PercpuRwSem::new(0u64);
-            l.prepare();
-            Box::new(ReadLoop(l))
-        }
+        "percpu-rwsem" => Box::new(ReadLoop(new_percpu())),
         "std" => Box::new(ReadLoop(std::sync::RwLock::new(0u64))),
         "parking_lot" => Box::new(ReadLoop(parking_lot::RwLock::new(0u64))),
         "sharded" => Box::new(ReadLoop(ShardedLock::new(0u64))),
@@ -118,10 +101,16 @@ fn build_read(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     })
 }
 
-/// Worker 0 writes (then pauses), the others read.
-struct Mixed(Box<dyn Lock>);
+fn new_percpu() -> PercpuRwSem<u64> {
+    let l = PercpuRwSem::new(0u64);
+    l.prepare();
+    l
+}
 
-impl Workload for Mixed {
+/// Worker 0 writes (then pauses), the others read.
+struct Mixed<L>(L);
+
+impl<L: Lock> Workload for Mixed<L> {
     fn run(&self, tid: usize, iters: u64) {
         if tid == 0 {
             for _ in 0..iters {
@@ -159,5 +148,11 @@ fn build_mixed(imp: &str, threads: usize) -> Result<Box<dyn Workload>, String> {
     if threads < 2 {
         return Err("needs 2 or more threads: one writer, the rest readers".into());
     }
-    Ok(Box::new(Mixed(new_lock(imp))))
+    Ok(match imp {
+        "percpu-rwsem" => Box::new(Mixed(new_percpu())),
+        "std" => Box::new(Mixed(std::sync::RwLock::new(0u64))),
+        "parking_lot" => Box::new(Mixed(parking_lot::RwLock::new(0u64))),
+        "sharded" => Box::new(Mixed(ShardedLock::new(0u64))),
+        _ => unreachable!("unknown implementation {imp}"),
+    })
 }

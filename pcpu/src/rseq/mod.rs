@@ -50,7 +50,11 @@ pub fn available() -> bool {
     {
         area::registered()
     }
-    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    #[cfg(loom)]
+    {
+        crate::loom_cpu::rseq_modelled()
+    }
+    #[cfg(all(not(loom), not(target_arch = "x86_64")))]
     {
         false
     }
@@ -99,6 +103,19 @@ pub fn add(counters: &PerCpu<AtomicU64>, delta: u64) {
         overflow.fetch_add(delta, Ordering::Relaxed);
         return;
     }
+    #[cfg(loom)]
+    if crate::loom_cpu::rseq_modelled() {
+        // A plain add inside the CPU's critical section.
+        let slot = counters.current_index();
+        crate::loom_cpu::critical_section(slot, || {
+            let c = &counters.get(slot).expect("slot");
+            c.store(
+                c.load(Ordering::Relaxed).wrapping_add(delta),
+                Ordering::Relaxed,
+            );
+        });
+        return;
+    }
     counters.current().fetch_add(delta, Ordering::Relaxed);
 }
 
@@ -142,6 +159,12 @@ impl GatedAdder {
         if let Some(offset) = area::gated_offset().and_then(core::num::NonZeroIsize::new) {
             return Some(Self { offset });
         }
+        #[cfg(loom)]
+        if crate::loom_cpu::rseq_modelled() {
+            return Some(Self {
+                offset: core::num::NonZeroIsize::MIN,
+            });
+        }
         None
     }
 
@@ -177,7 +200,23 @@ impl GatedAdder {
                 _ => GatedAdd::Unavailable,
             }
         }
-        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        #[cfg(loom)]
+        {
+            // Gate check and plain add inside the CPU's critical section.
+            let slot = counters.current_index();
+            crate::loom_cpu::critical_section(slot, || {
+                if gate.load(Ordering::Relaxed) != 0 {
+                    return GatedAdd::Gated;
+                }
+                let c = counters.get(slot).expect("slot");
+                c.store(
+                    c.load(Ordering::Relaxed).wrapping_add(delta),
+                    Ordering::Relaxed,
+                );
+                GatedAdd::Added
+            })
+        }
+        #[cfg(all(not(loom), not(target_arch = "x86_64")))]
         {
             let _ = (counters, gate, delta);
             GatedAdd::Unavailable
@@ -232,6 +271,11 @@ pub fn add_if_zero(
 /// If the kernel refuses the fence after accepting the registration (it
 /// never does; continuing would break every gated add's guarantee).
 pub fn fence_all() {
+    #[cfg(loom)]
+    if crate::loom_cpu::rseq_modelled() {
+        crate::loom_cpu::fence_all_cpus();
+        return;
+    }
     if available() && crate::fence::register_rseq_fence() {
         // Sections that read a gate as open are restarted, and the IPI's
         // barrier orders like `fence::heavy` for the atomic fallbacks.
