@@ -68,10 +68,10 @@ fn rwsem(c: &mut Criterion) {
     let std_lock = std::sync::RwLock::new(0u64);
     let pl = parking_lot::RwLock::new(0u64);
     g.bench_function("percpu-rwsem/read", |b| {
-        b.iter(|| black_box(*percpu.read()))
+        b.iter(|| black_box(*percpu.read()));
     });
     g.bench_function("std/read", |b| {
-        b.iter(|| black_box(*std_lock.read().unwrap()))
+        b.iter(|| black_box(*std_lock.read().unwrap()));
     });
     g.bench_function("parking_lot/read", |b| b.iter(|| black_box(*pl.read())));
     g.bench_function("percpu-rwsem/write", |b| b.iter(|| *percpu.write() += 1));

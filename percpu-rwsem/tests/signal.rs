@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
 use percpu_rwsem::{PercpuRwSem, WouldDeadlock};
 
 static SEM: PercpuRwSem<u64> = PercpuRwSem::new(41);
-/// 1: the handler read the value; 2: it got WouldDeadlock; 3: try_read failed.
+/// 1: the handler read the value; 2: it got `WouldDeadlock`; 3: `try_read` failed.
 static OUTCOME: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_usr1(_: libc::c_int) {
