@@ -17,7 +17,7 @@ fn cpus() -> usize {
 fn hammer(readers: usize, writers: usize, iters: u64) -> (u64, u64) {
     let sem = PercpuRwSem::new([0u64; WORDS]);
     let inside = AtomicUsize::new(0);
-    let (reads, writes) = (AtomicU64::new(0), AtomicU64::new(0));
+    let (reads_done, writes_done) = (AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|s| {
         for _ in 0..readers {
             s.spawn(|| {
@@ -35,7 +35,7 @@ fn hammer(readers: usize, writers: usize, iters: u64) -> (u64, u64) {
                     assert!(g.iter().all(|&w| w == first), "torn read: {:?}", *g);
                     inside.fetch_sub(1, Relaxed);
                     drop(g);
-                    reads.fetch_add(1, Relaxed);
+                    reads_done.fetch_add(1, Relaxed);
                 }
             });
         }
@@ -57,14 +57,14 @@ fn hammer(readers: usize, writers: usize, iters: u64) -> (u64, u64) {
                         std::hint::spin_loop();
                     }
                     drop(g);
-                    writes.fetch_add(1, Relaxed);
+                    writes_done.fetch_add(1, Relaxed);
                 }
             });
         }
     });
     let total = sem.into_inner();
-    assert_eq!(total[0], writes.load(Relaxed), "a write was lost");
-    (reads.load(Relaxed), writes.load(Relaxed))
+    assert_eq!(total[0], writes_done.load(Relaxed), "a write was lost");
+    (reads_done.load(Relaxed), writes_done.load(Relaxed))
 }
 
 #[test]
