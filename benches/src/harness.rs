@@ -75,8 +75,11 @@ impl Row {
     /// The row in the kernel selftests' format.
     #[must_use]
     pub fn line(&self, width: usize) -> String {
+        // Three decimals as in the seeds, more for slow rows (a writer
+        // paced at thousands per second would print as 0.005).
+        let p = if self.mops < 0.1 { 6 } else { 3 };
         format!(
-            "{:<width$} ({:>3} cpus): {:>9.3} ± {:>7.3}M/s  ({:>8.3}M/s/cpu)",
+            "{:<width$} ({:>3} cpus): {:>9.p$} ± {:>7.p$}M/s  ({:>8.p$}M/s/cpu)",
             format!("{}/{}", self.scenario, self.imp),
             self.threads,
             self.mops,
