@@ -1,7 +1,62 @@
-//! `srcu`: sleepable RCU domains (per-CPU lock/unlock counts in two banks, `synchronize()`, deferred callbacks) and *leases*: read-side holds on an object that an expiry service converts into a real reference after a timeout, the kernel's hprobe states LEASED / STABLE / GONE / CONSUMED.
+//! Sleepable RCU (SRCU) for userspace, and read-side leases that expire
+//! into a reference.
 //!
-//! **Not implemented yet.** This crate is a reserved, empty library in the
-//! `kscale` workspace; it has no API until its issue lands (seed
-//! `002_377edf538ade4730` in the workspace's `shared/seeds`). It builds on
-//! [`pcpu`](https://docs.rs/pcpu), the workspace's per-CPU foundation.
+//! RCU lets readers run without locks or shared writes while writers wait
+//! for a *grace period*, "every reader that might still see the old data
+//! has finished", before freeing it. **SRCU** is the kernel flavour whose
+//! readers may block and whose domains are independent: a slow reader of
+//! one domain never delays another. No Rust crate offered it: epoch-based
+//! reclamation (crossbeam-epoch, seize) has no `synchronize()` and lets one
+//! stalled reader block all reclamation.
+//!
+//! - [`Srcu`]: a domain. [`read_lock`](Srcu::read_lock) is one per-CPU add
+//!   (an rseq critical section from [`pcpu`]) and a compiler fence;
+//!   [`synchronize`](Srcu::synchronize) is the kernel's two-bank algorithm
+//!   with `membarrier()` as the heavy fence; [`call`](Srcu::call),
+//!   [`retire`](Srcu::retire) and [`barrier`](Srcu::barrier) defer work to a
+//!   reclaimer thread.
+//! - [`SrcuCell`]: an SRCU-protected pointer whose old values are dropped
+//!   after grace periods.
+//! - [`LeaseSet`], [`LeaseBlock`], [`Lease`]: the kernel's 2024 uretprobe
+//!   "hprobe" idea. A lease is a read section on one value; an expiry
+//!   thread converts leases older than a timeout (100 ms by default) into
+//!   strong references, so a lease held across code of unbounded duration
+//!   never stalls grace periods for longer than the timeout.
+//!
+//! # Memory ordering
+//!
+//! Per CPU and per bank there are two counts, `lock` and `unlock`, that
+//! only grow. A reader reads the active bank index, adds 1 to `lock[bank]`
+//! and issues a light fence (B); on unlock, a light fence (C) and adds 1 to
+//! `unlock[bank]`. A grace period sums `unlock[bank]`, issues a heavy fence
+//! (A), sums `lock[bank]`: equal sums mean the bank has drained, because a
+//! section whose unlock was counted had its lock counted too, so a
+//! mismatch can only overestimate. The light/heavy pairs are
+//! [`pcpu::fence`]'s asymmetric fences: `membarrier()` on the writer's side
+//! makes every reader's compiler fence act as a full fence.
+//!
+//! `synchronize` (i) fences (E) so readers that start later see the
+//! caller's updates, (ii) waits for the *inactive* bank, catching readers
+//! that read the old index during the previous grace period but
+//! incremented late, (iii) flips the index, (iv) waits for the bank that
+//! was active, and (v) fences (D) so the readers' loads are done before the
+//! caller frees. A reader that read the index before the flip but
+//! increments after step (ii) began after this grace period started, so
+//! it is not waited for, and it sees the caller's updates by (E).
+//!
+//! Counts are 64-bit and wrap; the sums are compared, not subtracted.
+//!
+//! # Async-signal safety
+//! Read sections, [`SrcuCell::load`], taking and consuming a lease are
+//! async-signal-safe (after [`Srcu::prepare`]). Grace periods, callbacks,
+//! creating cells, sets and blocks are not.
 #![deny(unsafe_op_in_unsafe_fn)]
+
+mod cell;
+mod domain;
+mod lease;
+mod reclaim;
+
+pub use cell::{SrcuCell, Strong};
+pub use domain::{ReadGuard, ReadIndex, Srcu};
+pub use lease::{DEFAULT_TIMEOUT, Held, Lease, LeaseBlock, LeaseError, LeaseSet, LeasedValue};

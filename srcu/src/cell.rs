@@ -1,0 +1,177 @@
+//! `SrcuCell<T>`: a pointer that readers follow inside read sections and
+//! writers replace, the old value being dropped after grace periods.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use pcpu::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+
+use crate::{ReadGuard, Srcu};
+
+/// What a cell points to: the value and whether it was retired (replaced).
+pub(crate) struct Node<T> {
+    pub(crate) retired: AtomicBool,
+    pub(crate) value: T,
+}
+
+/// A strong reference to a value that was (or is) in an [`SrcuCell`]:
+/// keeps it alive outside read sections. What a lease turns into when it
+/// expires ([`Held`](crate::Held)).
+pub struct Strong<T>(pub(crate) Arc<Node<T>>);
+
+impl<T> Clone for Strong<T> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<T> Deref for Strong<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0.value
+    }
+}
+
+impl<T> Strong<T> {
+    /// Whether the value has been replaced in its cell since (it stays
+    /// valid as long as this reference lives).
+    #[must_use]
+    pub fn is_retired(&self) -> bool {
+        self.0.retired.load(Ordering::Acquire)
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Strong<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.value.fmt(f)
+    }
+}
+
+/// An SRCU-protected pointer to a `T` (or to nothing).
+///
+/// Readers [`load`](Self::load) it inside a read section of the cell's
+/// domain and get a `&T` that lives as long as their guard. Writers
+/// [`replace`](Self::replace) it; the old value is marked retired and
+/// dropped on the domain's reclaimer thread after **two** grace periods.
+/// (One would suffice for readers; the second one is what makes a lease
+/// expiry's "take a reference unless retired" safe against a grace period
+/// that was already in progress when the expiry started. The kernel gets
+/// the same from RCU Tasks Trace.)
+///
+/// ```
+/// static DOMAIN: srcu::Srcu = srcu::Srcu::new();
+/// let cell = srcu::SrcuCell::new(&DOMAIN, Some(String::from("v1")));
+/// {
+///     let guard = DOMAIN.read_lock();
+///     assert_eq!(cell.load(&guard).map(String::as_str), Some("v1"));
+/// }
+/// cell.replace(Some(String::from("v2"))); // "v1" is dropped later
+/// assert_eq!(cell.load(&DOMAIN.read_lock()).unwrap(), "v2");
+/// ```
+pub struct SrcuCell<'d, T: Send + Sync + 'static> {
+    srcu: &'d Srcu,
+    ptr: AtomicPtr<Node<T>>,
+}
+
+// SAFETY: the cell hands out `&T` to readers on any thread (`T: Sync`) and
+// drops values on the reclaimer thread (`T: Send`).
+unsafe impl<T: Send + Sync + 'static> Send for SrcuCell<'_, T> {}
+// SAFETY: as above.
+unsafe impl<T: Send + Sync + 'static> Sync for SrcuCell<'_, T> {}
+
+fn into_node<T>(value: Option<T>) -> *mut Node<T> {
+    value.map_or(core::ptr::null_mut(), |v| {
+        Arc::into_raw(Arc::new(Node {
+            retired: AtomicBool::new(false),
+            value: v,
+        }))
+        .cast_mut()
+    })
+}
+
+impl<'d, T: Send + Sync + 'static> SrcuCell<'d, T> {
+    /// A cell of domain `srcu` holding `value`. Not async-signal-safe
+    /// (allocates).
+    pub fn new(srcu: &'d Srcu, value: Option<T>) -> Self {
+        Self {
+            srcu,
+            ptr: AtomicPtr::new(into_node(value)),
+        }
+    }
+
+    /// The cell's domain.
+    #[must_use]
+    pub fn domain(&self) -> &'d Srcu {
+        self.srcu
+    }
+
+    /// The current value, valid while `guard` lives. **Async-signal-safe.**
+    ///
+    /// # Panics
+    /// If `guard` belongs to another domain than the cell.
+    #[inline]
+    #[must_use]
+    pub fn load<'g>(&self, guard: &'g ReadGuard<'_>) -> Option<&'g T> {
+        assert!(
+            core::ptr::eq(guard.domain(), self.srcu),
+            "read guard of another SRCU domain"
+        );
+        // SAFETY: the guard's read section began before this load, so the
+        // node cannot be dropped before the guard (drops wait for grace
+        // periods of this domain).
+        self.node_ptr().map(|n| unsafe { &(*n).value })
+    }
+
+    /// A strong reference to the current value (an atomic increment; for
+    /// keeping a value beyond a read section). Not for hot paths.
+    #[must_use]
+    pub fn get(&self) -> Option<Strong<T>> {
+        let _guard = self.srcu.read_lock();
+        let n = self.node_ptr()?;
+        // SAFETY: protected by the guard, as in `load`; the cell's own
+        // strong count keeps the count above zero until its deferred drop.
+        unsafe {
+            Arc::increment_strong_count(n);
+            Some(Strong(Arc::from_raw(n)))
+        }
+    }
+
+    /// The raw node pointer (Acquire), for leases.
+    #[inline]
+    pub(crate) fn node_ptr(&self) -> Option<*const Node<T>> {
+        let p = self.ptr.load(Ordering::Acquire);
+        (!p.is_null()).then_some(p.cast_const())
+    }
+
+    /// Stores `value`, retiring the previous one (dropped after two grace
+    /// periods). Not async-signal-safe.
+    pub fn replace(&self, value: Option<T>) {
+        let old = self.ptr.swap(into_node(value), Ordering::AcqRel);
+        self.retire(old);
+    }
+
+    fn retire(&self, old: *mut Node<T>) {
+        if old.is_null() {
+            return;
+        }
+        // SAFETY: `old` came from `into_node` and was the cell's; we own
+        // its strong count now.
+        let old = unsafe { Arc::from_raw(old.cast_const()) };
+        old.retired.store(true, Ordering::Release);
+        self.srcu.defer(Box::new(move || drop(old)), 2);
+    }
+}
+
+impl<T: Send + Sync + 'static> Drop for SrcuCell<'_, T> {
+    fn drop(&mut self) {
+        let old = *self.ptr.get_mut();
+        self.retire(old);
+    }
+}
+
+impl<T: Send + Sync + std::fmt::Debug + 'static> std::fmt::Debug for SrcuCell<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let guard = self.srcu.read_lock();
+        f.debug_tuple("SrcuCell").field(&self.load(&guard)).finish()
+    }
+}

@@ -1,0 +1,391 @@
+//! The SRCU domain: per-CPU read counts in two banks, and grace periods.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use pcpu::PerCpu;
+use pcpu::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use crate::reclaim::Reclaimer;
+
+/// The per-CPU counts of one domain. `lock[b]` counts read sections that
+/// began on bank `b`, `unlock[b]` those that ended; both only grow, so a
+/// section may begin on one CPU and end on another.
+pub(crate) struct Inner {
+    lock: [PerCpu<AtomicU64>; 2],
+    unlock: [PerCpu<AtomicU64>; 2],
+    /// Grace periods started; the active bank is `completed & 1`.
+    completed: AtomicU64,
+    /// Serialises grace periods (ordinary context only).
+    gp_lock: Mutex<()>,
+    pub(crate) reclaimer: Reclaimer,
+}
+
+impl Inner {
+    fn new() -> Self {
+        Self {
+            lock: [PerCpu::default(), PerCpu::default()],
+            unlock: [PerCpu::default(), PerCpu::default()],
+            completed: AtomicU64::new(0),
+            gp_lock: Mutex::new(()),
+            reclaimer: Reclaimer::default(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn read_lock(&self) -> usize {
+        let bank = (self.completed.load(Ordering::Relaxed) & 1) as usize;
+        pcpu::rseq::add(&self.lock[bank], 1);
+        // B: the section's loads come after the count (pairs with the
+        // heavy fences in `drained`).
+        pcpu::fence::light();
+        bank
+    }
+
+    #[inline]
+    pub(crate) fn read_unlock(&self, bank: usize) {
+        // C: the section's loads are done before the count.
+        pcpu::fence::light();
+        pcpu::rseq::add(&self.unlock[bank & 1], 1);
+    }
+
+    fn sum(counts: &PerCpu<AtomicU64>) -> u64 {
+        counts
+            .iter()
+            .fold(0u64, |s, c| s.wrapping_add(c.load(Ordering::Relaxed)))
+    }
+
+    /// Whether every read section that began on `bank` has ended. Unlocks
+    /// are summed before locks, with a heavy fence between (A): a section
+    /// whose unlock is counted also has its lock counted, so an unbalanced
+    /// sum can only overestimate the readers.
+    fn drained(&self, bank: usize) -> bool {
+        let unlocks = Self::sum(&self.unlock[bank]);
+        pcpu::fence::heavy();
+        let locks = Self::sum(&self.lock[bank]);
+        locks == unlocks
+    }
+
+    /// Waits until `bank` drains: polls, then yields, then sleeps with a
+    /// growing delay (`expedited`: never sleeps). With `deadline`, gives up
+    /// at that time and returns `false`.
+    fn wait_drained(&self, bank: usize, expedited: bool, deadline: Option<Instant>) -> bool {
+        let mut round = 0u32;
+        loop {
+            if self.drained(bank) {
+                return true;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+            round += 1;
+            if round < 64 {
+                for _ in 0..1u32 << round.min(6) {
+                    std::hint::spin_loop();
+                }
+            } else if expedited || round < 128 {
+                std::thread::yield_now();
+            } else {
+                let us = 1u64 << (round - 128).min(10);
+                std::thread::sleep(Duration::from_micros(us));
+            }
+        }
+    }
+
+    /// A grace period: returns once every read section that began before
+    /// the call has ended (the kernel's classic SRCU algorithm).
+    pub(crate) fn synchronize(&self, expedited: bool, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let _gp = self.gp_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        // E: the caller's updates (unlinking) are visible before we look.
+        pcpu::fence::heavy();
+        let active = (self.completed.load(Ordering::Relaxed) & 1) as usize;
+        // Readers that fetched the inactive index during the previous grace
+        // period but incremented late: this grace period must wait for them.
+        if !self.wait_drained(active ^ 1, expedited, deadline) {
+            return false;
+        }
+        // Flip: new readers use the other bank.
+        self.completed.fetch_add(1, Ordering::Relaxed);
+        pcpu::fence::heavy();
+        // Every reader of the bank that was active when we started.
+        if !self.wait_drained(active, expedited, deadline) {
+            return false;
+        }
+        // D: the readers' loads are done before the caller frees anything.
+        pcpu::fence::heavy();
+        true
+    }
+
+    /// Grace periods started so far (for `barrier` bookkeeping and tests).
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.load(Ordering::Relaxed)
+    }
+}
+
+/// A sleepable-RCU domain: readers mark read sections with
+/// [`read_lock`](Self::read_lock), writers wait for the sections that
+/// began before them with [`synchronize`](Self::synchronize) or defer work
+/// with [`call`](Self::call).
+///
+/// Independent domains never wait for each other's readers. A domain can
+/// be a `static` (construction is `const`; the per-CPU counts are allocated
+/// on first use, or by [`prepare`](Self::prepare)).
+///
+/// # Async-signal safety
+/// | operation | from a signal handler |
+/// |---|---|
+/// | [`read_lock`](Self::read_lock), [`read_lock_raw`](Self::read_lock_raw), unlocking | yes (after [`prepare`](Self::prepare)): one per-CPU add and a compiler fence |
+/// | [`synchronize`](Self::synchronize) and its variants, [`call`](Self::call), [`barrier`](Self::barrier) | no (they block, lock mutexes or allocate) |
+///
+/// # Fork
+/// A read section held by another thread at `fork()` never ends in the
+/// child. There, [`synchronize`](Self::synchronize) would wait for it
+/// forever: use [`synchronize_timeout`](Self::synchronize_timeout), or end
+/// such sections first (leases: [`LeaseSet::expire_all`](crate::LeaseSet::expire_all)).
+/// Deferred callbacks keep working in the child (its reclaimer thread is
+/// started anew).
+///
+/// # Drop
+/// Dropping a domain first runs every callback still queued (after the
+/// grace period they wait for). Read sections cannot outlive the domain
+/// (guards and raw unlocks borrow it); a raw section that was never ended
+/// is simply forgotten.
+///
+/// ```
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// static DOMAIN: srcu::Srcu = srcu::Srcu::new();
+/// static OLD_FREED: AtomicBool = AtomicBool::new(false);
+///
+/// let guard = DOMAIN.read_lock();
+/// // ... read shared data ...
+/// drop(guard);
+/// DOMAIN.call(|| OLD_FREED.store(true, Ordering::SeqCst));
+/// DOMAIN.barrier();
+/// assert!(OLD_FREED.load(Ordering::SeqCst));
+/// ```
+pub struct Srcu {
+    inner: AtomicPtr<Inner>,
+}
+
+impl Default for Srcu {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Srcu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.inner.load(Ordering::Acquire);
+        let mut d = f.debug_struct("Srcu");
+        if !inner.is_null() {
+            // SAFETY: published by `inner()`, alive until drop.
+            d.field("grace_periods", &unsafe { &*inner }.completed());
+        }
+        d.finish_non_exhaustive()
+    }
+}
+
+impl Srcu {
+    /// A new domain; allocates nothing until first use.
+    #[cfg(not(loom))]
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            inner: AtomicPtr::new(core::ptr::null_mut()),
+        }
+    }
+
+    /// A new domain (loom build: not `const`).
+    #[cfg(loom)]
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            inner: AtomicPtr::new(core::ptr::null_mut()),
+        }
+    }
+
+    /// Allocates the per-CPU counts now, so that no later read operation
+    /// allocates (required before use from a signal handler). Idempotent.
+    pub fn prepare(&self) {
+        let _ = self.inner();
+    }
+
+    #[inline]
+    pub(crate) fn inner(&self) -> &Inner {
+        let p = self.inner.load(Ordering::Acquire);
+        if p.is_null() {
+            return self.allocate();
+        }
+        // SAFETY: published by `allocate` (an `Arc` we own a count of),
+        // alive until `drop`.
+        unsafe { &*p }
+    }
+
+    /// The shared state, for the reclaimer thread.
+    pub(crate) fn inner_arc(&self) -> Arc<Inner> {
+        let p: *const Inner = self.inner();
+        // SAFETY: `p` came from `Arc::into_raw` and we hold that count.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        }
+    }
+
+    #[cold]
+    fn allocate(&self) -> &Inner {
+        let fresh = Arc::into_raw(Arc::new(Inner::new())).cast_mut();
+        match self.inner.compare_exchange(
+            core::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: just published; alive until drop.
+            Ok(_) => unsafe { &*fresh },
+            Err(winner) => {
+                // SAFETY: never shared.
+                drop(unsafe { Arc::from_raw(fresh) });
+                // SAFETY: the winner's, alive until drop.
+                unsafe { &*winner }
+            }
+        }
+    }
+
+    /// Begins a read section, ended when the guard drops (on any thread).
+    /// Never blocks, never allocates after [`prepare`](Self::prepare); the
+    /// read side is one per-CPU add (an rseq critical section where
+    /// available) and a compiler fence. **Async-signal-safe.**
+    #[inline]
+    #[must_use = "the read section ends when the guard is dropped"]
+    pub fn read_lock(&self) -> ReadGuard<'_> {
+        ReadGuard {
+            srcu: self,
+            bank: self.inner().read_lock(),
+        }
+    }
+
+    /// Begins a read section without a guard: end it with
+    /// [`read_unlock_raw`](Self::read_unlock_raw), from any thread.
+    /// **Async-signal-safe.**
+    #[inline]
+    #[must_use = "the read section lasts until read_unlock_raw"]
+    pub fn read_lock_raw(&self) -> ReadIndex {
+        ReadIndex(self.inner().read_lock() as u8)
+    }
+
+    /// Ends a section begun by [`read_lock_raw`](Self::read_lock_raw).
+    /// Passing an index of another domain, or ending a section twice,
+    /// makes grace periods of this domain return early (a logic error, not
+    /// undefined behaviour of this crate). **Async-signal-safe.**
+    #[inline]
+    pub fn read_unlock_raw(&self, index: ReadIndex) {
+        self.inner().read_unlock(usize::from(index.0));
+    }
+
+    /// Waits until every read section that began before this call has
+    /// ended. Sleeps (with a growing delay) while readers remain; with
+    /// short read sections a grace period takes a few microseconds (five
+    /// `membarrier` calls). Not async-signal-safe; must not be called
+    /// inside a read section of this domain (it would wait for itself).
+    pub fn synchronize(&self) {
+        self.inner().synchronize(false, None);
+    }
+
+    /// Like [`synchronize`](Self::synchronize), but never sleeps: it polls
+    /// and yields, trading CPU time for latency.
+    pub fn synchronize_expedited(&self) {
+        self.inner().synchronize(true, None);
+    }
+
+    /// Like [`synchronize`](Self::synchronize), but gives up after
+    /// `timeout`: returns whether the grace period completed. (A timed-out
+    /// attempt leaves the domain consistent; the next grace period waits
+    /// for the same readers.)
+    pub fn synchronize_timeout(&self, timeout: Duration) -> bool {
+        self.inner().synchronize(false, Some(timeout))
+    }
+
+    /// Runs `f` on the domain's reclaimer thread after a grace period that
+    /// begins after this call (`call_srcu`). Not async-signal-safe (it
+    /// allocates and takes a mutex).
+    pub fn call(&self, f: impl FnOnce() + Send + 'static) {
+        self.defer(Box::new(f), 1);
+    }
+
+    /// Queues `f` to run after `grace_periods` grace periods.
+    pub(crate) fn defer(&self, f: Box<dyn FnOnce() + Send>, grace_periods: u8) {
+        self.inner().reclaimer.enqueue(
+            || self.inner_arc(),
+            crate::reclaim::Deferred { f, grace_periods },
+        );
+    }
+
+    /// Drops `value` after a grace period: the usual way to free something
+    /// readers may still be looking at.
+    pub fn retire<T: Send + 'static>(&self, value: T) {
+        self.call(move || drop(value));
+    }
+
+    /// Waits until every callback queued before this call has run
+    /// (`srcu_barrier`). Not async-signal-safe.
+    pub fn barrier(&self) {
+        self.inner().reclaimer.barrier();
+    }
+}
+
+impl Drop for Srcu {
+    fn drop(&mut self) {
+        let p = *self.inner.get_mut();
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: published by `allocate`; we still own our count.
+        let inner = unsafe { Arc::from_raw(p.cast_const()) };
+        inner.reclaimer.shut_down();
+    }
+}
+
+/// A read section begun with [`Srcu::read_lock`]; ends when dropped, on
+/// whichever thread (async-signal-safe).
+#[must_use = "the read section ends when the guard is dropped"]
+pub struct ReadGuard<'a> {
+    srcu: &'a Srcu,
+    bank: usize,
+}
+
+impl ReadGuard<'_> {
+    /// The domain this section belongs to.
+    #[must_use]
+    pub fn domain(&self) -> &Srcu {
+        self.srcu
+    }
+}
+
+impl Drop for ReadGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.srcu.inner().read_unlock(self.bank);
+    }
+}
+
+impl std::fmt::Debug for ReadGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadGuard")
+            .field("bank", &self.bank)
+            .finish()
+    }
+}
+
+/// The index of a read section begun with [`Srcu::read_lock_raw`]
+/// (0 or 1, as the kernel's `srcu_read_lock` returns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadIndex(u8);
+
+impl ReadIndex {
+    /// The bank number, 0 or 1.
+    #[must_use]
+    pub fn bank(self) -> u8 {
+        self.0
+    }
+}

@@ -1,0 +1,517 @@
+//! Leases: read-side holds on one object that expire into a reference.
+//!
+//! The kernel's "hprobe" (uprobes, 6.12): a pending uretprobe holds an SRCU
+//! read section on its uprobe instead of a reference count, because
+//! incrementing one shared count per hit was the scalability wall. User
+//! code decides how long a function runs, so such a section could stall
+//! grace periods forever; a timer therefore *expires* old leases, turning
+//! the section into a real reference.
+//!
+//! # States and races
+//!
+//! | state | holds | entered by |
+//! |---|---|---|
+//! | `LEASED` | an SRCU read section of the domain | [`LeaseBlock::lease`] |
+//! | `STABLE` | one strong reference (the section was ended) | expiry, if the value was not retired |
+//! | `GONE` | nothing (the value was retired before expiry) | expiry |
+//! | `CONSUMED` | nothing: the holder took over what there was | [`Lease::consume`] |
+//!
+//! Expiry and consumption race on one word: expiry moves `LEASED` to
+//! `STABLE`/`GONE` with a compare-and-swap, consumption swaps in
+//! `CONSUMED`. Exactly one of them sees `LEASED`, and that one ends the
+//! SRCU section, so it is ended exactly once whatever the interleaving. An
+//! expiry that loses gives back the reference it took. The expiry's "take
+//! a reference unless retired" runs inside its own read section, and
+//! values leave an [`SrcuCell`](crate::SrcuCell) only after two grace
+//! periods, so the value it looks at cannot be freed under it.
+//!
+//! Each state word carries a generation, so an expiry that read a slot just
+//! before its owner reused it fails its compare-and-swap instead of acting
+//! on the new lease.
+//!
+//! # Slots
+//!
+//! Leases live in preallocated per-thread [`LeaseBlock`]s (taking and
+//! consuming a lease never allocates, never takes a lock and issues one
+//! atomic swap), which are registered with the [`LeaseSet`] so that its
+//! expiry thread can find them.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::ptr::NonNull;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+use pcpu::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
+
+use crate::Srcu;
+use crate::cell::{Node, SrcuCell, Strong};
+use crate::domain::Inner;
+
+const FREE: u64 = 0;
+const LEASED: u64 = 1;
+const STABLE: u64 = 2;
+const GONE: u64 = 3;
+const CONSUMED: u64 = 4;
+
+/// The kernel's lease timeout (uprobes: `RI_TIMER_PERIOD`, 100 ms).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// How many expiry ticks make one timeout: a lease expires between
+/// `timeout` and `timeout * (1 + 1/TICKS)` after it was taken.
+const TICKS: u64 = 4;
+
+fn word(generation: u64, state: u64) -> u64 {
+    generation << 8 | state
+}
+
+fn state_of(w: u64) -> u64 {
+    w & 0xff
+}
+
+/// One lease slot. The owner thread writes `node`, `bank` and `tick`, then
+/// publishes with `word` (Release); expiry reads `word` (Acquire) first.
+struct Slot<T> {
+    word: AtomicU64,
+    node: AtomicPtr<Node<T>>,
+    bank: AtomicU8,
+    tick: AtomicU64,
+}
+
+impl<T> Default for Slot<T> {
+    fn default() -> Self {
+        Self {
+            word: AtomicU64::new(word(0, FREE)),
+            node: AtomicPtr::new(core::ptr::null_mut()),
+            bank: AtomicU8::new(0),
+            tick: AtomicU64::new(0),
+        }
+    }
+}
+
+type Slots<T> = Box<[CachePadded<Slot<T>>]>;
+
+/// State shared by a lease set, its blocks and its expiry thread.
+struct Shared<T> {
+    domain: Arc<Inner>,
+    /// Expiry ticks so far (the expiry thread advances it every
+    /// `timeout / TICKS`); leases record it instead of reading a clock.
+    tick: CachePadded<AtomicU64>,
+    blocks: Mutex<Vec<Arc<Slots<T>>>>,
+    expired: AtomicU64,
+    stop: (Mutex<bool>, Condvar),
+}
+
+impl<T> Shared<T> {
+    /// Expires the leases of every block whose age is at least `min_age`
+    /// ticks; returns how many it expired.
+    fn expire(&self, min_age: u64) -> u64 {
+        let now = self.tick.load(Ordering::Relaxed);
+        let blocks = self
+            .blocks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        // Our own read section: a value we look at cannot be freed while
+        // we hold it (see the module docs).
+        let bank = self.domain.read_lock();
+        let mut n = 0;
+        for slots in &blocks {
+            for slot in slots.iter() {
+                n += u64::from(self.expire_slot(slot, now, min_age));
+            }
+        }
+        self.domain.read_unlock(bank);
+        self.expired.fetch_add(n, Ordering::Relaxed);
+        n
+    }
+
+    fn expire_slot(&self, slot: &Slot<T>, now: u64, min_age: u64) -> bool {
+        let w = slot.word.load(Ordering::Acquire);
+        if state_of(w) != LEASED || now.wrapping_sub(slot.tick.load(Ordering::Relaxed)) < min_age {
+            return false;
+        }
+        let node = slot.node.load(Ordering::Relaxed);
+        let bank = slot.bank.load(Ordering::Relaxed);
+        // SAFETY: our read section plus the two-grace-period retirement
+        // keep `node` allocated (module docs), even if the slot has been
+        // consumed or reused since we read `w`.
+        let retired = unsafe { (*node).retired.load(Ordering::Acquire) };
+        let next = if retired {
+            GONE
+        } else {
+            // SAFETY: as above; the cell's own count keeps the strong
+            // count above zero until its deferred drop, which waits for us.
+            unsafe { Arc::increment_strong_count(node) };
+            STABLE
+        };
+        let generation = w >> 8;
+        if slot
+            .word
+            .compare_exchange(
+                w,
+                word(generation, next),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            // We won: the lease's section is ours to end.
+            self.domain.read_unlock(usize::from(bank));
+            true
+        } else {
+            if next == STABLE {
+                // The owner consumed (or reused) the slot first.
+                // SAFETY: we took this count just above.
+                unsafe { Arc::decrement_strong_count(node) };
+            }
+            false
+        }
+    }
+}
+
+/// The leases of one SRCU domain over values of [`SrcuCell<T>`]s, with an
+/// expiry thread that converts leases older than the timeout into strong
+/// references, so [`Srcu::synchronize`] never waits on a lease for longer
+/// than about `timeout * 1.25`.
+///
+/// ```
+/// static DOMAIN: srcu::Srcu = srcu::Srcu::new();
+/// let cell = srcu::SrcuCell::new(&DOMAIN, Some(42u32));
+/// let set = srcu::LeaseSet::new(&DOMAIN);
+/// let block = set.block(4);
+///
+/// let lease = block.lease(&cell).unwrap();   // an SRCU read section
+/// // ... a long time may pass (the function runs) ...
+/// DOMAIN.synchronize();                      // returns within ~100 ms: the lease expires
+/// assert_eq!(lease.consume().as_deref(), Some(&42));
+/// ```
+pub struct LeaseSet<T: Send + Sync + 'static> {
+    shared: Arc<Shared<T>>,
+    thread: Option<JoinHandle<()>>,
+    timeout: Duration,
+}
+
+impl<T: Send + Sync + 'static> LeaseSet<T> {
+    /// A lease set of `srcu` with the kernel's timeout (100 ms). Starts the
+    /// expiry thread. Not async-signal-safe.
+    #[must_use]
+    pub fn new(srcu: &Srcu) -> Self {
+        Self::with_timeout(srcu, DEFAULT_TIMEOUT)
+    }
+
+    /// Like [`new`](Self::new) with another timeout.
+    ///
+    /// # Panics
+    /// If `timeout` is zero.
+    #[must_use]
+    pub fn with_timeout(srcu: &Srcu, timeout: Duration) -> Self {
+        assert!(!timeout.is_zero(), "lease timeout must be positive");
+        let shared = Arc::new(Shared {
+            domain: srcu.inner_arc(),
+            tick: CachePadded::new(AtomicU64::new(0)),
+            blocks: Mutex::new(Vec::new()),
+            expired: AtomicU64::new(0),
+            stop: (Mutex::new(false), Condvar::new()),
+        });
+        let s = Arc::clone(&shared);
+        let period = timeout / TICKS as u32;
+        let thread = std::thread::Builder::new()
+            .name("srcu-lease-expiry".into())
+            .spawn(move || expiry_loop(&s, period))
+            .expect("spawn the lease expiry thread");
+        Self {
+            shared,
+            thread: Some(thread),
+            timeout,
+        }
+    }
+
+    /// The timeout after which leases expire.
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A block of `capacity` lease slots for one thread (e.g. one per
+    /// thread in a thread-local). Not async-signal-safe (allocates, locks).
+    ///
+    /// # Panics
+    /// If `capacity` is not in `1..=64`.
+    #[must_use]
+    pub fn block(&self, capacity: usize) -> LeaseBlock<'_, T> {
+        assert!(
+            (1..=64).contains(&capacity),
+            "a lease block holds 1 to 64 slots, not {capacity}"
+        );
+        let slots: Arc<Slots<T>> =
+            Arc::new((0..capacity).map(|_| CachePadded::default()).collect());
+        self.shared
+            .blocks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::clone(&slots));
+        LeaseBlock {
+            set: self,
+            slots,
+            free: Cell::new(u64::MAX >> (64 - capacity)),
+            _not_sync: PhantomData,
+        }
+    }
+
+    /// Expires every lease now, whatever its age, and returns how many.
+    /// For a child after `fork()` (the parent's expiry thread does not
+    /// exist there, and the kernel too expires a child's leases at fork),
+    /// and for shutting down. Not async-signal-safe.
+    pub fn expire_all(&self) -> u64 {
+        self.shared.expire(0)
+    }
+
+    /// How many leases have been expired so far.
+    #[must_use]
+    pub fn expired(&self) -> u64 {
+        self.shared.expired.load(Ordering::Relaxed)
+    }
+}
+
+impl<T: Send + Sync + 'static> Drop for LeaseSet<T> {
+    fn drop(&mut self) {
+        let (stop, cv) = &self.shared.stop;
+        *stop.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> std::fmt::Debug for LeaseSet<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseSet")
+            .field("timeout", &self.timeout)
+            .field("expired", &self.expired())
+            .finish_non_exhaustive()
+    }
+}
+
+fn expiry_loop<T>(shared: &Shared<T>, period: Duration) {
+    let (stop, cv) = &shared.stop;
+    let mut stopped = stop.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        stopped = cv
+            .wait_timeout(stopped, period)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+        if *stopped {
+            return;
+        }
+        shared.tick.fetch_add(1, Ordering::Relaxed);
+        drop(stopped);
+        shared.expire(TICKS);
+        stopped = stop.lock().unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+/// Why no lease was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// Every slot of the block holds a lease (capacity is at most 64).
+    BlockFull,
+    /// The cell holds no value.
+    Empty,
+}
+
+impl std::fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::BlockFull => "every lease slot of this block is in use",
+            Self::Empty => "the cell holds no value to lease",
+        })
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+/// One thread's lease slots (at most 64). Not `Sync`: the owner thread
+/// takes and consumes its leases; only the expiry thread looks at the
+/// slots concurrently, through atomics. Dropping the block ends every
+/// lease still in it (a thread that exits with leases pending releases
+/// them).
+pub struct LeaseBlock<'s, T: Send + Sync + 'static> {
+    set: &'s LeaseSet<T>,
+    slots: Arc<Slots<T>>,
+    /// Bit `i` set: slot `i` is free (owner-local bookkeeping).
+    free: Cell<u64>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl<'s, T: Send + Sync + 'static> LeaseBlock<'s, T> {
+    /// Takes a lease on the value `cell` holds now: an SRCU read section
+    /// of the cell's domain and a few plain stores, no atomic
+    /// read-modify-write. **Async-signal-safe** (interrupting the owner
+    /// between its own block operations is fine only if the handler uses a
+    /// different block).
+    ///
+    /// # Panics
+    /// If `cell` belongs to another domain than the set.
+    pub fn lease(&self, cell: &SrcuCell<'_, T>) -> Result<Lease<'_, 's, T>, LeaseError> {
+        let shared = &self.set.shared;
+        assert!(
+            core::ptr::eq(cell.domain().inner(), Arc::as_ptr(&shared.domain)),
+            "cell of another SRCU domain than the lease set"
+        );
+        let free = self.free.get();
+        if free == 0 {
+            return Err(LeaseError::BlockFull);
+        }
+        let index = free.trailing_zeros() as usize;
+        let bank = shared.domain.read_lock();
+        let Some(node) = cell.node_ptr() else {
+            shared.domain.read_unlock(bank);
+            return Err(LeaseError::Empty);
+        };
+        self.free.set(free & !(1 << index));
+        let slot = &self.slots[index];
+        let generation = slot.word.load(Ordering::Relaxed) >> 8;
+        slot.node.store(node.cast_mut(), Ordering::Relaxed);
+        slot.bank.store(bank as u8, Ordering::Relaxed);
+        slot.tick
+            .store(shared.tick.load(Ordering::Relaxed), Ordering::Relaxed);
+        slot.word.store(word(generation, LEASED), Ordering::Release);
+        Ok(Lease {
+            block: self,
+            index,
+            generation,
+        })
+    }
+
+    /// How many leases this block holds now.
+    #[must_use]
+    pub fn in_use(&self) -> usize {
+        self.slots.len() - self.free.get().count_ones() as usize
+    }
+}
+
+impl<T: Send + Sync + 'static> Drop for LeaseBlock<'_, T> {
+    fn drop(&mut self) {
+        // Leases borrow the block, so none is alive here; unregister.
+        let mut blocks = self
+            .set
+            .shared
+            .blocks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        blocks.retain(|b| !Arc::ptr_eq(b, &self.slots));
+    }
+}
+
+/// A lease on one value: an SRCU read section that the expiry thread may
+/// turn into a strong reference. [`consume`](Self::consume) it (or drop it)
+/// exactly once.
+#[must_use = "a lease holds a read section (or a reference) until consumed or dropped"]
+pub struct Lease<'b, 's, T: Send + Sync + 'static> {
+    block: &'b LeaseBlock<'s, T>,
+    index: usize,
+    generation: u64,
+}
+
+impl<'b, T: Send + Sync + 'static> Lease<'b, '_, T> {
+    /// Ends the lease and hands over what it holds: the value under the
+    /// lease's read section (`LEASED`), under a strong reference
+    /// (`STABLE`), or nothing if the value was retired before the lease
+    /// expired (`GONE`). One atomic swap. **Async-signal-safe**, except
+    /// that dropping a [`Held::Stable`] may free the value.
+    pub fn consume(self) -> Option<Held<'b, T>> {
+        let this = core::mem::ManuallyDrop::new(self);
+        this.take()
+    }
+
+    fn take(&self) -> Option<Held<'b, T>> {
+        let block = self.block;
+        let slot = &block.slots[self.index];
+        let node = slot.node.load(Ordering::Relaxed);
+        let bank = slot.bank.load(Ordering::Relaxed);
+        let prev = slot
+            .word
+            .swap(word(self.generation, CONSUMED), Ordering::AcqRel);
+        // Free the slot for reuse under a new generation.
+        slot.word
+            .store(word(self.generation + 1, FREE), Ordering::Release);
+        block.free.set(block.free.get() | 1 << self.index);
+        let node = NonNull::new(node)?;
+        match state_of(prev) {
+            LEASED => Some(Held::Leased(LeasedValue {
+                domain: &block.set.shared.domain,
+                bank: usize::from(bank),
+                node,
+            })),
+            // SAFETY: the expiry took one strong count for this lease and
+            // handed it over by moving to STABLE; we own it now.
+            STABLE => Some(Held::Stable(Strong(unsafe {
+                Arc::from_raw(node.as_ptr().cast_const())
+            }))),
+            _ => None,
+        }
+    }
+
+    /// Whether the lease has been expired into a reference or found gone
+    /// (a snapshot, for diagnostics and tests).
+    #[must_use]
+    pub fn is_expired(&self) -> bool {
+        matches!(
+            state_of(self.block.slots[self.index].word.load(Ordering::Acquire)),
+            STABLE | GONE
+        )
+    }
+}
+
+impl<T: Send + Sync + 'static> Drop for Lease<'_, '_, T> {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
+}
+
+/// What a consumed lease hands over; derefs to the value.
+pub enum Held<'b, T> {
+    /// The lease had not expired: the value, under the lease's read
+    /// section, which ends when this is dropped (async-signal-safe).
+    Leased(LeasedValue<'b, T>),
+    /// The lease had expired into a strong reference (dropping it may free
+    /// the value: not async-signal-safe).
+    Stable(Strong<T>),
+}
+
+impl<T> Deref for Held<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        match self {
+            Self::Leased(v) => v,
+            Self::Stable(s) => s,
+        }
+    }
+}
+
+/// A value under a read section inherited from a lease.
+pub struct LeasedValue<'b, T> {
+    domain: &'b Inner,
+    bank: usize,
+    node: NonNull<Node<T>>,
+}
+
+impl<T> Deref for LeasedValue<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the read section is still held (ended in `drop`).
+        unsafe { &self.node.as_ref().value }
+    }
+}
+
+impl<T> Drop for LeasedValue<'_, T> {
+    fn drop(&mut self) {
+        self.domain.read_unlock(self.bank);
+    }
+}

@@ -1,0 +1,109 @@
+//! Grace periods wait for earlier readers; callbacks run after them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use srcu::Srcu;
+
+#[test]
+fn synchronize_waits_for_a_reader_that_began_before_it() {
+    let domain = Srcu::new();
+    let returned = AtomicBool::new(false);
+    let guard = domain.read_lock();
+    std::thread::scope(|s| {
+        let sync = s.spawn(|| {
+            domain.synchronize();
+            returned.store(true, SeqCst);
+        });
+        // The grace period cannot end while our section is open: this is a
+        // property of every interleaving, the pause only gives a broken
+        // implementation the chance to show it.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !returned.load(SeqCst),
+            "synchronize returned while a prior reader was inside"
+        );
+        drop(guard);
+        sync.join().unwrap();
+    });
+    assert!(returned.load(SeqCst));
+}
+
+#[test]
+fn a_raw_section_may_end_on_another_thread() {
+    let domain = Srcu::new();
+    let index = domain.read_lock_raw();
+    assert!(
+        !domain.synchronize_timeout(Duration::from_millis(20)),
+        "grace period ignored the raw reader"
+    );
+    std::thread::scope(|s| {
+        s.spawn(|| domain.read_unlock_raw(index));
+    });
+    assert!(domain.synchronize_timeout(Duration::from_secs(10)));
+    domain.synchronize_expedited();
+}
+
+#[test]
+fn readers_of_one_domain_do_not_delay_another() {
+    let (a, b) = (Srcu::new(), Srcu::new());
+    let _held = a.read_lock();
+    assert!(b.synchronize_timeout(Duration::from_secs(10)));
+}
+
+#[test]
+fn callbacks_run_after_a_grace_period_and_barrier_waits_for_them() {
+    let domain = Srcu::new();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let guard = domain.read_lock();
+    for _ in 0..10 {
+        let r = Arc::clone(&ran);
+        domain.call(move || {
+            r.fetch_add(1, SeqCst);
+        });
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(
+        ran.load(SeqCst),
+        0,
+        "a callback ran while a prior reader was inside"
+    );
+    drop(guard);
+    domain.barrier();
+    assert_eq!(ran.load(SeqCst), 10);
+}
+
+#[test]
+fn dropping_a_domain_runs_its_queued_callbacks() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    {
+        let domain = Srcu::new();
+        for _ in 0..5 {
+            let r = Arc::clone(&ran);
+            domain.retire(Dropped(r));
+        }
+    }
+    assert_eq!(ran.load(SeqCst), 5);
+}
+
+#[test]
+fn a_panicking_callback_does_not_stop_the_others() {
+    let domain = Srcu::new();
+    let ran = Arc::new(AtomicUsize::new(0));
+    domain.call(|| panic!("callback panics on purpose"));
+    let r = Arc::clone(&ran);
+    domain.call(move || {
+        r.fetch_add(1, SeqCst);
+    });
+    domain.barrier();
+    assert_eq!(ran.load(SeqCst), 1);
+}
+
+struct Dropped(Arc<AtomicUsize>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, SeqCst);
+    }
+}
