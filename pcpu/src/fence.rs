@@ -106,6 +106,14 @@ pub fn mode() -> Mode {
     }
 }
 
+/// Whether [`light`] is only a compiler fence (membarrier mode), for code
+/// that caches the answer next to its data to skip the per-call check.
+/// Settled at load time; async-signal-safe.
+#[must_use]
+pub fn light_is_compiler_only() -> bool {
+    cfg!(not(loom)) && mode() == Mode::Membarrier
+}
+
 /// The frequent side's fence: a compiler fence when membarrier is
 /// registered, `fence(SeqCst)` otherwise. Async-signal-safe.
 #[inline]

@@ -8,12 +8,20 @@ use pcpu::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use crate::reclaim::Reclaimer;
 
-/// The per-CPU counts of one domain. `lock[b]` counts read sections that
-/// began on bank `b`, `unlock[b]` those that ended; both only grow, so a
-/// section may begin on one CPU and end on another.
+/// Words of a CPU's counts: `LOCK + bank`, `UNLOCK + bank`.
+const LOCK: usize = 0;
+const UNLOCK: usize = 2;
+
+/// The per-CPU counts of one domain, all four in one cache line per CPU:
+/// word `LOCK + b` counts read sections that began on bank `b`, word
+/// `UNLOCK + b` those that ended. They only grow, so a section may begin on
+/// one CPU and end on another.
 pub(crate) struct Inner {
-    lock: [PerCpu<AtomicU64>; 2],
-    unlock: [PerCpu<AtomicU64>; 2],
+    /// The fast read path's rseq add: present only where rseq is registered
+    /// *and* the light fence is a compiler fence (membarrier mode), both
+    /// settled at load time, so the read side makes one check.
+    fast: Option<pcpu::rseq::Adder>,
+    counts: PerCpu<[AtomicU64; 4]>,
     /// Grace periods started; the active bank is `completed & 1`.
     completed: AtomicU64,
     /// Serialises grace periods (ordinary context only).
@@ -24,35 +32,66 @@ pub(crate) struct Inner {
 impl Inner {
     fn new() -> Self {
         Self {
-            lock: [PerCpu::default(), PerCpu::default()],
-            unlock: [PerCpu::default(), PerCpu::default()],
+            fast: pcpu::rseq::Adder::get().filter(|_| pcpu::fence::light_is_compiler_only()),
+            counts: PerCpu::default(),
             completed: AtomicU64::new(0),
             gp_lock: Mutex::new(()),
             reclaimer: Reclaimer::default(),
         }
     }
 
-    #[inline]
+    #[allow(clippy::inline_always)] // the read side must inline
+    #[inline(always)]
     pub(crate) fn read_lock(&self) -> usize {
         let bank = (self.completed.load(Ordering::Relaxed) & 1) as usize;
-        pcpu::rseq::add(&self.lock[bank], 1);
-        // B: the section's loads come after the count (pairs with the
-        // heavy fences in `drained`).
-        pcpu::fence::light();
+        match self.fast {
+            Some(adder) => {
+                adder.add_word(&self.counts, LOCK + bank, 1);
+                // B (membarrier mode): the section's loads come after the
+                // count; pairs with the heavy fences in `drained`.
+                core::sync::atomic::compiler_fence(Ordering::SeqCst);
+            }
+            None => self.lock_slow(bank),
+        }
         bank
     }
 
-    #[inline]
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(crate) fn read_unlock(&self, bank: usize) {
-        // C: the section's loads are done before the count.
-        pcpu::fence::light();
-        pcpu::rseq::add(&self.unlock[bank & 1], 1);
+        let bank = bank & 1;
+        match self.fast {
+            Some(adder) => {
+                // C (membarrier mode): the section's loads are done before
+                // the count.
+                core::sync::atomic::compiler_fence(Ordering::SeqCst);
+                adder.add_word(&self.counts, UNLOCK + bank, 1);
+            }
+            None => self.unlock_slow(bank),
+        }
     }
 
-    fn sum(counts: &PerCpu<AtomicU64>) -> u64 {
-        counts
+    /// B without rseq or without membarrier (out of line: the inlined read
+    /// path stays small).
+    #[cold]
+    #[inline(never)]
+    fn lock_slow(&self, bank: usize) {
+        pcpu::rseq::add_word(&self.counts, LOCK + bank, 1);
+        pcpu::fence::light();
+    }
+
+    /// C without rseq or without membarrier.
+    #[cold]
+    #[inline(never)]
+    fn unlock_slow(&self, bank: usize) {
+        pcpu::fence::light();
+        pcpu::rseq::add_word(&self.counts, UNLOCK + bank, 1);
+    }
+
+    fn sum(&self, word: usize) -> u64 {
+        self.counts
             .iter()
-            .fold(0u64, |s, c| s.wrapping_add(c.load(Ordering::Relaxed)))
+            .fold(0u64, |s, c| s.wrapping_add(c[word].load(Ordering::Relaxed)))
     }
 
     /// Whether every read section that began on `bank` has ended. Unlocks
@@ -60,9 +99,9 @@ impl Inner {
     /// whose unlock is counted also has its lock counted, so an unbalanced
     /// sum can only overestimate the readers.
     fn drained(&self, bank: usize) -> bool {
-        let unlocks = Self::sum(&self.unlock[bank]);
+        let unlocks = self.sum(UNLOCK + bank);
         pcpu::fence::heavy();
-        let locks = Self::sum(&self.lock[bank]);
+        let locks = self.sum(LOCK + bank);
         locks == unlocks
     }
 
@@ -79,16 +118,7 @@ impl Inner {
                 return false;
             }
             round += 1;
-            if round < 64 {
-                for _ in 0..1u32 << round.min(6) {
-                    std::hint::spin_loop();
-                }
-            } else if expedited || round < 128 {
-                std::thread::yield_now();
-            } else {
-                let us = 1u64 << (round - 128).min(10);
-                std::thread::sleep(Duration::from_micros(us));
-            }
+            backoff(round, expedited);
         }
     }
 
@@ -97,8 +127,11 @@ impl Inner {
     pub(crate) fn synchronize(&self, expedited: bool, timeout: Option<Duration>) -> bool {
         let deadline = timeout.map(|t| Instant::now() + t);
         let _gp = self.gp_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        // E: the caller's updates (unlinking) are visible before we look.
-        pcpu::fence::heavy();
+        // No fence is needed before the first check: the heavy fence (A)
+        // inside it separates the caller's updates (unlinking) from the
+        // first read of any lock count, which is all a reader's
+        // "count, then load" needs to pair with (the loom models check
+        // this).
         let active = (self.completed.load(Ordering::Relaxed) & 1) as usize;
         // Readers that fetched the inactive index during the previous grace
         // period but incremented late: this grace period must wait for them.
@@ -121,6 +154,27 @@ impl Inner {
     pub(crate) fn completed(&self) -> u64 {
         self.completed.load(Ordering::Relaxed)
     }
+}
+
+/// Waiting for readers: spin, then yield, then sleep with a growing delay
+/// (1 us to 1 ms; `expedited`: never sleep).
+#[cfg(not(loom))]
+fn backoff(round: u32, expedited: bool) {
+    if round < 64 {
+        for _ in 0..1u32 << round.min(6) {
+            std::hint::spin_loop();
+        }
+    } else if expedited || round < 128 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(1u64 << (round - 128).min(10)));
+    }
+}
+
+/// loom: a waiting loop must let the model run other threads.
+#[cfg(loom)]
+fn backoff(_round: u32, _expedited: bool) {
+    loom::thread::yield_now();
 }
 
 /// A sleepable-RCU domain: readers mark read sections with
@@ -211,7 +265,8 @@ impl Srcu {
         let _ = self.inner();
     }
 
-    #[inline]
+    #[allow(clippy::inline_always)] // on the read path
+    #[inline(always)]
     pub(crate) fn inner(&self) -> &Inner {
         let p = self.inner.load(Ordering::Acquire);
         if p.is_null() {
@@ -256,12 +311,15 @@ impl Srcu {
     /// Never blocks, never allocates after [`prepare`](Self::prepare); the
     /// read side is one per-CPU add (an rseq critical section where
     /// available) and a compiler fence. **Async-signal-safe.**
-    #[inline]
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     #[must_use = "the read section ends when the guard is dropped"]
     pub fn read_lock(&self) -> ReadGuard<'_> {
+        let inner = self.inner();
         ReadGuard {
             srcu: self,
-            bank: self.inner().read_lock(),
+            inner,
+            bank: inner.read_lock(),
         }
     }
 
@@ -285,7 +343,7 @@ impl Srcu {
 
     /// Waits until every read section that began before this call has
     /// ended. Sleeps (with a growing delay) while readers remain; with
-    /// short read sections a grace period takes a few microseconds (five
+    /// short read sections a grace period takes a few microseconds (four
     /// `membarrier` calls). Not async-signal-safe; must not be called
     /// inside a read section of this domain (it would wait for itself).
     pub fn synchronize(&self) {
@@ -336,7 +394,7 @@ impl Srcu {
 
 impl Drop for Srcu {
     fn drop(&mut self) {
-        let p = *self.inner.get_mut();
+        let p = self.inner.load(Ordering::Acquire);
         if p.is_null() {
             return;
         }
@@ -351,6 +409,7 @@ impl Drop for Srcu {
 #[must_use = "the read section ends when the guard is dropped"]
 pub struct ReadGuard<'a> {
     srcu: &'a Srcu,
+    inner: &'a Inner,
     bank: usize,
 }
 
@@ -363,9 +422,10 @@ impl ReadGuard<'_> {
 }
 
 impl Drop for ReadGuard<'_> {
-    #[inline]
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn drop(&mut self) {
-        self.srcu.inner().read_unlock(self.bank);
+        self.inner.read_unlock(self.bank);
     }
 }
 

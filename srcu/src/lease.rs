@@ -62,6 +62,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// How many expiry ticks make one timeout: a lease expires between
 /// `timeout` and `timeout * (1 + 1/TICKS)` after it was taken.
+#[cfg_attr(loom, allow(dead_code))]
 const TICKS: u64 = 4;
 
 fn word(generation: u64, state: u64) -> u64 {
@@ -217,15 +218,23 @@ impl<T: Send + Sync + 'static> LeaseSet<T> {
             expired: AtomicU64::new(0),
             stop: (Mutex::new(false), Condvar::new()),
         });
-        let s = Arc::clone(&shared);
-        let period = timeout / TICKS as u32;
-        let thread = std::thread::Builder::new()
-            .name("srcu-lease-expiry".into())
-            .spawn(move || expiry_loop(&s, period))
-            .expect("spawn the lease expiry thread");
+        // loom cannot model a real thread: models call `expire_all`.
+        #[cfg(loom)]
+        let thread = None;
+        #[cfg(not(loom))]
+        let thread = {
+            let s = Arc::clone(&shared);
+            let period = timeout / TICKS as u32;
+            Some(
+                std::thread::Builder::new()
+                    .name("srcu-lease-expiry".into())
+                    .spawn(move || expiry_loop(&s, period))
+                    .expect("spawn the lease expiry thread"),
+            )
+        };
         Self {
             shared,
-            thread: Some(thread),
+            thread,
             timeout,
         }
     }
@@ -266,6 +275,7 @@ impl<T: Send + Sync + 'static> LeaseSet<T> {
     /// For a child after `fork()` (the parent's expiry thread does not
     /// exist there, and the kernel too expires a child's leases at fork),
     /// and for shutting down. Not async-signal-safe.
+    #[allow(clippy::must_use_candidate)] // the count is informational
     pub fn expire_all(&self) -> u64 {
         self.shared.expire(0)
     }
@@ -297,6 +307,7 @@ impl<T: Send + Sync + 'static> std::fmt::Debug for LeaseSet<T> {
     }
 }
 
+#[cfg(not(loom))]
 fn expiry_loop<T>(shared: &Shared<T>, period: Duration) {
     let (stop, cv) = &shared.stop;
     let mut stopped = stop.lock().unwrap_or_else(PoisonError::into_inner);
@@ -425,6 +436,7 @@ impl<'b, T: Send + Sync + 'static> Lease<'b, '_, T> {
     /// (`STABLE`), or nothing if the value was retired before the lease
     /// expired (`GONE`). One atomic swap. **Async-signal-safe**, except
     /// that dropping a [`Held::Stable`] may free the value.
+    #[must_use = "dropping what a lease hands over ends it at once"]
     pub fn consume(self) -> Option<Held<'b, T>> {
         let this = core::mem::ManuallyDrop::new(self);
         this.take()

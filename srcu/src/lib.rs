@@ -12,7 +12,7 @@
 //! - [`Srcu`]: a domain. [`read_lock`](Srcu::read_lock) is one per-CPU add
 //!   (an rseq critical section from [`pcpu`]) and a compiler fence;
 //!   [`synchronize`](Srcu::synchronize) is the kernel's two-bank algorithm
-//!   with `membarrier()` as the heavy fence; [`call`](Srcu::call),
+//!   with `membarrier()` as the heavy fence (four per grace period); [`call`](Srcu::call),
 //!   [`retire`](Srcu::retire) and [`barrier`](Srcu::barrier) defer work to a
 //!   reclaimer thread.
 //! - [`SrcuCell`]: an SRCU-protected pointer whose old values are dropped
@@ -35,14 +35,16 @@
 //! [`pcpu::fence`]'s asymmetric fences: `membarrier()` on the writer's side
 //! makes every reader's compiler fence act as a full fence.
 //!
-//! `synchronize` (i) fences (E) so readers that start later see the
-//! caller's updates, (ii) waits for the *inactive* bank, catching readers
-//! that read the old index during the previous grace period but
-//! incremented late, (iii) flips the index, (iv) waits for the bank that
-//! was active, and (v) fences (D) so the readers' loads are done before the
-//! caller frees. A reader that read the index before the flip but
-//! increments after step (ii) began after this grace period started, so
-//! it is not waited for, and it sees the caller's updates by (E).
+//! `synchronize` (i) waits for the *inactive* bank, catching readers that
+//! read the old index during the previous grace period but incremented
+//! late, (ii) flips the index, (iii) waits for the bank that was active,
+//! and (iv) fences (D) so the readers' loads are done before the caller
+//! frees. The heavy fence (A) of the first check also separates the
+//! caller's updates from every read of a lock count: a reader whose
+//! increment the grace period misses therefore sees those updates. A
+//! reader that read the index before the flip but increments after step
+//! (i) began after this grace period started; it is not waited for, and
+//! it sees the caller's updates.
 //!
 //! Counts are 64-bit and wrap; the sums are compared, not subtracted.
 //!
@@ -57,6 +59,6 @@ mod domain;
 mod lease;
 mod reclaim;
 
-pub use cell::{SrcuCell, Strong};
+pub use cell::{CellRef, SrcuCell, Strong};
 pub use domain::{ReadGuard, ReadIndex, Srcu};
 pub use lease::{DEFAULT_TIMEOUT, Held, Lease, LeaseBlock, LeaseError, LeaseSet, LeasedValue};

@@ -3,6 +3,7 @@
 mod counter;
 mod cpu_id;
 mod rwsem;
+mod srcu;
 
 use crate::harness::Scenario;
 
@@ -14,6 +15,9 @@ pub fn all() -> Vec<Scenario> {
         counter::SCENARIO,
         rwsem::READ,
         rwsem::MIXED,
+        srcu::READ,
+        srcu::SYNC,
+        srcu::LEASE,
     ]
 }
 

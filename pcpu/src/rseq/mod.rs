@@ -95,12 +95,9 @@ pub fn add(counters: &PerCpu<AtomicU64>, delta: u64) {
         // operations of their CPU (the fallback below uses the overflow
         // slot).
         let rc = unsafe { x86_64::add(area, base, counters.cpus() as u32, delta) };
-        if rc == x86_64::DONE {
-            return;
+        if rc != x86_64::DONE {
+            add_overflow(counters, delta);
         }
-        // SAFETY: the overflow slot always exists.
-        let overflow = unsafe { counters.get(counters.overflow_index()).unwrap_unchecked() };
-        overflow.fetch_add(delta, Ordering::Relaxed);
         return;
     }
     #[cfg(loom)]
@@ -253,6 +250,138 @@ pub fn add_if_zero(
         Some(adder) => adder.add_if_zero(counters, gate, delta),
         None => GatedAdd::Unavailable,
     }
+}
+
+/// Proof that [`add`] runs as an rseq critical section in this process
+/// (x86-64, a glibc-registered rseq area), carrying the area's offset, so
+/// that code keeping it next to its counters skips the process-wide check
+/// the free function makes on every call.
+#[derive(Clone, Copy, Debug)]
+pub struct Adder {
+    #[cfg_attr(not(all(target_arch = "x86_64", not(loom))), allow(dead_code))]
+    offset: core::num::NonZeroIsize,
+}
+
+impl Adder {
+    /// The token, or `None` where [`add`] takes its atomic fallback.
+    /// Async-signal-safe.
+    #[inline]
+    #[must_use]
+    pub fn get() -> Option<Self> {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        if let Some(offset) = area::offset().and_then(core::num::NonZeroIsize::new) {
+            return Some(Self { offset });
+        }
+        None
+    }
+
+    /// [`add`] without the availability check (a CPU id beyond the
+    /// possible count or an unregistered thread still falls back to an
+    /// atomic add on the overflow slot). **Async-signal-safe.**
+    #[allow(clippy::inline_always)] // a call would cost more than the section
+    #[inline(always)]
+    pub fn add(self, counters: &PerCpu<AtomicU64>, delta: u64) {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        {
+            let (base, _) = counters.raw_layout();
+            // SAFETY: as in `add`.
+            let rc = unsafe { x86_64::add(self.offset.get(), base, counters.cpus() as u32, delta) };
+            if rc != x86_64::DONE {
+                add_overflow(counters, delta);
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        add(counters, delta);
+    }
+}
+
+impl Adder {
+    /// Adds `delta` to word `word` of the current CPU's slot of
+    /// `counters`, for structures that keep several per-CPU counters in one
+    /// cache line (the SRCU lock and unlock counts of both banks, say).
+    /// Falls back like [`add`] (atomic add on the overflow slot).
+    /// **Async-signal-safe.**
+    ///
+    /// # Panics
+    /// If `word >= N`.
+    #[allow(clippy::inline_always)] // a call would cost more than the section
+    #[inline(always)]
+    pub fn add_word<const N: usize>(
+        self,
+        counters: &PerCpu<[AtomicU64; N]>,
+        word: usize,
+        delta: u64,
+    ) {
+        assert!(word < N, "counter word out of range");
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        {
+            const {
+                assert!(
+                    size_of::<crossbeam_utils::CachePadded<[core::sync::atomic::AtomicU64; N]>>()
+                        == 128,
+                    "the counter sections assume one 128-byte line per CPU",
+                );
+            }
+            let (base, _) = counters.raw_layout();
+            // SAFETY: as in `add`, for the aligned `u64` at word `word` of
+            // each slot (in bounds: checked above; one line per slot:
+            // checked at compile time).
+            let rc = unsafe {
+                x86_64::add_word(self.offset.get(), base, counters.cpus() as u32, word, delta)
+            };
+            if rc != x86_64::DONE {
+                add_word_overflow(counters, word, delta);
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        add_word_fallback(counters, word, delta);
+    }
+}
+
+/// [`Adder::add_word`] without the token: rseq where available, else an
+/// atomic add on the current slot (the overflow slot in rseq mode).
+/// **Async-signal-safe.**
+///
+/// # Panics
+/// If `word >= N`.
+#[inline]
+pub fn add_word<const N: usize>(counters: &PerCpu<[AtomicU64; N]>, word: usize, delta: u64) {
+    match Adder::get() {
+        Some(adder) => adder.add_word(counters, word, delta),
+        None => add_word_fallback(counters, word, delta),
+    }
+}
+
+fn add_word_fallback<const N: usize>(counters: &PerCpu<[AtomicU64; N]>, word: usize, delta: u64) {
+    #[cfg(loom)]
+    if crate::loom_cpu::rseq_modelled() {
+        let slot = counters.current_index();
+        crate::loom_cpu::critical_section(slot, || {
+            let c = &counters.get(slot).expect("slot")[word];
+            c.store(
+                c.load(Ordering::Relaxed).wrapping_add(delta),
+                Ordering::Relaxed,
+            );
+        });
+        return;
+    }
+    counters.current()[word].fetch_add(delta, Ordering::Relaxed);
+}
+
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+#[cold]
+fn add_word_overflow<const N: usize>(counters: &PerCpu<[AtomicU64; N]>, word: usize, delta: u64) {
+    // SAFETY: the overflow slot always exists.
+    let overflow = unsafe { counters.get(counters.overflow_index()).unwrap_unchecked() };
+    overflow[word].fetch_add(delta, Ordering::Relaxed);
+}
+
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+#[cold]
+fn add_overflow(counters: &PerCpu<AtomicU64>, delta: u64) {
+    // SAFETY: the overflow slot always exists.
+    let overflow = unsafe { counters.get(counters.overflow_index()).unwrap_unchecked() };
+    overflow.fetch_add(delta, Ordering::Relaxed);
 }
 
 /// Restarts every rseq critical section running in the process and makes

@@ -121,6 +121,37 @@ pub(crate) unsafe fn add(area: isize, base: *const u8, cpus: u32, delta: u64) ->
     rc
 }
 
+/// `((u64 *)slot(cpu))[word] += delta`: [`add`] on word `word` of slots
+/// that hold several counters (one cache line per CPU for all of them).
+///
+/// # Safety
+/// As for [`add`], for every `u64` at `base + (i << COUNTER_STRIDE_SHIFT) + 8 * word`.
+// Always inlined: a call would cost more than the critical section.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) unsafe fn add_word(
+    area: isize,
+    base: *const u8,
+    cpus: u32,
+    word: usize,
+    delta: u64,
+) -> u32 {
+    let rc: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!(
+            rseq_cs_prologue!("shl ${shift}, {slot}\n"),
+            "add {delta}, ({slot}, {word}, 8)",
+            rseq_cs_epilogue!(),
+            area = in(reg) area, base = in(reg) base, shift = const COUNTER_STRIDE_SHIFT,
+            cpus = in(reg) cpus, word = in(reg) word, delta = in(reg) delta,
+            tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
+            options(att_syntax, nostack),
+        );
+    }
+    rc
+}
+
 /// `*(u64 *)slot(cpu) += delta`, but only if `*gate == 0` when the commit
 /// happens (returns `EMPTY` without writing anything otherwise). Because
 /// the gate is read inside the critical section, a writer that sets the

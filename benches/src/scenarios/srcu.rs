@@ -1,0 +1,217 @@
+//! `srcu-read`, `srcu-sync` and `lease`: seed 002, SRCU read sections and
+//! leases against a reference count per access and against the
+//! reclamation schemes Rust users pick today.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use arc_swap::ArcSwap;
+use seize::{Collector, Guard as _};
+use srcu::{LeaseSet, Srcu, SrcuCell};
+
+use crate::harness::{Scenario, Workload};
+
+pub const READ: Scenario = Scenario {
+    name: "srcu-read",
+    about: "seed 002: each thread loops read-lock, read through a protected pointer, unlock (refcount = Arc clone+drop, the seed's WITHOUT SRCU row)",
+    impls: &["srcu", "refcount", "epoch", "seize", "arc-swap"],
+    build: build_read,
+};
+
+pub const SYNC: Scenario = Scenario {
+    name: "srcu-sync",
+    about: "seed 002: one thread calls synchronize() in a loop while the others run short read sections; rows srcu:syncs and srcu:reads",
+    impls: &["srcu"],
+    build: build_sync,
+};
+
+pub const LEASE: Scenario = Scenario {
+    name: "lease",
+    about: "seed 002: each thread takes a lease on a value and consumes it (lease) vs clones and drops one shared Arc (refcount)",
+    impls: &["lease", "refcount"],
+    build: build_lease,
+};
+
+/// A domain per workload, leaked: workloads are few and short-lived, and
+/// a `SrcuCell` needs a domain that outlives it.
+fn domain() -> &'static Srcu {
+    let d: &'static Srcu = Box::leak(Box::new(Srcu::new()));
+    d.prepare();
+    d
+}
+
+struct SrcuRead {
+    domain: &'static Srcu,
+    cell: SrcuCell<'static, u64>,
+}
+
+impl Workload for SrcuRead {
+    fn run(&self, _tid: usize, iters: u64) {
+        let mut acc = 0u64;
+        for _ in 0..iters {
+            if let Some(v) = self.cell.read() {
+                acc = acc.wrapping_add(*v);
+            }
+        }
+        black_box(acc);
+    }
+}
+
+struct Refcount(Arc<u64>);
+
+impl Workload for Refcount {
+    fn run(&self, _tid: usize, iters: u64) {
+        let mut acc = 0u64;
+        for _ in 0..iters {
+            let a = Arc::clone(&self.0);
+            acc = acc.wrapping_add(*a);
+        }
+        black_box(acc);
+    }
+}
+
+struct Epoch(crossbeam_epoch::Atomic<u64>);
+
+impl Workload for Epoch {
+    fn run(&self, _tid: usize, iters: u64) {
+        let mut acc = 0u64;
+        for _ in 0..iters {
+            let g = crossbeam_epoch::pin();
+            // SAFETY: the value is never retired during the benchmark.
+            acc = acc.wrapping_add(*unsafe { self.0.load(Ordering::Acquire, &g).deref() });
+        }
+        black_box(acc);
+    }
+}
+
+impl Drop for Epoch {
+    fn drop(&mut self) {
+        // SAFETY: no guard is alive; the pointer came from `Owned::new`.
+        drop(unsafe { std::mem::take(&mut self.0).into_owned() });
+    }
+}
+
+struct Seize {
+    collector: Collector,
+    ptr: AtomicPtr<u64>,
+}
+
+impl Workload for Seize {
+    fn run(&self, _tid: usize, iters: u64) {
+        let mut acc = 0u64;
+        for _ in 0..iters {
+            let g = self.collector.enter();
+            // SAFETY: the value is never retired during the benchmark.
+            acc = acc.wrapping_add(unsafe { *g.protect(&self.ptr, Ordering::Acquire) });
+        }
+        black_box(acc);
+    }
+}
+
+impl Drop for Seize {
+    fn drop(&mut self) {
+        // SAFETY: from `Box::into_raw`, no reader left.
+        drop(unsafe { Box::from_raw(*self.ptr.get_mut()) });
+    }
+}
+
+struct ArcSwapRead(ArcSwap<u64>);
+
+impl Workload for ArcSwapRead {
+    fn run(&self, _tid: usize, iters: u64) {
+        let mut acc = 0u64;
+        for _ in 0..iters {
+            acc = acc.wrapping_add(**self.0.load());
+        }
+        black_box(acc);
+    }
+}
+
+#[allow(clippy::unnecessary_wraps)] // the signature of `harness::Build`
+fn build_read(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    Ok(match imp {
+        "srcu" => {
+            let domain = domain();
+            Box::new(SrcuRead {
+                domain,
+                cell: SrcuCell::new(domain, Some(7)),
+            })
+        }
+        "refcount" => Box::new(Refcount(Arc::new(7))),
+        "epoch" => Box::new(Epoch(crossbeam_epoch::Atomic::new(7))),
+        "seize" => Box::new(Seize {
+            collector: Collector::new(),
+            ptr: AtomicPtr::new(Box::into_raw(Box::new(7))),
+        }),
+        "arc-swap" => Box::new(ArcSwapRead(ArcSwap::from_pointee(7))),
+        _ => unreachable!("unknown implementation {imp}"),
+    })
+}
+
+/// Worker 0 runs grace periods, the others short read sections.
+struct Sync(SrcuRead);
+
+impl Workload for Sync {
+    fn run(&self, tid: usize, iters: u64) {
+        if tid == 0 {
+            for _ in 0..iters {
+                self.0.domain.synchronize();
+            }
+        } else {
+            self.0.run(tid, iters);
+        }
+    }
+
+    fn role(&self, tid: usize) -> &'static str {
+        if tid == 0 { "syncs" } else { "reads" }
+    }
+
+    fn batch(&self, tid: usize) -> u64 {
+        if tid == 0 { 16 } else { 1024 }
+    }
+}
+
+fn build_sync(_imp: &str, threads: usize) -> Result<Box<dyn Workload>, String> {
+    if threads < 2 {
+        return Err("needs 2 or more threads: one calls synchronize(), the rest read".into());
+    }
+    let domain = domain();
+    Ok(Box::new(Sync(SrcuRead {
+        domain,
+        cell: SrcuCell::new(domain, Some(7)),
+    })))
+}
+
+struct Lease {
+    cell: SrcuCell<'static, u64>,
+    set: LeaseSet<u64>,
+}
+
+impl Workload for Lease {
+    fn run(&self, _tid: usize, iters: u64) {
+        // One block per batch and thread (a block belongs to one thread).
+        let block = self.set.block(1);
+        let mut acc = 0u64;
+        for _ in 0..iters {
+            let lease = block.lease(&self.cell).expect("slot free, cell full");
+            acc = acc.wrapping_add(*lease.consume().expect("not retired"));
+        }
+        black_box(acc);
+    }
+}
+
+#[allow(clippy::unnecessary_wraps)] // the signature of `harness::Build`
+fn build_lease(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    Ok(match imp {
+        "lease" => {
+            let domain = domain();
+            Box::new(Lease {
+                cell: SrcuCell::new(domain, Some(7)),
+                set: LeaseSet::new(domain),
+            })
+        }
+        "refcount" => Box::new(Refcount(Arc::new(7))),
+        _ => unreachable!("unknown implementation {imp}"),
+    })
+}
