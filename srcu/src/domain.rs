@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use pcpu::PerCpu;
-use pcpu::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use pcpu::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use crate::reclaim::Reclaimer;
 
@@ -26,6 +26,10 @@ pub(crate) struct Inner {
     completed: AtomicU64,
     /// Serialises grace periods (ordinary context only).
     gp_lock: Mutex<()>,
+    /// Set when the `Srcu` is dropped: no guard can exist any more and raw
+    /// sections can no longer be ended, so grace periods complete at once
+    /// (the queued callbacks run instead of waiting forever).
+    dead: AtomicBool,
     pub(crate) reclaimer: Reclaimer,
 }
 
@@ -36,6 +40,7 @@ impl Inner {
             counts: PerCpu::default(),
             completed: AtomicU64::new(0),
             gp_lock: Mutex::new(()),
+            dead: AtomicBool::new(false),
             reclaimer: Reclaimer::default(),
         }
     }
@@ -127,6 +132,9 @@ impl Inner {
     pub(crate) fn synchronize(&self, expedited: bool, timeout: Option<Duration>) -> bool {
         let deadline = timeout.map(|t| Instant::now() + t);
         let _gp = self.gp_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.dead.load(Ordering::Acquire) {
+            return true;
+        }
         // No fence is needed before the first check: the heavy fence (A)
         // inside it separates the caller's updates (unlinking) from the
         // first read of any lock count, which is all a reader's
@@ -201,10 +209,11 @@ fn backoff(_round: u32, _expedited: bool) {
 /// started anew).
 ///
 /// # Drop
-/// Dropping a domain first runs every callback still queued (after the
-/// grace period they wait for). Read sections cannot outlive the domain
-/// (guards and raw unlocks borrow it); a raw section that was never ended
-/// is simply forgotten.
+/// Dropping a domain runs every callback still queued, then stops its
+/// reclaimer thread. Guards, cells and lease sets borrow the domain, so
+/// none outlives it; a raw section still open cannot be ended any more
+/// (that needs the domain) and is forgotten: the remaining callbacks run
+/// without waiting for it.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicBool, Ordering};
@@ -400,6 +409,7 @@ impl Drop for Srcu {
         }
         // SAFETY: published by `allocate`; we still own our count.
         let inner = unsafe { Arc::from_raw(p.cast_const()) };
+        inner.dead.store(true, Ordering::Release);
         inner.reclaimer.shut_down();
     }
 }

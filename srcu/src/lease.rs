@@ -190,17 +190,20 @@ impl<T> Shared<T> {
 /// DOMAIN.synchronize();                      // returns within ~100 ms: the lease expires
 /// assert_eq!(lease.consume().as_deref(), Some(&42));
 /// ```
-pub struct LeaseSet<T: Send + Sync + 'static> {
+pub struct LeaseSet<'d, T: Send + Sync + 'static> {
     shared: Arc<Shared<T>>,
     thread: Option<JoinHandle<()>>,
     timeout: Duration,
+    /// The set must not outlive its domain: leases point at values of the
+    /// domain's cells.
+    _domain: PhantomData<&'d Srcu>,
 }
 
-impl<T: Send + Sync + 'static> LeaseSet<T> {
+impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
     /// A lease set of `srcu` with the kernel's timeout (100 ms). Starts the
     /// expiry thread. Not async-signal-safe.
     #[must_use]
-    pub fn new(srcu: &Srcu) -> Self {
+    pub fn new(srcu: &'d Srcu) -> Self {
         Self::with_timeout(srcu, DEFAULT_TIMEOUT)
     }
 
@@ -209,7 +212,7 @@ impl<T: Send + Sync + 'static> LeaseSet<T> {
     /// # Panics
     /// If `timeout` is zero.
     #[must_use]
-    pub fn with_timeout(srcu: &Srcu, timeout: Duration) -> Self {
+    pub fn with_timeout(srcu: &'d Srcu, timeout: Duration) -> Self {
         assert!(!timeout.is_zero(), "lease timeout must be positive");
         let shared = Arc::new(Shared {
             domain: srcu.inner_arc(),
@@ -236,6 +239,7 @@ impl<T: Send + Sync + 'static> LeaseSet<T> {
             shared,
             thread,
             timeout,
+            _domain: PhantomData,
         }
     }
 
@@ -251,7 +255,7 @@ impl<T: Send + Sync + 'static> LeaseSet<T> {
     /// # Panics
     /// If `capacity` is not in `1..=64`.
     #[must_use]
-    pub fn block(&self, capacity: usize) -> LeaseBlock<'_, T> {
+    pub fn block(&self, capacity: usize) -> LeaseBlock<'_, 'd, T> {
         assert!(
             (1..=64).contains(&capacity),
             "a lease block holds 1 to 64 slots, not {capacity}"
@@ -287,7 +291,7 @@ impl<T: Send + Sync + 'static> LeaseSet<T> {
     }
 }
 
-impl<T: Send + Sync + 'static> Drop for LeaseSet<T> {
+impl<T: Send + Sync + 'static> Drop for LeaseSet<'_, T> {
     fn drop(&mut self) {
         let (stop, cv) = &self.shared.stop;
         *stop.lock().unwrap_or_else(PoisonError::into_inner) = true;
@@ -298,7 +302,7 @@ impl<T: Send + Sync + 'static> Drop for LeaseSet<T> {
     }
 }
 
-impl<T: Send + Sync + 'static> std::fmt::Debug for LeaseSet<T> {
+impl<T: Send + Sync + 'static> std::fmt::Debug for LeaseSet<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaseSet")
             .field("timeout", &self.timeout)
@@ -352,15 +356,15 @@ impl std::error::Error for LeaseError {}
 /// slots concurrently, through atomics. Dropping the block ends every
 /// lease still in it (a thread that exits with leases pending releases
 /// them).
-pub struct LeaseBlock<'s, T: Send + Sync + 'static> {
-    set: &'s LeaseSet<T>,
+pub struct LeaseBlock<'s, 'd, T: Send + Sync + 'static> {
+    set: &'s LeaseSet<'d, T>,
     slots: Arc<Slots<T>>,
     /// Bit `i` set: slot `i` is free (owner-local bookkeeping).
     free: Cell<u64>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
-impl<'s, T: Send + Sync + 'static> LeaseBlock<'s, T> {
+impl<'s, 'd, T: Send + Sync + 'static> LeaseBlock<'s, 'd, T> {
     /// Takes a lease on the value `cell` holds now: an SRCU read section
     /// of the cell's domain and a few plain stores, no atomic
     /// read-modify-write. **Async-signal-safe** (interrupting the owner
@@ -369,7 +373,7 @@ impl<'s, T: Send + Sync + 'static> LeaseBlock<'s, T> {
     ///
     /// # Panics
     /// If `cell` belongs to another domain than the set.
-    pub fn lease(&self, cell: &SrcuCell<'_, T>) -> Result<Lease<'_, 's, T>, LeaseError> {
+    pub fn lease(&self, cell: &SrcuCell<'_, T>) -> Result<Lease<'_, 's, 'd, T>, LeaseError> {
         let shared = &self.set.shared;
         assert!(
             core::ptr::eq(cell.domain().inner(), Arc::as_ptr(&shared.domain)),
@@ -407,7 +411,7 @@ impl<'s, T: Send + Sync + 'static> LeaseBlock<'s, T> {
     }
 }
 
-impl<T: Send + Sync + 'static> Drop for LeaseBlock<'_, T> {
+impl<T: Send + Sync + 'static> Drop for LeaseBlock<'_, '_, T> {
     fn drop(&mut self) {
         // Leases borrow the block, so none is alive here; unregister.
         let mut blocks = self
@@ -424,13 +428,13 @@ impl<T: Send + Sync + 'static> Drop for LeaseBlock<'_, T> {
 /// turn into a strong reference. [`consume`](Self::consume) it (or drop it)
 /// exactly once.
 #[must_use = "a lease holds a read section (or a reference) until consumed or dropped"]
-pub struct Lease<'b, 's, T: Send + Sync + 'static> {
-    block: &'b LeaseBlock<'s, T>,
+pub struct Lease<'b, 's, 'd, T: Send + Sync + 'static> {
+    block: &'b LeaseBlock<'s, 'd, T>,
     index: usize,
     generation: u64,
 }
 
-impl<'b, T: Send + Sync + 'static> Lease<'b, '_, T> {
+impl<'b, T: Send + Sync + 'static> Lease<'b, '_, '_, T> {
     /// Ends the lease and hands over what it holds: the value under the
     /// lease's read section (`LEASED`), under a strong reference
     /// (`STABLE`), or nothing if the value was retired before the lease
@@ -481,7 +485,7 @@ impl<'b, T: Send + Sync + 'static> Lease<'b, '_, T> {
     }
 }
 
-impl<T: Send + Sync + 'static> Drop for Lease<'_, '_, T> {
+impl<T: Send + Sync + 'static> Drop for Lease<'_, '_, '_, T> {
     fn drop(&mut self) {
         drop(self.take());
     }

@@ -107,3 +107,18 @@ impl Drop for Dropped {
         self.0.fetch_add(1, SeqCst);
     }
 }
+
+#[test]
+fn dropping_a_domain_with_a_raw_section_open_runs_callbacks_without_hanging() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let domain = Srcu::new();
+    // Never ended: once the domain is dropped it cannot be (unlocking needs
+    // the domain), and no guard can exist, so it is forgotten.
+    let _forgotten = domain.read_lock_raw();
+    let r = Arc::clone(&ran);
+    domain.call(move || {
+        r.fetch_add(1, SeqCst);
+    });
+    drop(domain);
+    assert_eq!(ran.load(SeqCst), 1);
+}

@@ -185,7 +185,7 @@ fn build_sync(_imp: &str, threads: usize) -> Result<Box<dyn Workload>, String> {
 
 struct Lease {
     cell: SrcuCell<'static, u64>,
-    set: LeaseSet<u64>,
+    set: LeaseSet<'static, u64>,
 }
 
 impl Workload for Lease {
