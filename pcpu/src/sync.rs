@@ -27,6 +27,27 @@ pub use core::hint;
 #[cfg(loom)]
 pub use loom::hint;
 
+/// Publishes `fresh` in `slot` if `slot` is still null and returns what
+/// `slot` holds afterwards: `fresh`, or the pointer another thread published
+/// first, in which case `fresh` is handed to `discard` (it was never
+/// shared). The lazily allocated state of `const`-constructible types
+/// (percpu-rwsem's counts, an SRCU domain) is published this way.
+/// Not async-signal-safe in itself only because callers allocate `fresh`.
+pub fn publish_once<T>(
+    slot: &atomic::AtomicPtr<T>,
+    fresh: *mut T,
+    discard: impl FnOnce(*mut T),
+) -> *mut T {
+    use atomic::Ordering::{AcqRel, Acquire};
+    match slot.compare_exchange(core::ptr::null_mut(), fresh, AcqRel, Acquire) {
+        Ok(_) => fresh,
+        Err(winner) => {
+            discard(fresh);
+            winner
+        }
+    }
+}
+
 /// `UnsafeCell` with loom's closure-based access API on both builds, so code
 /// written against it compiles unchanged under `--cfg loom`.
 pub mod cell {

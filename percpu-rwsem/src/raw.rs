@@ -270,21 +270,11 @@ impl RawPercpuRwSem {
     #[cold]
     fn allocate_counts(&self) -> &Counts {
         let fresh = Box::into_raw(Box::new(Counts::new()));
-        match self.counts.compare_exchange(
-            core::ptr::null_mut(),
-            fresh,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            // SAFETY: we just published `fresh`; it lives until `drop`.
-            Ok(_) => unsafe { &*fresh },
-            Err(winner) => {
-                // SAFETY: `fresh` was never shared.
-                drop(unsafe { Box::from_raw(fresh) });
-                // SAFETY: the winner's pointer lives until `drop`.
-                unsafe { &*winner }
-            }
-        }
+        // SAFETY: a loser's `fresh` was never shared.
+        let p =
+            pcpu::sync::publish_once(&self.counts, fresh, |f| drop(unsafe { Box::from_raw(f) }));
+        // SAFETY: published (by us or the winner); lives until `drop`.
+        unsafe { &*p }
     }
 
     fn readers(&self) -> u64 {

@@ -299,21 +299,10 @@ impl Srcu {
     #[cold]
     fn allocate(&self) -> &Inner {
         let fresh = Arc::into_raw(Arc::new(Inner::new())).cast_mut();
-        match self.inner.compare_exchange(
-            core::ptr::null_mut(),
-            fresh,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            // SAFETY: just published; alive until drop.
-            Ok(_) => unsafe { &*fresh },
-            Err(winner) => {
-                // SAFETY: never shared.
-                drop(unsafe { Arc::from_raw(fresh) });
-                // SAFETY: the winner's, alive until drop.
-                unsafe { &*winner }
-            }
-        }
+        // SAFETY: a loser's `fresh` was never shared.
+        let p = pcpu::sync::publish_once(&self.inner, fresh, |f| drop(unsafe { Arc::from_raw(f) }));
+        // SAFETY: published (by us or the winner); alive until drop.
+        unsafe { &*p }
     }
 
     /// Begins a read section, ended when the guard drops (on any thread).
