@@ -116,7 +116,9 @@ impl Inner {
     fn wait_drained(&self, bank: usize, expedited: bool, deadline: Option<Instant>) -> bool {
         let mut round = 0u32;
         loop {
-            if self.drained(bank) {
+            // A dead domain's grace periods are over (see `dead`), also for
+            // a reclaimer that was already waiting when the domain died.
+            if self.drained(bank) || self.dead.load(Ordering::Acquire) {
                 return true;
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {

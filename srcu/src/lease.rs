@@ -19,7 +19,13 @@
 //! Expiry and consumption race on one word: expiry moves `LEASED` to
 //! `STABLE`/`GONE` with a compare-and-swap, consumption swaps in
 //! `CONSUMED`. Exactly one of them sees `LEASED`, and that one ends the
-//! SRCU section, so it is ended exactly once whatever the interleaving. An
+//! SRCU section, so it is ended exactly once whatever the interleaving.
+//! The swap is only needed while an expiry round runs: a consumer first
+//! sets its slot's claim flag and, after a light fence, checks whether a
+//! round is in progress; a round announces itself and issues a heavy fence
+//! before looking at slots, and skips claimed ones. So either the consumer
+//! sees the round (and swaps), or the round sees the claim (and keeps
+//! off), and the common case costs plain stores and a compiler fence. An
 //! expiry that loses gives back the reference it took. The expiry's "take
 //! a reference unless retired" runs inside its own read section, and
 //! values leave an [`SrcuCell`](crate::SrcuCell) only after two grace
@@ -32,8 +38,8 @@
 //! # Slots
 //!
 //! Leases live in preallocated per-thread [`LeaseBlock`]s (taking and
-//! consuming a lease never allocates, never takes a lock and issues one
-//! atomic swap), which are registered with the [`LeaseSet`] so that its
+//! consuming a lease never allocates, never takes a lock and, outside
+//! expiry rounds, issues no atomic read-modify-write), which are registered with the [`LeaseSet`] so that its
 //! expiry thread can find them.
 
 use std::cell::Cell;
@@ -80,6 +86,8 @@ struct Slot<T> {
     node: AtomicPtr<Node<T>>,
     bank: AtomicU8,
     tick: AtomicU64,
+    /// Set by the owner when it starts consuming (see `Lease::take`).
+    claimed: AtomicU8,
 }
 
 impl<T> Default for Slot<T> {
@@ -89,6 +97,7 @@ impl<T> Default for Slot<T> {
             node: AtomicPtr::new(core::ptr::null_mut()),
             bank: AtomicU8::new(0),
             tick: AtomicU64::new(0),
+            claimed: AtomicU8::new(0),
         }
     }
 }
@@ -102,6 +111,9 @@ struct Shared<T> {
     /// `timeout / TICKS`); leases record it instead of reading a clock.
     tick: CachePadded<AtomicU64>,
     blocks: Mutex<Vec<Arc<Slots<T>>>>,
+    /// Expiry rounds in progress. A consumer that sees none takes the
+    /// fence-free path (see `Lease::take`).
+    expiring: CachePadded<AtomicU64>,
     expired: AtomicU64,
     stop: (Mutex<bool>, Condvar),
 }
@@ -119,12 +131,19 @@ impl<T> Shared<T> {
         // Our own read section: a value we look at cannot be freed while
         // we hold it (see the module docs).
         let bank = self.domain.read_lock();
+        // Announce the round, then the heavy fence: a consumer either sees
+        // the announcement (and arbitrates with a swap) or its claim is
+        // visible to us (and we leave the slot alone).
+        self.expiring.fetch_add(1, Ordering::Relaxed);
+        pcpu::fence::heavy();
         let mut n = 0;
         for slots in &blocks {
             for slot in slots.iter() {
                 n += u64::from(self.expire_slot(slot, now, min_age));
             }
         }
+        // Release: a consumer that reads the end of the round sees our CASes.
+        self.expiring.fetch_sub(1, Ordering::Release);
         self.domain.read_unlock(bank);
         self.expired.fetch_add(n, Ordering::Relaxed);
         n
@@ -132,7 +151,10 @@ impl<T> Shared<T> {
 
     fn expire_slot(&self, slot: &Slot<T>, now: u64, min_age: u64) -> bool {
         let w = slot.word.load(Ordering::Acquire);
-        if state_of(w) != LEASED || now.wrapping_sub(slot.tick.load(Ordering::Relaxed)) < min_age {
+        if state_of(w) != LEASED
+            || slot.claimed.load(Ordering::Relaxed) != 0
+            || now.wrapping_sub(slot.tick.load(Ordering::Relaxed)) < min_age
+        {
             return false;
         }
         let node = slot.node.load(Ordering::Relaxed);
@@ -218,6 +240,7 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
             domain: srcu.inner_arc(),
             tick: CachePadded::new(AtomicU64::new(0)),
             blocks: Mutex::new(Vec::new()),
+            expiring: CachePadded::new(AtomicU64::new(0)),
             expired: AtomicU64::new(0),
             stop: (Mutex::new(false), Condvar::new()),
         });
@@ -438,7 +461,8 @@ impl<'b, T: Send + Sync + 'static> Lease<'b, '_, '_, T> {
     /// Ends the lease and hands over what it holds: the value under the
     /// lease's read section (`LEASED`), under a strong reference
     /// (`STABLE`), or nothing if the value was retired before the lease
-    /// expired (`GONE`). One atomic swap. **Async-signal-safe**, except
+    /// expired (`GONE`). Plain stores and a compiler fence (an atomic swap
+    /// while an expiry round runs). **Async-signal-safe**, except
     /// that dropping a [`Held::Stable`] may free the value.
     #[must_use = "dropping what a lease hands over ends it at once"]
     pub fn consume(self) -> Option<Held<'b, T>> {
@@ -451,9 +475,24 @@ impl<'b, T: Send + Sync + 'static> Lease<'b, '_, '_, T> {
         let slot = &block.slots[self.index];
         let node = slot.node.load(Ordering::Relaxed);
         let bank = slot.bank.load(Ordering::Relaxed);
-        let prev = slot
-            .word
-            .swap(word(self.generation, CONSUMED), Ordering::AcqRel);
+        let shared = &block.set.shared;
+        // Claim, light fence, look for an expiry round (pairs with the
+        // round's announcement and heavy fence). No round: no expiry can
+        // touch the slot before we are done, and every earlier round's
+        // outcome is visible through `expiring`'s Acquire, so plain
+        // accesses do. A round in progress: arbitrate with a swap against
+        // its compare-and-swap.
+        slot.claimed.store(1, Ordering::Relaxed);
+        pcpu::fence::light();
+        let prev = if shared.expiring.load(Ordering::Acquire) == 0 {
+            let prev = slot.word.load(Ordering::Acquire);
+            slot.word
+                .store(word(self.generation, CONSUMED), Ordering::Relaxed);
+            prev
+        } else {
+            slot.word
+                .swap(word(self.generation, CONSUMED), Ordering::AcqRel)
+        };
         // Free the slot for reuse under a new generation.
         slot.word
             .store(word(self.generation + 1, FREE), Ordering::Release);

@@ -15,7 +15,12 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     for rseq in [true, false] {
         pcpu::loom_cpu::set_rseq_modelled(rseq);
         let mut b = loom::model::Builder::new();
-        b.preemption_bound = Some(2);
+        b.preemption_bound = Some(
+            std::env::var("PB")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2),
+        );
         let f = Arc::clone(&f);
         b.check(move || f());
     }
@@ -138,4 +143,53 @@ fn lease_expiry_racing_consumption_and_retirement() {
             "the value was not dropped exactly once"
         );
     });
+}
+
+/// Expiry against consumption alone, explored exhaustively (no preemption
+/// bound): the read section is ended exactly once and the value dropped
+/// exactly once, whichever side wins, on the fast (fence-free) consume path
+/// and on the swap path alike.
+#[test]
+fn lease_expiry_versus_consumption_exhaustive() {
+    for rseq in [true, false] {
+        pcpu::loom_cpu::set_rseq_modelled(rseq);
+        loom::model(|| {
+            let domain = leak(Srcu::new());
+            let drops = leak(AtomicUsize::new(0));
+            let cell = leak(SrcuCell::new(
+                domain,
+                Some(Canary {
+                    alive: AtomicBool::new(true),
+                    drops,
+                }),
+            ));
+            let set = leak(LeaseSet::with_timeout(
+                domain,
+                std::time::Duration::from_millis(100),
+            ));
+            let block = set.block(1);
+            let lease = block.lease(cell).unwrap();
+            let expirer = thread::spawn(move || {
+                pcpu::loom_cpu::set_current(1);
+                set.expire_all()
+            });
+            let held = lease.consume();
+            let expired = expirer.join().unwrap();
+            let held_kind = match &held {
+                Some(Held::Stable(_)) => 1,
+                Some(Held::Leased(_)) => 0,
+                None => 2,
+            };
+            drop(held);
+            // Expired exactly when the consumer got the stable reference.
+            assert_eq!(
+                expired == 1,
+                held_kind == 1,
+                "expiry and consumption both (or neither) won"
+            );
+            // Balanced sections: a grace period completes.
+            domain.synchronize();
+            assert_eq!(drops.load(Relaxed), 0);
+        });
+    }
 }
