@@ -94,25 +94,49 @@ impl Drop for Canary {
     }
 }
 
+/// A domain, a cell holding a canary, and a lease set, leaked for the
+/// model's threads.
+struct Fixture {
+    domain: &'static Srcu,
+    drops: &'static AtomicUsize,
+    cell: &'static SrcuCell<'static, Canary>,
+    set: &'static LeaseSet<'static, Canary>,
+}
+
+fn fixture() -> Fixture {
+    let domain = leak(Srcu::new());
+    let drops = leak(AtomicUsize::new(0));
+    let cell = leak(SrcuCell::new(
+        domain,
+        Some(Canary {
+            alive: AtomicBool::new(true),
+            drops,
+        }),
+    ));
+    let set = leak(LeaseSet::with_timeout(
+        domain,
+        std::time::Duration::from_millis(100),
+    ));
+    Fixture {
+        domain,
+        drops,
+        cell,
+        set,
+    }
+}
+
 /// Expiry racing consumption (and the value being retired): the lease's
 /// read section is ended exactly once, the value is alive while held, it
 /// is dropped exactly once, and grace periods complete afterwards.
 #[test]
 fn lease_expiry_racing_consumption_and_retirement() {
     model(|| {
-        let domain = leak(Srcu::new());
-        let drops = leak(AtomicUsize::new(0));
-        let cell = leak(SrcuCell::new(
+        let Fixture {
             domain,
-            Some(Canary {
-                alive: AtomicBool::new(true),
-                drops,
-            }),
-        ));
-        let set = leak(LeaseSet::with_timeout(
-            domain,
-            std::time::Duration::from_millis(100),
-        ));
+            drops,
+            cell,
+            set,
+        } = fixture();
         let block = set.block(1);
         let lease = block.lease(cell).unwrap();
         let expirer = thread::spawn(move || {
@@ -154,19 +178,12 @@ fn lease_expiry_versus_consumption_exhaustive() {
     for rseq in [true, false] {
         pcpu::loom_cpu::set_rseq_modelled(rseq);
         loom::model(|| {
-            let domain = leak(Srcu::new());
-            let drops = leak(AtomicUsize::new(0));
-            let cell = leak(SrcuCell::new(
+            let Fixture {
                 domain,
-                Some(Canary {
-                    alive: AtomicBool::new(true),
-                    drops,
-                }),
-            ));
-            let set = leak(LeaseSet::with_timeout(
-                domain,
-                std::time::Duration::from_millis(100),
-            ));
+                drops,
+                cell,
+                set,
+            } = fixture();
             let block = set.block(1);
             let lease = block.lease(cell).unwrap();
             let expirer = thread::spawn(move || {
