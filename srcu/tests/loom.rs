@@ -11,16 +11,17 @@ use loom::thread;
 use srcu::{Held, LeaseSet, Srcu, SrcuCell};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
+    model_bounded(Some(2), f);
+}
+
+/// Checks `f` in both worlds (rseq modelled, fallback) with at most
+/// `preemptions` preemptions per execution (`None`: exhaustive).
+fn model_bounded(preemptions: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
     let f = Arc::new(f);
     for rseq in [true, false] {
         pcpu::loom_cpu::set_rseq_modelled(rseq);
         let mut b = loom::model::Builder::new();
-        b.preemption_bound = Some(
-            std::env::var("PB")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(2),
-        );
+        b.preemption_bound = preemptions;
         let f = Arc::clone(&f);
         b.check(move || f());
     }
@@ -149,9 +150,6 @@ fn lease_expiry_racing_consumption_and_retirement() {
         });
         if let Some(held) = lease.consume() {
             assert!(held.alive.load(Relaxed), "value dropped while held");
-            if let Held::Stable(_) = &held {
-                // an expired lease hands over a strong reference
-            }
         }
         expirer.join().unwrap();
         retirer.join().unwrap();
@@ -175,38 +173,35 @@ fn lease_expiry_racing_consumption_and_retirement() {
 /// and on the swap path alike.
 #[test]
 fn lease_expiry_versus_consumption_exhaustive() {
-    for rseq in [true, false] {
-        pcpu::loom_cpu::set_rseq_modelled(rseq);
-        loom::model(|| {
-            let Fixture {
-                domain,
-                drops,
-                cell,
-                set,
-            } = fixture();
-            let block = set.block(1);
-            let lease = block.lease(cell).unwrap();
-            let expirer = thread::spawn(move || {
-                pcpu::loom_cpu::set_current(1);
-                set.expire_all()
-            });
-            let held = lease.consume();
-            let expired = expirer.join().unwrap();
-            let held_kind = match &held {
-                Some(Held::Stable(_)) => 1,
-                Some(Held::Leased(_)) => 0,
-                None => 2,
-            };
-            drop(held);
-            // Expired exactly when the consumer got the stable reference.
-            assert_eq!(
-                expired == 1,
-                held_kind == 1,
-                "expiry and consumption both (or neither) won"
-            );
-            // Balanced sections: a grace period completes.
-            domain.synchronize();
-            assert_eq!(drops.load(Relaxed), 0);
+    model_bounded(None, || {
+        let Fixture {
+            domain,
+            drops,
+            cell,
+            set,
+        } = fixture();
+        let block = set.block(1);
+        let lease = block.lease(cell).unwrap();
+        let expirer = thread::spawn(move || {
+            pcpu::loom_cpu::set_current(1);
+            set.expire_all()
         });
-    }
+        let held = lease.consume();
+        let expired = expirer.join().unwrap();
+        let held_kind = match &held {
+            Some(Held::Stable(_)) => 1,
+            Some(Held::Leased(_)) => 0,
+            None => 2,
+        };
+        drop(held);
+        // Expired exactly when the consumer got the stable reference.
+        assert_eq!(
+            expired == 1,
+            held_kind == 1,
+            "expiry and consumption both (or neither) won"
+        );
+        // Balanced sections: a grace period completes.
+        domain.synchronize();
+        assert_eq!(drops.load(Relaxed), 0);
+    });
 }
