@@ -76,3 +76,10 @@ pub(crate) fn fence_all_cpus() {
     }
     loom::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
 }
+
+/// The membarrier RSEQ fence aimed at one CPU: waits out that CPU's
+/// section in flight.
+pub(crate) fn fence_cpu(slot: usize) {
+    drop(CPU_LOCKS[slot.min(MODELLED_CPUS - 1)].lock().unwrap());
+    loom::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+}

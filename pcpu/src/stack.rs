@@ -4,16 +4,18 @@
 use core::ptr::NonNull;
 
 use crate::PerCpu;
-use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
-/// One CPU's list: the top node's address and the lock word that the rseq
-/// critical sections check before their commit. `repr(C)`: the assembly
-/// finds `lock` at offset 8.
+/// One CPU's list: the top node's address, the lock word that the rseq
+/// critical sections check before their commit, and the empty flag (kept
+/// only by stacks built [`with_empty_flags`](PerCpuStack::with_empty_flags)).
+/// `repr(C)`: the assembly finds `lock` at offset 8 and `empty` at 16.
 #[repr(C)]
 #[derive(Default)]
 struct Head {
     top: AtomicUsize,
     lock: AtomicUsize,
+    empty: AtomicU32,
 }
 
 /// The operation would have had to wait for a lock (returned by the `try_`
@@ -76,6 +78,7 @@ pub struct PerCpuStack {
     heads: PerCpu<Head>,
     next_offset: usize,
     use_rseq: bool,
+    empty_flags: bool,
 }
 
 impl PerCpuStack {
@@ -86,17 +89,53 @@ impl PerCpuStack {
     /// If `next_offset` is not a multiple of `align_of::<usize>()`.
     #[must_use]
     pub fn new(next_offset: usize) -> Self {
+        Self::build(next_offset, false)
+    }
+
+    /// Like [`new`](Self::new), but each list also keeps an **empty flag**
+    /// (the `is_empty` hint of the kernel's BPF freelist), read with
+    /// [`flagged_empty`](Self::flagged_empty) so that a pop can skip an
+    /// empty list without touching its lock.
+    ///
+    /// The flag is written only on the list's empty <-> non-empty
+    /// transitions: a push clears it before linking its node (in the same
+    /// critical section, or under the lock); a pop that takes the last node
+    /// sets it, in rseq mode with a second critical section that re-checks
+    /// the head (so the flag is only ever set on a list that is empty at
+    /// that instant). Hence, between operations, **a set flag means an empty
+    /// list**; the converse may fail (a pop that migrates between its two
+    /// sections, or a push restarted after clearing the flag, leaves the
+    /// flag clear on an empty list), which only costs a wasted look.
+    ///
+    /// Not async-signal-safe (allocates).
+    ///
+    /// # Panics
+    /// As for [`new`](Self::new).
+    #[must_use]
+    pub fn with_empty_flags(next_offset: usize) -> Self {
+        Self::build(next_offset, true)
+    }
+
+    fn build(next_offset: usize, empty_flags: bool) -> Self {
         assert!(
             next_offset.is_multiple_of(align_of::<usize>()),
             "link word must be usize-aligned"
         );
-        // Under loom the stack models its fallback (the lock-word protocol).
-        let use_rseq =
-            cfg!(not(loom)) && crate::rseq::available() && crate::fence::register_rseq_fence();
+        #[cfg(not(loom))]
+        let use_rseq = crate::rseq::available() && crate::fence::register_rseq_fence();
+        // Under loom the critical sections are modelled (see `loom_cpu`)
+        // unless the test chose the fallback world.
+        #[cfg(loom)]
+        let use_rseq = crate::loom_cpu::rseq_modelled();
         Self {
-            heads: PerCpu::default(),
+            // Every list starts empty, so every flag starts set.
+            heads: PerCpu::new(|_| Head {
+                empty: AtomicU32::new(u32::from(empty_flags)),
+                ..Head::default()
+            }),
             next_offset,
             use_rseq,
+            empty_flags,
         }
     }
 
@@ -104,6 +143,13 @@ impl PerCpuStack {
     #[must_use]
     pub fn uses_rseq(&self) -> bool {
         self.use_rseq
+    }
+
+    /// Whether the lists keep empty flags (built with
+    /// [`with_empty_flags`](Self::with_empty_flags)).
+    #[must_use]
+    pub fn keeps_empty_flags(&self) -> bool {
+        self.empty_flags
     }
 
     /// The number of lists (possible CPUs plus the overflow slot).
@@ -128,6 +174,18 @@ impl PerCpuStack {
         self.head(slot).top.load(Ordering::Relaxed) == 0
     }
 
+    /// A racy look at list `slot`'s empty flag (one load; always `false`
+    /// for a stack without flags). Between operations a set flag means an
+    /// empty list (see [`with_empty_flags`](Self::with_empty_flags)).
+    /// Async-signal-safe.
+    ///
+    /// # Panics
+    /// If `slot >= self.slots()`.
+    #[must_use]
+    pub fn flagged_empty(&self, slot: usize) -> bool {
+        self.head(slot).empty.load(Ordering::Relaxed) != 0
+    }
+
     fn head(&self, slot: usize) -> &Head {
         self.heads.get(slot).expect("slot index out of range")
     }
@@ -145,11 +203,9 @@ impl PerCpuStack {
         if unsafe { self.push_fast(node) } {
             return;
         }
-        let slot = self.current_slot();
-        self.with_lock(slot, true, |head| {
-            // SAFETY: forwarded.
-            unsafe { self.link(head, node) }
-        });
+        // SAFETY: forwarded.
+        let pushed = unsafe { self.push_locked(self.current_slot(), true, node) };
+        debug_assert!(pushed.is_ok(), "a waiting push always gets the lock");
     }
 
     /// Like [`push`](Self::push) but never waits: returns the node back if
@@ -162,12 +218,8 @@ impl PerCpuStack {
         if unsafe { self.push_fast(node) } {
             return Ok(());
         }
-        let slot = self.current_slot();
-        self.with_lock(slot, false, |head| {
-            // SAFETY: forwarded.
-            unsafe { self.link(head, node) }
-        })
-        .ok_or(node)
+        // SAFETY: forwarded.
+        unsafe { self.push_locked(self.current_slot(), false, node) }
     }
 
     /// Pushes `node` on list `slot`, whichever CPU the caller is on (takes
@@ -179,10 +231,37 @@ impl PerCpuStack {
     /// # Panics
     /// If `slot >= self.slots()`.
     pub unsafe fn push_slot(&self, slot: usize, node: NonNull<u8>) {
-        self.with_lock(slot, true, |head| {
-            // SAFETY: forwarded.
-            unsafe { self.link(head, node) }
-        });
+        // SAFETY: forwarded.
+        let pushed = unsafe { self.push_locked(slot, true, node) };
+        debug_assert!(pushed.is_ok(), "a waiting push always gets the lock");
+    }
+
+    /// Like [`push_slot`](Self::push_slot) but never waits: returns the
+    /// node back if the list is locked. **Async-signal-safe.**
+    ///
+    /// # Safety
+    /// As for [`push`](Self::push).
+    ///
+    /// # Panics
+    /// If `slot >= self.slots()`.
+    pub unsafe fn try_push_slot(&self, slot: usize, node: NonNull<u8>) -> Result<(), NonNull<u8>> {
+        // SAFETY: forwarded.
+        unsafe { self.push_locked(slot, false, node) }
+    }
+
+    /// Pushes `node` on list `slot` of a stack no other thread can reach
+    /// (`&mut self`): no lock, no fence; for filling a pool before sharing
+    /// it. Not async-signal-safe.
+    ///
+    /// # Safety
+    /// As for [`push`](Self::push).
+    ///
+    /// # Panics
+    /// If `slot >= self.slots()`.
+    pub unsafe fn push_slot_mut(&mut self, slot: usize, node: NonNull<u8>) {
+        let head = self.head(slot);
+        // SAFETY: forwarded; `&mut self` excludes every other access.
+        unsafe { self.link(head, node) };
     }
 
     /// Pops from the current CPU's list only. May wait for the list's lock:
@@ -191,9 +270,7 @@ impl PerCpuStack {
     pub fn pop(&self) -> Option<NonNull<u8>> {
         match self.pop_fast() {
             Ok(node) => node,
-            Err(()) => self
-                .with_lock(self.current_slot(), true, |h| self.unlink(h))
-                .flatten(),
+            Err(()) => self.pop_locked(self.current_slot(), true).unwrap_or(None),
         }
     }
 
@@ -201,20 +278,19 @@ impl PerCpuStack {
     pub fn try_pop(&self) -> Result<Option<NonNull<u8>>, WouldBlock> {
         match self.pop_fast() {
             Ok(node) => Ok(node),
-            Err(()) => self
-                .with_lock(self.current_slot(), false, |h| self.unlink(h))
-                .ok_or(WouldBlock),
+            Err(()) => self.pop_locked(self.current_slot(), false),
         }
     }
 
     /// Pops from list `slot`, whichever CPU the caller is on (takes the
-    /// list's lock, and in rseq mode fences that CPU). Not async-signal-safe.
+    /// list's lock; in rseq mode, if the list is not empty, also fences
+    /// that CPU). Not async-signal-safe.
     ///
     /// # Panics
     /// If `slot >= self.slots()`.
     #[must_use]
     pub fn pop_slot(&self, slot: usize) -> Option<NonNull<u8>> {
-        self.with_lock(slot, true, |h| self.unlink(h)).flatten()
+        self.pop_locked(slot, true).unwrap_or(None)
     }
 
     /// Like [`pop_slot`](Self::pop_slot) but never waits.
@@ -223,45 +299,49 @@ impl PerCpuStack {
     /// # Panics
     /// If `slot >= self.slots()`.
     pub fn try_pop_slot(&self, slot: usize) -> Result<Option<NonNull<u8>>, WouldBlock> {
-        self.with_lock(slot, false, |h| self.unlink(h))
-            .ok_or(WouldBlock)
+        self.pop_locked(slot, false)
     }
 
     /// The rseq push; `false` if it must take the locked path.
     #[inline]
     unsafe fn push_fast(&self, node: NonNull<u8>) -> bool {
+        if !self.use_rseq {
+            return false;
+        }
         #[cfg(all(target_arch = "x86_64", not(loom)))]
-        if self.use_rseq
-            && let Some(area) = crate::rseq::area::offset()
-        {
+        if let Some(area) = crate::rseq::area::offset() {
             let (base, stride) = self.heads.raw_layout();
-            let next = self.link_word(node);
+            let (node, next) = (node.as_ptr() as usize, self.link_word(node));
+            let cpus = self.heads.cpus() as u32;
             // SAFETY: rseq mode: CPU slots are `Head`s written only by this
             // CPU's critical sections or under their lock; the caller
             // guarantees the node's link word.
             let rc = unsafe {
-                crate::rseq::raw_push(
-                    area,
-                    base,
-                    stride,
-                    self.heads.cpus() as u32,
-                    node.as_ptr() as usize,
-                    next,
-                )
+                if self.empty_flags {
+                    crate::rseq::raw_push_clearing_flag(area, base, stride, cpus, node, next)
+                } else {
+                    crate::rseq::raw_push(area, base, stride, cpus, node, next)
+                }
             };
             return rc == crate::rseq::DONE;
         }
-        let _ = node;
+        #[cfg(loom)]
+        return self.modelled_section(|head| {
+            // SAFETY: forwarded.
+            unsafe { self.link(head, node) };
+        });
+        #[allow(unreachable_code)]
         false
     }
 
     /// The rseq pop; `Err` if it must take the locked path.
     #[inline]
     fn pop_fast(&self) -> Result<Option<NonNull<u8>>, ()> {
+        if !self.use_rseq {
+            return Err(());
+        }
         #[cfg(all(target_arch = "x86_64", not(loom)))]
-        if self.use_rseq
-            && let Some(area) = crate::rseq::area::offset()
-        {
+        if let Some(area) = crate::rseq::area::offset() {
             let (base, stride) = self.heads.raw_layout();
             // SAFETY: as in `push_fast`; nodes in a list have readable link
             // words (the push contract).
@@ -275,18 +355,116 @@ impl PerCpuStack {
                 )
             };
             return match rc {
-                crate::rseq::DONE => Ok(NonNull::new(node as *mut u8)),
+                crate::rseq::DONE => {
+                    let node = NonNull::new(node as *mut u8);
+                    if let Some(node) = node {
+                        self.after_local_pop(node);
+                    }
+                    Ok(node)
+                }
                 crate::rseq::EMPTY => Ok(None),
                 crate::rseq::SLOW => Err(()),
                 other => unreachable!("rseq pop returned {other}"),
             };
         }
+        #[cfg(loom)]
+        {
+            let mut popped = None;
+            if self.modelled_section(|head| popped = self.unlink_top(head)) {
+                if let Some(node) = popped {
+                    self.after_local_pop(node);
+                }
+                return Ok(popped);
+            }
+        }
         Err(())
     }
 
-    /// Runs `f` on list `slot` with its lock held; `None` if `wait` is false
+    /// After a critical section popped `node` (now ours): if it was the
+    /// last node, set the empty flag with a second section that checks the
+    /// head again (a flag set by the pop itself could not be undone if the
+    /// pop were restarted elsewhere).
+    #[inline]
+    fn after_local_pop(&self, node: NonNull<u8>) {
+        // SAFETY: the node is ours; its link word still holds the next
+        // pointer the pop read.
+        if !self.empty_flags || unsafe { self.link_word(node).read() } != 0 {
+            return;
+        }
+        self.mark_empty_fast();
+    }
+
+    #[cold]
+    fn mark_empty_fast(&self) {
+        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        if let Some(area) = crate::rseq::area::offset() {
+            let (base, stride) = self.heads.raw_layout();
+            // SAFETY: as in `push_fast`; the section writes only the flag.
+            // Whatever it returns, the flag is right or conservatively
+            // clear (a locked list is the lock holder's business).
+            let _ = unsafe {
+                crate::rseq::raw_mark_empty(area, base, stride, self.heads.cpus() as u32)
+            };
+        }
+        #[cfg(loom)]
+        self.modelled_section(|head| {
+            if head.top.load(Ordering::Relaxed) == 0 {
+                head.empty.store(1, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// The loom model of a critical section on the current CPU's list:
+    /// runs `f` unless the list is locked (then `false`). The lock is read
+    /// with `Acquire` because x86-64 loads are (the only place the real
+    /// sections run).
+    #[cfg(loom)]
+    fn modelled_section(&self, f: impl FnOnce(&Head)) -> bool {
+        let slot = self.current_slot();
+        if slot >= self.heads.cpus() {
+            return false;
+        }
+        let head = self.head(slot);
+        crate::loom_cpu::critical_section(slot, || {
+            if head.lock.load(Ordering::Acquire) != 0 {
+                return false;
+            }
+            f(head);
+            true
+        })
+    }
+
+    /// Pushes under list `slot`'s lock; the node back if `wait` is false
     /// and the lock is taken.
-    fn with_lock<R>(&self, slot: usize, wait: bool, f: impl FnOnce(&Head) -> R) -> Option<R> {
+    unsafe fn push_locked(
+        &self,
+        slot: usize,
+        wait: bool,
+        node: NonNull<u8>,
+    ) -> Result<(), NonNull<u8>> {
+        let Some(list) = self.lock(slot, wait) else {
+            return Err(node);
+        };
+        list.exclude_cpu();
+        // SAFETY: forwarded.
+        unsafe { self.link(list.head, node) };
+        Ok(())
+    }
+
+    /// Pops under list `slot`'s lock; `WouldBlock` if `wait` is false and
+    /// the lock is taken. An empty list is answered without the CPU fence: the
+    /// look at its head is as good as any racy look, and writes nothing.
+    fn pop_locked(&self, slot: usize, wait: bool) -> Result<Option<NonNull<u8>>, WouldBlock> {
+        let list = self.lock(slot, wait).ok_or(WouldBlock)?;
+        if list.head.top.load(Ordering::Relaxed) == 0 {
+            return Ok(None);
+        }
+        list.exclude_cpu();
+        Ok(self.unlink_top(list.head))
+    }
+
+    /// Takes list `slot`'s lock; `None` if `wait` is false and it is taken.
+    fn lock(&self, slot: usize, wait: bool) -> Option<LockedList<'_>> {
         let head = self.head(slot);
         let mut spins = 0u32;
         while head
@@ -304,16 +482,10 @@ impl PerCpuStack {
                 crate::sync::thread::yield_now();
             }
         }
-        if self.use_rseq && slot < self.heads.cpus() {
-            // A critical section on `slot`'s CPU may have read the lock as
-            // free just before we took it: restart it. Registration
-            // succeeded in `new`, so the fence cannot be refused.
-            let fenced = crate::rseq::fence_cpu(slot);
-            debug_assert!(fenced, "membarrier RSEQ fence refused after registration");
-        }
-        let r = f(head);
-        head.lock.store(0, Ordering::Release);
-        Some(r)
+        Some(LockedList {
+            head,
+            fence_cpu: (self.use_rseq && slot < self.heads.cpus()).then_some(slot),
+        })
     }
 
     /// The address of `node`'s link word (aligned: `new` checked the offset,
@@ -323,21 +495,61 @@ impl PerCpuStack {
         node.as_ptr().wrapping_add(self.next_offset).cast::<usize>()
     }
 
-    /// `node.next = top; top = node`, with the list's lock held.
+    /// `node.next = top; top = node` (clearing the empty flag first), with
+    /// the list held exclusively.
     unsafe fn link(&self, head: &Head, node: NonNull<u8>) {
         let top = head.top.load(Ordering::Relaxed);
         // SAFETY: the push contract: the link word is valid and ours.
         unsafe { self.link_word(node).write(top) };
+        if self.empty_flags {
+            head.empty.store(0, Ordering::Relaxed);
+        }
         head.top.store(node.as_ptr() as usize, Ordering::Relaxed);
     }
 
-    /// `top = top.next`, with the list's lock held.
-    fn unlink(&self, head: &Head) -> Option<NonNull<u8>> {
+    /// `top = top.next` (setting the empty flag if that empties the list),
+    /// with the list held exclusively.
+    fn unlink_top(&self, head: &Head) -> Option<NonNull<u8>> {
         let top = NonNull::new(head.top.load(Ordering::Relaxed) as *mut u8)?;
         // SAFETY: `top` is in the list, whose nodes have valid link words.
         let next = unsafe { self.link_word(top).read() };
         head.top.store(next, Ordering::Relaxed);
+        if self.empty_flags && next == 0 {
+            head.empty.store(1, Ordering::Relaxed);
+        }
         Some(top)
+    }
+}
+
+/// A list whose lock the caller holds; unlocks on drop.
+struct LockedList<'a> {
+    head: &'a Head,
+    /// The CPU whose critical sections may still touch the list (rseq mode).
+    fence_cpu: Option<usize>,
+}
+
+impl LockedList<'_> {
+    /// Makes the list exclusively ours before writing it: in rseq mode a
+    /// critical section on the list's CPU may have read the lock as free
+    /// just before we took it, so restart it (from then on that CPU's
+    /// sections see the lock and leave the list alone).
+    fn exclude_cpu(&self) {
+        let Some(cpu) = self.fence_cpu else { return };
+        #[cfg(loom)]
+        crate::loom_cpu::fence_cpu(cpu);
+        #[cfg(not(loom))]
+        {
+            // Registration succeeded when the stack chose rseq mode, so the
+            // fence cannot be refused.
+            let fenced = crate::rseq::fence_cpu(cpu);
+            debug_assert!(fenced, "membarrier RSEQ fence refused after registration");
+        }
+    }
+}
+
+impl Drop for LockedList<'_> {
+    fn drop(&mut self) {
+        self.head.lock.store(0, Ordering::Release);
     }
 }
 
@@ -346,6 +558,7 @@ impl core::fmt::Debug for PerCpuStack {
         f.debug_struct("PerCpuStack")
             .field("slots", &self.slots())
             .field("uses_rseq", &self.use_rseq)
+            .field("empty_flags", &self.empty_flags)
             .finish_non_exhaustive()
     }
 }

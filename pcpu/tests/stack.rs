@@ -62,9 +62,14 @@ fn give(stack: &PerCpuStack, node: NonNull<Node>, round: usize) {
     }
 }
 
-fn churn(threads: usize, rounds: usize) {
+fn churn(threads: usize, rounds: usize, empty_flags: bool) {
     let nodes = pool(64);
-    let stack = PerCpuStack::new(std::mem::offset_of!(Node, next));
+    let next = std::mem::offset_of!(Node, next);
+    let stack = if empty_flags {
+        PerCpuStack::with_empty_flags(next)
+    } else {
+        PerCpuStack::new(next)
+    };
     assert_eq!(
         stack.uses_rseq(),
         pcpu::rseq::available() && pcpu::fence::register_rseq_fence()
@@ -95,6 +100,13 @@ fn churn(threads: usize, rounds: usize) {
             });
         }
     });
+    // Between operations a set empty flag means an empty list.
+    for s in 0..stack.slots() {
+        assert!(
+            !stack.flagged_empty(s) || stack.looks_empty(s),
+            "list {s} flagged empty while holding nodes"
+        );
+    }
     // Every node is back, exactly once.
     let mut back = 0;
     for s in 0..stack.slots() {
@@ -115,6 +127,7 @@ fn conserves_nodes_with_one_thread_per_cpu() {
     churn(
         std::thread::available_parallelism().map_or(2, usize::from),
         100_000,
+        false,
     );
 }
 
@@ -123,7 +136,51 @@ fn conserves_nodes_oversubscribed() {
     churn(
         4 * std::thread::available_parallelism().map_or(2, usize::from),
         30_000,
+        false,
     );
+}
+
+#[test]
+fn conserves_nodes_with_empty_flags() {
+    let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+    churn(cpus, 100_000, true);
+    churn(4 * cpus, 30_000, true);
+}
+
+#[test]
+fn empty_flags_follow_transitions() {
+    let nodes = pool(2);
+    let stack = PerCpuStack::with_empty_flags(0);
+    assert!(stack.keeps_empty_flags());
+    assert!(
+        (0..stack.slots()).all(|s| stack.flagged_empty(s)),
+        "lists start empty"
+    );
+    let (a, b) = (
+        NonNull::from(&nodes[0]).cast(),
+        NonNull::from(&nodes[1]).cast(),
+    );
+    // SAFETY: pool nodes, each in at most one list at a time.
+    unsafe {
+        stack.push_slot(0, a);
+        stack.push_slot(0, b);
+    }
+    assert!(!stack.flagged_empty(0));
+    assert_eq!(stack.pop_slot(0), Some(b));
+    assert!(!stack.flagged_empty(0), "one node left");
+    assert_eq!(stack.pop_slot(0), Some(a));
+    assert!(stack.flagged_empty(0), "the last pop sets the flag");
+    // The current CPU's list through the rseq (or locked) path.
+    // SAFETY: as above.
+    unsafe { stack.push(a) };
+    let popped = stack
+        .pop()
+        .or_else(|| (0..stack.slots()).find_map(|s| stack.pop_slot(s)));
+    assert_eq!(popped, Some(a));
+    // The thread may have migrated between its pop and the flag step,
+    // which then leaves the flag clear: only "flagged means empty" holds.
+    assert!((0..stack.slots()).all(|s| !stack.flagged_empty(s) || stack.looks_empty(s)));
+    assert!(!PerCpuStack::new(0).flagged_empty(0), "no flags kept");
 }
 
 #[test]

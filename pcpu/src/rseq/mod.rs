@@ -432,4 +432,7 @@ pub fn fence_cpu(cpu: usize) -> bool {
 
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 #[allow(unused_imports)]
-pub(crate) use x86_64::{DONE, EMPTY, SLOW, pop as raw_pop, push as raw_push};
+pub(crate) use x86_64::{
+    DONE, EMPTY, SLOW, mark_empty as raw_mark_empty, pop as raw_pop, push as raw_push,
+    push_clearing_flag as raw_push_clearing_flag,
+};

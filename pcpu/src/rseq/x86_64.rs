@@ -189,6 +189,29 @@ pub(crate) unsafe fn add_if_zero(
     rc
 }
 
+/// The body of [`push`] and [`push_clearing_flag`]: `$extra` runs after the
+/// link store and before the commit.
+macro_rules! push_section {
+    ($area:expr, $base:expr, $stride:expr, $cpus:expr, $node:expr, $next:expr, $extra:expr) => {{
+        let rc: u32;
+        asm!(
+            rseq_cs_prologue!(),
+            "cmpq $0, 8({slot})",
+            "jne 7f",
+            "mov ({slot}), {tmp}",
+            "mov {tmp}, ({next})",
+            $extra,
+            "mov {node}, ({slot})",
+            rseq_cs_epilogue!(),
+            area = in(reg) $area, base = in(reg) $base, stride = in(reg) $stride,
+            cpus = in(reg) $cpus, node = in(reg) $node, next = in(reg) $next,
+            tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
+            options(att_syntax, nostack),
+        );
+        rc
+    }};
+}
+
 /// Pushes `node` on the current CPU's list: `*next_field = head; head = node`,
 /// unless the slot's lock word (at `slot + 8`) is set.
 ///
@@ -206,20 +229,72 @@ pub(crate) unsafe fn push(
     node: usize,
     next_field: *mut usize,
 ) -> u32 {
-    let rc: u32;
     // SAFETY: the caller's contract. The store to `next_field` may be
     // repeated on restart, which is harmless: the node is not yet visible.
+    unsafe { push_section!(area, base, stride, cpus, node, next_field, "") }
+}
+
+/// [`push`] that also clears the slot's `u32` empty flag (at `slot + 16`)
+/// before the commit. The flag store is not the commit: a section aborted
+/// after it leaves the flag clear on a list that may be empty, which only
+/// costs a remote pop a wasted look (never a hidden node).
+///
+/// # Safety
+/// As for [`push`], with each slot a `(head, lock, empty flag)` triple.
+// Always inlined: a call would cost more than the critical section.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) unsafe fn push_clearing_flag(
+    area: isize,
+    base: *const u8,
+    stride: usize,
+    cpus: u32,
+    node: usize,
+    next_field: *mut usize,
+) -> u32 {
+    // SAFETY: as for `push`.
+    unsafe {
+        push_section!(
+            area,
+            base,
+            stride,
+            cpus,
+            node,
+            next_field,
+            "movl $0, 16({slot})"
+        )
+    }
+}
+
+/// Sets the current CPU's empty flag (the `u32` at `slot + 16`) if, at the
+/// commit, its list is empty and unlocked: `if head == 0 { flag = 1 }`.
+/// Returns `DONE` when it set the flag, `EMPTY` when the list was not
+/// empty (nothing written), `SLOW` when the list was locked.
+///
+/// Because the flag is the commit and the head is read in the same
+/// section, a set flag always describes an empty list at that instant;
+/// every push clears it before linking a node.
+///
+/// # Safety
+/// As for [`push_clearing_flag`].
+// Always inlined: a call would cost more than the critical section.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) unsafe fn mark_empty(area: isize, base: *const u8, stride: usize, cpus: u32) -> u32 {
+    let rc: u32;
+    // SAFETY: the caller's contract; the section reads the slot's head and
+    // lock and writes only its flag.
     unsafe {
         asm!(
             rseq_cs_prologue!(),
             "cmpq $0, 8({slot})",
             "jne 7f",
-            "mov ({slot}), {tmp}",
-            "mov {tmp}, ({next})",
-            "mov {node}, ({slot})",
+            "cmpq $0, ({slot})",
+            "jne 9f",
+            "movl $1, 16({slot})",
             rseq_cs_epilogue!(),
             area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
-            cpus = in(reg) cpus, node = in(reg) node, next = in(reg) next_field,
+            cpus = in(reg) cpus,
             tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
             options(att_syntax, nostack),
         );
