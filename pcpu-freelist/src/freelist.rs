@@ -1,0 +1,319 @@
+//! `FreeList<T>`: the pool, its per-CPU lists, the extralist and the walk.
+
+use core::ptr::NonNull;
+
+use pcpu::PerCpuStack;
+use pcpu::sync::atomic::AtomicU32;
+use pcpu::sync::cell::UnsafeCell;
+
+use crate::element::Element;
+use crate::extralist::ExtraList;
+
+/// How a pop decides that another CPU's list is not worth locking.
+///
+/// The three variants are the three kernels of the seed's story, kept so
+/// that its before/after stays measurable; [`Flag`](Self::Flag) is the
+/// default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum EmptyHint {
+    /// The seed's `is_empty` flag: one flag per list, written only on
+    /// empty <-> non-empty transitions, read before the lock.
+    #[default]
+    Flag,
+    /// The merged kernel's check: a racy read of the list's head pointer
+    /// before the lock.
+    Head,
+    /// No hint (the kernel before the seed): every list is locked to find
+    /// out whether it is empty.
+    None,
+}
+
+/// One element: the per-CPU lists' link word, the extralist's link, and
+/// the user's value. `repr(C)`: the link word first, at a fixed offset.
+#[repr(C)]
+pub(crate) struct Node<T> {
+    /// Written by the per-CPU lists only while they hold the node.
+    link: usize,
+    extra_link: AtomicU32,
+    pub(crate) value: UnsafeCell<T>,
+}
+
+/// A fixed pool of preallocated `T`s on per-CPU free lists.
+///
+/// Built once from its values ([`new`](Self::new)); after that nothing
+/// allocates. [`pop`](Self::pop) hands out an [`Element`] (exclusive access
+/// to one value); pushing it back ([`push`](Self::push),
+/// [`try_push`](Self::try_push), or dropping it) returns it to the pool.
+/// The element handle is the only way to reach a value, and pushing
+/// consumes it: through the safe API no element can be pushed twice or used
+/// after it went back. ([`Element::into_index`] and
+/// [`from_index`](Self::from_index) trade the handle for a plain index and
+/// back, for callers that must store it in a word.)
+///
+/// See the [crate docs](crate) for the structure, which operations are
+/// async-signal-safe, and the hint's exact guarantee.
+///
+/// ```
+/// use pcpu_freelist::FreeList;
+/// let pool = FreeList::new((0..4).map(|i| format!("buffer {i}")));
+/// let mut a = pool.pop().expect("4 free elements");
+/// a.push_str(" (in use)");
+/// let b = pool.pop().unwrap();
+/// assert_ne!(a.index(), b.index());
+/// pool.push(a);
+/// drop(b); // dropping a handle pushes it back too
+/// // Keep the handles: each one dropped would go straight back.
+/// let all: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
+/// assert_eq!(all.len(), 4);
+/// ```
+pub struct FreeList<T> {
+    nodes: Box<[Node<T>]>,
+    lists: PerCpuStack,
+    extra: ExtraList,
+    hint: EmptyHint,
+}
+
+// SAFETY: the pool hands each value to one element handle at a time (the
+// lists never hold a node twice), so sharing the pool moves `T`s between
+// threads, like `Mutex<T>`.
+unsafe impl<T: Send> Sync for FreeList<T> {}
+// SAFETY: owning the pool owns the values.
+unsafe impl<T: Send> Send for FreeList<T> {}
+
+impl<T> FreeList<T> {
+    /// A pool holding `values`, spread evenly over the CPUs' lists (in
+    /// index order, so each CPU's elements are adjacent in memory), with
+    /// the seed's flag hint. Not async-signal-safe (allocates).
+    ///
+    /// # Panics
+    /// If there are `u32::MAX` values or more (indexes are 32-bit).
+    pub fn new(values: impl IntoIterator<Item = T>) -> Self {
+        Self::with_hint(values, EmptyHint::default())
+    }
+
+    /// Like [`new`](Self::new) with the given hint; [`EmptyHint::Head`]
+    /// and [`EmptyHint::None`] exist to measure the seed's before/after.
+    ///
+    /// # Panics
+    /// As for [`new`](Self::new).
+    pub fn with_hint(values: impl IntoIterator<Item = T>, hint: EmptyHint) -> Self {
+        let nodes: Box<[Node<T>]> = values
+            .into_iter()
+            .map(|v| Node {
+                link: 0,
+                extra_link: AtomicU32::new(0),
+                value: UnsafeCell::new(v),
+            })
+            .collect();
+        assert!(
+            u32::try_from(nodes.len()).is_ok_and(|n| n < u32::MAX),
+            "a FreeList holds fewer than u32::MAX elements, not {}",
+            nodes.len()
+        );
+        let next_offset = core::mem::offset_of!(Node<T>, link);
+        let mut lists = match hint {
+            EmptyHint::Flag => PerCpuStack::with_empty_flags(next_offset),
+            EmptyHint::Head | EmptyHint::None => PerCpuStack::new(next_offset),
+        };
+        // Even shares per CPU list (not the overflow list, which only
+        // threads on CPUs beyond the possible count use).
+        let cpus = lists.slots() - 1;
+        let per_cpu = nodes.len().div_ceil(cpus.max(1));
+        for (i, node) in nodes.iter().enumerate().rev() {
+            let slot = (i / per_cpu.max(1)).min(cpus.saturating_sub(1));
+            // SAFETY: each node is pushed once; the nodes live in `nodes`,
+            // which the pool owns and never moves (a boxed slice), as long
+            // as the lists; the link word is at `next_offset`.
+            unsafe { lists.push_slot_mut(slot, NonNull::from(node).cast()) };
+        }
+        Self {
+            nodes,
+            lists,
+            extra: ExtraList::new(),
+            hint,
+        }
+    }
+
+    /// The number of elements in the pool (free or not).
+    #[must_use]
+    pub fn capacity(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The hint the pool was built with.
+    #[must_use]
+    pub fn hint(&self) -> EmptyHint {
+        self.hint
+    }
+
+    /// Whether the per-CPU lists run on rseq critical sections (x86-64 with
+    /// glibc's rseq area and membarrier) rather than per-list spinlocks.
+    #[must_use]
+    pub fn uses_rseq(&self) -> bool {
+        self.lists.uses_rseq()
+    }
+
+    /// Takes a free element: the current CPU's list first, then the other
+    /// CPUs' lists in turn (skipping those the hint says are empty), then
+    /// the extralist. `None` when the pool has no free element: a pop never
+    /// waits for an element to come back.
+    ///
+    /// May wait for another CPU's list lock, held for a few instructions
+    /// by another pop (longer if that thread is descheduled): **not**
+    /// async-signal-safe; use [`try_pop`](Self::try_pop) there.
+    #[must_use]
+    pub fn pop(&self) -> Option<Element<'_, T>> {
+        self.take(true).map(|node| self.element(node))
+    }
+
+    /// Like [`pop`](Self::pop) but never waits for a lock: a list that
+    /// another thread has locked is skipped, so `None` may also mean "only
+    /// locked lists had elements". **Async-signal-safe.**
+    #[must_use]
+    pub fn try_pop(&self) -> Option<Element<'_, T>> {
+        self.take(false).map(|node| self.element(node))
+    }
+
+    /// Returns `element` to the pool, on the current CPU's list. May wait
+    /// briefly for that list's lock (only while another thread's pop holds
+    /// it): **not** async-signal-safe; use [`try_push`](Self::try_push)
+    /// there.
+    ///
+    /// # Panics
+    /// If `element` came from another pool.
+    pub fn push(&self, element: Element<'_, T>) {
+        let node = self.reclaim(element);
+        // SAFETY: the node is one of ours, held by no list (its element
+        // handle was just consumed).
+        unsafe { self.lists.push(node) };
+    }
+
+    /// Returns `element` to the pool without ever waiting: on the current
+    /// CPU's list if its lock is free, else on the lock-free extralist. It
+    /// always succeeds. **Async-signal-safe** (dropping an [`Element`]
+    /// does this).
+    ///
+    /// # Panics
+    /// If `element` came from another pool.
+    pub fn try_push(&self, element: Element<'_, T>) {
+        let node = self.reclaim(element);
+        // SAFETY: as in `push`.
+        unsafe { self.put_nowait(node) };
+    }
+
+    /// The element at `index`, as handed out before by
+    /// [`Element::into_index`]. Async-signal-safe.
+    ///
+    /// # Safety
+    /// `index` came from `into_index` on an element of **this** pool, and
+    /// no other handle for it exists (each `into_index` is turned back at
+    /// most once).
+    ///
+    /// # Panics
+    /// If `index >= self.capacity()`.
+    #[must_use]
+    pub unsafe fn from_index(&self, index: usize) -> Element<'_, T> {
+        assert!(index < self.nodes.len(), "element index out of range");
+        self.element(NonNull::from(&self.nodes[index]).cast())
+    }
+
+    fn element(&self, node: NonNull<u8>) -> Element<'_, T> {
+        let node = node.cast::<Node<T>>();
+        // SAFETY: the lists only hold nodes of `self.nodes`.
+        let index = unsafe { node.offset_from(NonNull::from(&self.nodes[0])) };
+        Element::new(self, index as u32)
+    }
+
+    pub(crate) fn node(&self, index: u32) -> &Node<T> {
+        // SAFETY: element indexes are below `capacity()` (they come from
+        // `element` or the checked `from_index`).
+        unsafe { self.nodes.get_unchecked(index as usize) }
+    }
+
+    /// Consumes a handle, checking that it belongs here.
+    fn reclaim(&self, element: Element<'_, T>) -> NonNull<u8> {
+        assert!(
+            core::ptr::eq(element.pool(), self),
+            "pushed an element into a FreeList it did not come from"
+        );
+        NonNull::from(self.node(element.into_index() as u32)).cast()
+    }
+
+    /// Pushes without waiting: the current CPU's list, or the extralist.
+    /// Async-signal-safe.
+    ///
+    /// # Safety
+    /// `node` is one of ours and in no list.
+    pub(crate) unsafe fn put_nowait(&self, node: NonNull<u8>) {
+        // SAFETY: forwarded.
+        if let Err(node) = unsafe { self.lists.try_push(node) } {
+            let index = self.element_index(node);
+            self.extra.push(index, |i| &self.node(i).extra_link);
+        }
+    }
+
+    fn element_index(&self, node: NonNull<u8>) -> u32 {
+        // SAFETY: the node is one of `self.nodes`.
+        unsafe {
+            node.cast::<Node<T>>()
+                .offset_from(NonNull::from(&self.nodes[0])) as u32
+        }
+    }
+
+    /// The walk: this CPU's list, the others in turn, the extralist.
+    fn take(&self, wait: bool) -> Option<NonNull<u8>> {
+        let lists = &self.lists;
+        let slots = lists.slots();
+        let here = lists.current_slot();
+        // With rseq this CPU's list is popped by a critical section (no
+        // lock, so no hint needed); without, it is locked like the others.
+        let first_locked = if lists.uses_rseq() {
+            let popped = if wait {
+                lists.pop()
+            } else {
+                lists.try_pop().ok().flatten()
+            };
+            if popped.is_some() {
+                return popped;
+            }
+            1
+        } else {
+            0
+        };
+        for step in first_locked..slots {
+            let slot = (here + step) % slots;
+            if self.hint_says_empty(slot) {
+                continue;
+            }
+            let popped = if wait {
+                lists.pop_slot(slot)
+            } else {
+                lists.try_pop_slot(slot).ok().flatten()
+            };
+            if popped.is_some() {
+                return popped;
+            }
+        }
+        let index = self.extra.pop(|i| &self.node(i).extra_link)?;
+        Some(NonNull::from(self.node(index)).cast())
+    }
+
+    fn hint_says_empty(&self, slot: usize) -> bool {
+        match self.hint {
+            EmptyHint::Flag => self.lists.flagged_empty(slot),
+            EmptyHint::Head => self.lists.looks_empty(slot),
+            EmptyHint::None => false,
+        }
+    }
+}
+
+impl<T> core::fmt::Debug for FreeList<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FreeList")
+            .field("capacity", &self.capacity())
+            .field("hint", &self.hint)
+            .field("lists", &self.lists)
+            .field("extralist_empty", &self.extra.looks_empty())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,141 @@
+//! The pool's API: exhaustion, handles, indexes, the three hints.
+
+use std::collections::HashSet;
+
+use pcpu_freelist::{EmptyHint, FreeList};
+
+const HINTS: [EmptyHint; 3] = [EmptyHint::Flag, EmptyHint::Head, EmptyHint::None];
+
+/// Pops until the pool is exhausted, keeping every element (a dropped
+/// element would go straight back).
+fn take_all<T>(pool: &FreeList<T>) -> Vec<pcpu_freelist::Element<'_, T>> {
+    std::iter::from_fn(|| pool.pop()).collect()
+}
+
+#[test]
+fn hands_out_every_element_once_then_none() {
+    for hint in HINTS {
+        let pool = FreeList::with_hint(0..100u32, hint);
+        assert_eq!((pool.capacity(), pool.hint()), (100, hint));
+        let taken = take_all(&pool);
+        assert_eq!(taken.len(), 100, "{hint:?}: every element is found");
+        let values: HashSet<u32> = taken.iter().map(|e| **e).collect();
+        assert_eq!(values.len(), 100, "{hint:?}: no element twice");
+        assert!(
+            taken.iter().all(|e| **e as usize == e.index()),
+            "an element's index is its position at construction"
+        );
+        assert!(pool.pop().is_none(), "{hint:?}: exhausted pool");
+        assert!(pool.try_pop().is_none(), "{hint:?}: exhausted pool");
+        drop(taken);
+        assert_eq!(take_all(&pool).len(), 100);
+    }
+}
+
+#[test]
+fn values_persist_across_push_and_pop() {
+    let pool = FreeList::new(vec![String::new(); 3]);
+    for e in take_all(&pool) {
+        let mut e = e;
+        let text = format!("element {}", e.index());
+        e.push_str(&text);
+        pool.push(e);
+    }
+    let mut seen: Vec<String> = take_all(&pool).iter().map(|e| (**e).clone()).collect();
+    seen.sort();
+    assert_eq!(seen, ["element 0", "element 1", "element 2"]);
+}
+
+#[test]
+fn try_push_and_drop_return_elements() {
+    let pool = FreeList::new([1, 2]);
+    let a = pool.try_pop().unwrap();
+    let b = pool.try_pop().unwrap();
+    assert!(pool.try_pop().is_none());
+    pool.try_push(a);
+    drop(b);
+    assert_eq!(
+        std::iter::from_fn(|| pool.try_pop())
+            .collect::<Vec<_>>()
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn into_index_keeps_the_element_out_until_from_index() {
+    let pool = FreeList::new([10u8, 20]);
+    let i = pool.pop().unwrap().into_index();
+    let j = pool.pop().unwrap().into_index();
+    assert!(pool.pop().is_none(), "indexed elements stay taken");
+    // SAFETY: each index came from `into_index` on this pool, once.
+    let (a, b) = unsafe { (pool.from_index(i), pool.from_index(j)) };
+    assert_eq!(*a + *b, 30);
+    drop((a, b));
+    assert_eq!(take_all(&pool).len(), 2);
+}
+
+#[test]
+#[should_panic(expected = "did not come from")]
+fn pushing_into_another_pool_panics() {
+    let (p, q) = (FreeList::new([0]), FreeList::new([0]));
+    let e = p.pop().unwrap();
+    q.push(e);
+}
+
+#[test]
+#[should_panic(expected = "out of range")]
+fn from_index_checks_the_range() {
+    let pool = FreeList::new([0]);
+    // SAFETY: the index is out of range, which `from_index` checks first.
+    let _ = unsafe { pool.from_index(1) };
+}
+
+#[test]
+fn an_empty_pool_is_always_exhausted() {
+    let pool = FreeList::<u8>::new([]);
+    assert_eq!(pool.capacity(), 0);
+    assert!(pool.pop().is_none() && pool.try_pop().is_none());
+    assert!(format!("{pool:?}").contains("capacity: 0"));
+}
+
+#[test]
+fn elements_are_found_wherever_they_were_pushed() {
+    // Pushes from many threads (so on several CPUs' lists and, when the
+    // lists were locked, the extralist), then one thread finds them all.
+    for hint in HINTS {
+        let pool = FreeList::with_hint(0..64u32, hint);
+        let all: Vec<usize> = take_all(&pool)
+            .into_iter()
+            .map(pcpu_freelist::Element::into_index)
+            .collect();
+        std::thread::scope(|s| {
+            for chunk in all.chunks(8) {
+                let pool = &pool;
+                s.spawn(move || {
+                    for &i in chunk {
+                        // SAFETY: each index came from `into_index` on this
+                        // pool and is turned back once.
+                        let e = unsafe { pool.from_index(i) };
+                        if i % 2 == 0 {
+                            pool.push(e);
+                        } else {
+                            pool.try_push(e);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(take_all(&pool).len(), 64, "{hint:?}");
+    }
+}
+
+#[test]
+fn elements_move_between_threads() {
+    let pool = FreeList::new((0..4).map(|i| vec![i]));
+    let e = pool.pop().unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || assert_eq!(e.len(), 1));
+    });
+    assert_eq!(take_all(&pool).len(), 4);
+}
