@@ -1,4 +1,5 @@
-//! Single-operation costs of the per-CPU foundation (`cargo bench -p benches`).
+//! Single-operation costs of the per-CPU foundation and the freelist
+//! (`cargo bench -p benches`).
 
 use std::hint::black_box;
 use std::ptr::NonNull;
@@ -60,7 +61,31 @@ fn stack(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, cpu_id, counter, fences, stack);
+fn freelist(c: &mut Criterion) {
+    use pcpu_freelist::{EmptyHint, FreeList};
+    let mut g = c.benchmark_group("freelist");
+    for (name, hint) in [
+        ("flag", EmptyHint::Flag),
+        ("head", EmptyHint::Head),
+        ("none", EmptyHint::None),
+    ] {
+        let pool = FreeList::with_hint(vec![0u64; 64], hint);
+        g.bench_function(format!("pop-push/{name}"), |b| {
+            b.iter(|| {
+                let e = pool.pop().expect("a free element");
+                pool.push(black_box(e));
+            });
+        });
+        let taken: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
+        g.bench_function(format!("pop-empty/{name}"), |b| {
+            b.iter(|| black_box(pool.pop()).is_none());
+        });
+        drop(taken);
+    }
+    g.finish();
+}
+
+criterion_group!(benches, cpu_id, counter, fences, stack, freelist);
 
 fn rwsem(c: &mut Criterion) {
     let mut g = c.benchmark_group("rwsem-uncontended");

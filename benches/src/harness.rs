@@ -25,6 +25,13 @@ pub trait Workload: Sync {
         1024
     }
 
+    /// Workers per requested thread: `threads` counts CPUs, and each CPU
+    /// runs this many workers pinned to it (to measure oversubscription;
+    /// rows still report per CPU).
+    fn oversubscription(&self) -> usize {
+        1
+    }
+
     /// Checks the work done against `ops_per_worker` (e.g. a counter's sum
     /// against the operations counted), after all workers stopped.
     fn verify(&self, _ops_per_worker: &[u64]) -> Result<(), String> {
@@ -113,21 +120,23 @@ fn pin_to(cpu: usize) {
     }
 }
 
-/// Runs `w` on `threads` workers pinned round-robin to `cpus` for
-/// `duration`; returns each worker's operations and rate (ops/s).
+/// Runs `w` on `threads` workers (times its oversubscription) pinned
+/// round-robin to the first `threads` of `cpus` for `duration`; returns
+/// each worker's operations and rate (ops/s).
 fn measure(
     w: &dyn Workload,
     threads: usize,
     cpus: &[usize],
     duration: Duration,
 ) -> Vec<(u64, f64)> {
+    let workers = threads * w.oversubscription().max(1);
     let stop = AtomicBool::new(false);
-    let start = Barrier::new(threads + 1);
+    let start = Barrier::new(workers + 1);
     std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
+        let workers: Vec<_> = (0..workers)
             .map(|tid| {
                 let (stop, start) = (&stop, &start);
-                let cpu = cpus[tid % cpus.len()];
+                let cpu = cpus[(tid % threads) % cpus.len()];
                 s.spawn(move || {
                     pin_to(cpu);
                     let batch = w.batch(tid).max(1);

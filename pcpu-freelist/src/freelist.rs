@@ -162,6 +162,7 @@ impl<T> FreeList<T> {
     /// by another pop (longer if that thread is descheduled): **not**
     /// async-signal-safe; use [`try_pop`](Self::try_pop) there.
     #[must_use]
+    #[inline]
     pub fn pop(&self) -> Option<Element<'_, T>> {
         self.take(true).map(|node| self.element(node))
     }
@@ -170,6 +171,7 @@ impl<T> FreeList<T> {
     /// another thread has locked is skipped, so `None` may also mean "only
     /// locked lists had elements". **Async-signal-safe.**
     #[must_use]
+    #[inline]
     pub fn try_pop(&self) -> Option<Element<'_, T>> {
         self.take(false).map(|node| self.element(node))
     }
@@ -261,48 +263,70 @@ impl<T> FreeList<T> {
     }
 
     /// The walk: this CPU's list, the others in turn, the extralist.
+    #[inline]
     fn take(&self, wait: bool) -> Option<NonNull<u8>> {
-        let lists = &self.lists;
-        let slots = lists.slots();
-        let here = lists.current_slot();
-        // With rseq this CPU's list is popped by a critical section (no
-        // lock, so no hint needed); without, it is locked like the others.
-        let first_locked = if lists.uses_rseq() {
-            let popped = if wait {
-                lists.pop()
-            } else {
-                lists.try_pop().ok().flatten()
-            };
-            if popped.is_some() {
-                return popped;
-            }
-            1
-        } else {
-            0
+        // One loop per hint, so the walk over empty lists is a tight run of
+        // loads (the case the seed is about).
+        let node = match self.hint {
+            EmptyHint::Flag => self.walk(wait, |s| self.lists.flagged_empty(s)),
+            EmptyHint::Head => self.walk(wait, |s| self.lists.looks_empty(s)),
+            EmptyHint::None => self.walk(wait, |_| false),
         };
-        for step in first_locked..slots {
-            let slot = (here + step) % slots;
-            if self.hint_says_empty(slot) {
-                continue;
-            }
-            let popped = if wait {
-                lists.pop_slot(slot)
-            } else {
-                lists.try_pop_slot(slot).ok().flatten()
+        node.or_else(|| {
+            let index = self.extra.pop(|i| &self.node(i).extra_link)?;
+            Some(NonNull::from(self.node(index)).cast())
+        })
+    }
+
+    /// This CPU's list, then the others from the next one round to the one
+    /// before ours, skipping lists `looks_empty` rules out.
+    #[inline]
+    fn walk(&self, wait: bool, looks_empty: impl Fn(usize) -> bool) -> Option<NonNull<u8>> {
+        let lists = &self.lists;
+        let here = lists.current_slot();
+        if !looks_empty(here) {
+            // With rseq this CPU's list is popped by a critical section
+            // (no lock to avoid, but the hint still saves the section);
+            // without, it is locked like the others.
+            let popped = match (lists.uses_rseq(), wait) {
+                (true, true) => lists.pop(),
+                (true, false) => lists.try_pop().ok().flatten(),
+                (false, _) => self.pop_list(here, wait),
             };
             if popped.is_some() {
                 return popped;
             }
         }
-        let index = self.extra.pop(|i| &self.node(i).extra_link)?;
-        Some(NonNull::from(self.node(index)).cast())
+        let try_list = |slot| {
+            if looks_empty(slot) {
+                None
+            } else {
+                self.pop_list(slot, wait)
+            }
+        };
+        // Two plain loops (a chained iterator costs a branch per step).
+        for slot in here + 1..lists.slots() {
+            if let Some(node) = try_list(slot) {
+                return Some(node);
+            }
+        }
+        for slot in 0..here {
+            if let Some(node) = try_list(slot) {
+                return Some(node);
+            }
+        }
+        None
     }
 
-    fn hint_says_empty(&self, slot: usize) -> bool {
-        match self.hint {
-            EmptyHint::Flag => self.lists.flagged_empty(slot),
-            EmptyHint::Head => self.lists.looks_empty(slot),
-            EmptyHint::None => false,
+    /// Pops list `slot` under its lock (out of line: the walk over empty
+    /// lists stays a short loop).
+    #[cold]
+    #[inline(never)]
+    fn pop_list(&self, slot: usize, wait: bool) -> Option<NonNull<u8>> {
+        if wait {
+            self.lists.pop_slot(slot)
+        } else {
+            self.lists.try_pop_slot(slot).ok().flatten()
         }
     }
 }

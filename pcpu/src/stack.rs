@@ -141,6 +141,7 @@ impl PerCpuStack {
 
     /// Whether pushes and pops on the current CPU use rseq critical sections.
     #[must_use]
+    #[inline]
     pub fn uses_rseq(&self) -> bool {
         self.use_rseq
     }
@@ -154,12 +155,14 @@ impl PerCpuStack {
 
     /// The number of lists (possible CPUs plus the overflow slot).
     #[must_use]
+    #[inline]
     pub fn slots(&self) -> usize {
         self.heads.cpus() + 1
     }
 
     /// The slot index of the caller's current CPU.
     #[must_use]
+    #[inline]
     pub fn current_slot(&self) -> usize {
         self.heads.current_index()
     }
@@ -170,6 +173,7 @@ impl PerCpuStack {
     /// # Panics
     /// If `slot >= self.slots()`.
     #[must_use]
+    #[inline]
     pub fn looks_empty(&self, slot: usize) -> bool {
         self.head(slot).top.load(Ordering::Relaxed) == 0
     }
@@ -182,10 +186,12 @@ impl PerCpuStack {
     /// # Panics
     /// If `slot >= self.slots()`.
     #[must_use]
+    #[inline]
     pub fn flagged_empty(&self, slot: usize) -> bool {
         self.head(slot).empty.load(Ordering::Relaxed) != 0
     }
 
+    #[inline]
     fn head(&self, slot: usize) -> &Head {
         self.heads.get(slot).expect("slot index out of range")
     }
@@ -198,6 +204,7 @@ impl PerCpuStack {
     /// `node` is valid for reads and writes of the link word at
     /// `next_offset` (a usize-aligned address), is not in any list, and stays
     /// valid until popped.
+    #[inline]
     pub unsafe fn push(&self, node: NonNull<u8>) {
         // SAFETY: forwarded.
         if unsafe { self.push_fast(node) } {
@@ -213,6 +220,7 @@ impl PerCpuStack {
     ///
     /// # Safety
     /// As for [`push`](Self::push).
+    #[inline]
     pub unsafe fn try_push(&self, node: NonNull<u8>) -> Result<(), NonNull<u8>> {
         // SAFETY: forwarded.
         if unsafe { self.push_fast(node) } {
@@ -267,6 +275,7 @@ impl PerCpuStack {
     /// Pops from the current CPU's list only. May wait for the list's lock:
     /// not async-signal-safe; use [`try_pop`](Self::try_pop) there.
     #[must_use]
+    #[inline]
     pub fn pop(&self) -> Option<NonNull<u8>> {
         match self.pop_fast() {
             Ok(node) => node,
@@ -275,6 +284,7 @@ impl PerCpuStack {
     }
 
     /// Like [`pop`](Self::pop) but never waits. **Async-signal-safe.**
+    #[inline]
     pub fn try_pop(&self) -> Result<Option<NonNull<u8>>, WouldBlock> {
         match self.pop_fast() {
             Ok(node) => Ok(node),

@@ -2,6 +2,7 @@
 
 mod counter;
 mod cpu_id;
+mod freelist;
 mod rwsem;
 mod srcu;
 
@@ -18,6 +19,9 @@ pub fn all() -> Vec<Scenario> {
         srcu::READ,
         srcu::SYNC,
         srcu::LEASE,
+        freelist::POP_EMPTY,
+        freelist::PUSHPOP,
+        freelist::OVERSUB,
     ]
 }
 

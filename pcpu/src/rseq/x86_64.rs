@@ -234,8 +234,9 @@ pub(crate) unsafe fn push(
     unsafe { push_section!(area, base, stride, cpus, node, next_field, "") }
 }
 
-/// [`push`] that also clears the slot's `u32` empty flag (at `slot + 16`)
-/// before the commit. The flag store is not the commit: a section aborted
+/// [`push`] that also clears the slot's `u32` empty flag (at `slot + 16`),
+/// if set, before the commit (a load and a predicted branch in the common
+/// case, rather than a store). The flag store is not the commit: a section aborted
 /// after it leaves the flag clear on a list that may be empty, which only
 /// costs a remote pop a wasted look (never a hidden node).
 ///
@@ -261,7 +262,7 @@ pub(crate) unsafe fn push_clearing_flag(
             cpus,
             node,
             next_field,
-            "movl $0, 16({slot})"
+            "cmpl $0, 16({slot})\njz 1f\nmovl $0, 16({slot})\n1:"
         )
     }
 }

@@ -1,0 +1,206 @@
+//! `freelist-pop-empty`, `freelist-pushpop`, `freelist-oversub`: seed 004,
+//! the per-CPU freelist with its `is_empty` hint, against the variants the
+//! kernel went through and the pools Rust users pick today.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crossbeam_queue::ArrayQueue;
+use lockfree_object_pool::LinearObjectPool;
+use pcpu_freelist::{EmptyHint, FreeList};
+
+use crate::harness::{Scenario, Workload};
+
+pub const POP_EMPTY: Scenario = Scenario {
+    name: "freelist-pop-empty",
+    about: "seed 004: every list empty, each thread pops in a loop (the map-full case): flag hint vs head-pointer hint vs locking every list vs crossbeam ArrayQueue",
+    impls: &["hint", "head", "nohint", "arrayqueue"],
+    build: build_pop_empty,
+};
+
+const PUSHPOP_IMPLS: &[&str] = &["hint", "head", "nohint", "arrayqueue", "object-pool"];
+
+pub const PUSHPOP: Scenario = Scenario {
+    name: "freelist-pushpop",
+    about: "seed 004: a prefilled pool, each thread pops one element and pushes it back (the normal case)",
+    impls: PUSHPOP_IMPLS,
+    build: build_pushpop,
+};
+
+pub const OVERSUB: Scenario = Scenario {
+    name: "freelist-oversub",
+    about: "seed 004: freelist-pushpop with 4 threads pinned to each CPU (threads are preempted mid-operation); rows report per CPU",
+    impls: PUSHPOP_IMPLS,
+    build: build_oversub,
+};
+
+/// Threads pinned per CPU in `freelist-oversub`.
+const OVERSUBSCRIPTION: usize = 4;
+
+/// Elements per list in the prefilled pools (and the peers' capacity).
+const PER_LIST: usize = 64;
+
+fn hint_of(imp: &str) -> Option<EmptyHint> {
+    match imp {
+        "hint" => Some(EmptyHint::Flag),
+        "head" => Some(EmptyHint::Head),
+        "nohint" => Some(EmptyHint::None),
+        _ => None,
+    }
+}
+
+fn capacity() -> usize {
+    PER_LIST * (pcpu::possible_cpus() + 1)
+}
+
+/// Every element taken: pops find nothing, walking every list.
+enum PopEmpty {
+    Freelist(FreeList<u64>),
+    ArrayQueue(ArrayQueue<u64>),
+}
+
+/// Pops that found an element (must stay 0).
+static FOUND: AtomicU64 = AtomicU64::new(0);
+
+impl Workload for PopEmpty {
+    fn run(&self, _tid: usize, iters: u64) {
+        let mut found = 0;
+        match self {
+            Self::Freelist(pool) => {
+                for _ in 0..iters {
+                    found += u64::from(black_box(pool.pop()).is_some());
+                }
+            }
+            Self::ArrayQueue(q) => {
+                for _ in 0..iters {
+                    found += u64::from(black_box(q.pop()).is_some());
+                }
+            }
+        }
+        FOUND.fetch_add(found, Relaxed);
+    }
+
+    fn verify(&self, _ops: &[u64]) -> Result<(), String> {
+        match FOUND.swap(0, Relaxed) {
+            0 => Ok(()),
+            n => Err(format!("{n} pops found an element in an empty pool")),
+        }
+    }
+}
+
+#[allow(clippy::unnecessary_wraps)] // the harness's `Build` signature
+fn build_pop_empty(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    FOUND.store(0, Relaxed);
+    Ok(Box::new(match hint_of(imp) {
+        Some(hint) => {
+            let pool = FreeList::with_hint(vec![0u64; capacity()], hint);
+            // Take everything (through the real transitions, so every flag
+            // was set by a pop) and keep it out of the pool.
+            let taken: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
+            assert_eq!(taken.len(), capacity());
+            for e in taken {
+                let _ = e.into_index();
+            }
+            PopEmpty::Freelist(pool)
+        }
+        None => PopEmpty::ArrayQueue(ArrayQueue::new(capacity())),
+    }))
+}
+
+/// A prefilled pool; each operation is one pop and one push.
+struct PushPop {
+    pool: PoolImpl,
+    oversubscription: usize,
+}
+
+enum PoolImpl {
+    Freelist(FreeList<u64>),
+    ArrayQueue(ArrayQueue<u64>),
+    ObjectPool(LinearObjectPool<u64>),
+}
+
+/// Pops that found the pool empty (must stay 0: each worker holds at
+/// most one element and the pool has more than one per worker).
+static MISSED: AtomicU64 = AtomicU64::new(0);
+
+impl Workload for PushPop {
+    fn run(&self, _tid: usize, iters: u64) {
+        let mut missed = 0;
+        match &self.pool {
+            PoolImpl::Freelist(pool) => {
+                for _ in 0..iters {
+                    match pool.pop() {
+                        Some(e) => pool.push(black_box(e)),
+                        None => missed += 1,
+                    }
+                }
+            }
+            PoolImpl::ArrayQueue(q) => {
+                for _ in 0..iters {
+                    match q.pop() {
+                        Some(v) => q.push(black_box(v)).expect("room for the popped value"),
+                        None => missed += 1,
+                    }
+                }
+            }
+            PoolImpl::ObjectPool(pool) => {
+                for _ in 0..iters {
+                    drop(black_box(pool.pull()));
+                }
+            }
+        }
+        MISSED.fetch_add(missed, Relaxed);
+    }
+
+    fn oversubscription(&self) -> usize {
+        self.oversubscription
+    }
+
+    fn verify(&self, _ops: &[u64]) -> Result<(), String> {
+        let missed = MISSED.swap(0, Relaxed);
+        if missed != 0 {
+            return Err(format!("{missed} pops found the prefilled pool empty"));
+        }
+        let free = match &self.pool {
+            PoolImpl::Freelist(pool) => std::iter::from_fn(|| pool.pop()).collect::<Vec<_>>().len(),
+            PoolImpl::ArrayQueue(q) => q.len(),
+            PoolImpl::ObjectPool(_) => return Ok(()),
+        };
+        if free == capacity() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{free} of {} elements back in the pool",
+                capacity()
+            ))
+        }
+    }
+}
+
+fn build_pushpop_with(imp: &str, oversubscription: usize) -> Box<dyn Workload> {
+    MISSED.store(0, Relaxed);
+    let pool = match (hint_of(imp), imp) {
+        (Some(hint), _) => PoolImpl::Freelist(FreeList::with_hint(vec![0u64; capacity()], hint)),
+        (None, "arrayqueue") => {
+            let q = ArrayQueue::new(capacity());
+            (0..capacity() as u64).for_each(|v| q.push(v).expect("capacity"));
+            PoolImpl::ArrayQueue(q)
+        }
+        (None, "object-pool") => PoolImpl::ObjectPool(LinearObjectPool::new(|| 0u64, |_| {})),
+        _ => unreachable!("unknown implementation {imp}"),
+    };
+    Box::new(PushPop {
+        pool,
+        oversubscription,
+    })
+}
+
+#[allow(clippy::unnecessary_wraps)] // the harness's `Build` signature
+fn build_pushpop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    Ok(build_pushpop_with(imp, 1))
+}
+
+#[allow(clippy::unnecessary_wraps)] // the harness's `Build` signature
+fn build_oversub(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    Ok(build_pushpop_with(imp, OVERSUBSCRIPTION))
+}
