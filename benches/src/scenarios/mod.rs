@@ -4,6 +4,7 @@ mod counter;
 mod cpu_id;
 mod freelist;
 mod rwsem;
+mod sigpending;
 mod srcu;
 
 use crate::harness::Scenario;
@@ -22,6 +23,8 @@ pub fn all() -> Vec<Scenario> {
         freelist::POP_EMPTY,
         freelist::PUSHPOP,
         freelist::OVERSUB,
+        sigpending::SIGNAL1,
+        sigpending::TASKFLAG,
     ]
 }
 

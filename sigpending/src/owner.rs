@@ -1,0 +1,142 @@
+//! `Owner`: what an account pins while something is charged to it.
+
+use std::sync::{Arc, Weak};
+
+/// The reference an [`Account`](crate::Account) takes on its owner on the
+/// 0 -> 1 transition of its charge count and drops on 1 -> 0 (the kernel's
+/// `get_uid` / `free_uid` on the user that signals are charged to).
+///
+/// Three kinds:
+/// - [`Owner::none`]: nothing to pin (a bare counter with a limit);
+/// - [`Owner::arc`]: a strong count on an `Arc<T>` (the account keeps only
+///   a `Weak`, so an idle account does not keep its owner alive; a charge
+///   after the owner was dropped is refused with
+///   [`ChargeError::OwnerGone`](crate::ChargeError::OwnerGone));
+/// - [`Owner::from_fns`]: a user callback pair on a context pointer.
+///
+/// Pinning is async-signal-safe for `none` and `arc` (an atomic
+/// compare-and-swap loop on the strong count); unpinning an `Arc` may drop
+/// the owner, which is why accounts used from signal handlers defer it
+/// ([`Release::Deferred`](crate::Release::Deferred)).
+pub struct Owner {
+    pin: Box<dyn Pin>,
+}
+
+/// The operations behind an [`Owner`].
+trait Pin: Send + Sync {
+    /// Takes a reference; `false` if the owner is gone.
+    fn pin(&self) -> bool;
+    /// Drops a reference taken by a successful `pin`.
+    ///
+    /// # Safety
+    /// Balanced with an earlier successful `pin`.
+    unsafe fn unpin(&self);
+}
+
+struct Nothing;
+
+impl Pin for Nothing {
+    fn pin(&self) -> bool {
+        true
+    }
+    unsafe fn unpin(&self) {}
+}
+
+struct StrongCount<T>(Weak<T>);
+
+impl<T: Send + Sync> Pin for StrongCount<T> {
+    fn pin(&self) -> bool {
+        // `upgrade` increments the strong count unless it is zero; the
+        // count then stays with the account until `unpin`.
+        self.0.upgrade().map(core::mem::forget).is_some()
+    }
+
+    unsafe fn unpin(&self) {
+        // SAFETY: a successful `pin` left one strong count, forgotten, on
+        // this allocation, which the `Weak` keeps allocated.
+        unsafe { Arc::decrement_strong_count(self.0.as_ptr()) };
+    }
+}
+
+struct Callbacks {
+    context: *const (),
+    pin: unsafe fn(*const ()),
+    unpin: unsafe fn(*const ()),
+}
+
+// SAFETY: `from_fns`'s contract: the callbacks may run on any thread.
+unsafe impl Send for Callbacks {}
+// SAFETY: as above.
+unsafe impl Sync for Callbacks {}
+
+impl Pin for Callbacks {
+    fn pin(&self) -> bool {
+        // SAFETY: `from_fns`'s contract.
+        unsafe { (self.pin)(self.context) };
+        true
+    }
+
+    unsafe fn unpin(&self) {
+        // SAFETY: `from_fns`'s contract.
+        unsafe { (self.unpin)(self.context) };
+    }
+}
+
+impl Owner {
+    /// No owner: the account is a counter with a limit.
+    #[must_use]
+    pub fn none() -> Self {
+        Self {
+            pin: Box::new(Nothing),
+        }
+    }
+
+    /// Pins `owner` (a strong count) while anything is charged.
+    #[must_use]
+    pub fn arc<T: Send + Sync + 'static>(owner: &Arc<T>) -> Self {
+        Self {
+            pin: Box::new(StrongCount(Arc::downgrade(owner))),
+        }
+    }
+
+    /// A callback pair: `pin(context)` on 0 -> 1, `unpin(context)` on
+    /// 1 -> 0 (or later, in ordinary context, for a deferred account).
+    ///
+    /// # Safety
+    /// `context` stays valid for both callbacks as long as the account
+    /// lives; the callbacks may be called from any thread, and `pin` (and
+    /// `unpin` for an account with immediate release) from wherever the
+    /// account is charged, including signal handlers if it is charged
+    /// there.
+    #[must_use]
+    pub unsafe fn from_fns(
+        context: *const (),
+        pin: unsafe fn(*const ()),
+        unpin: unsafe fn(*const ()),
+    ) -> Self {
+        Self {
+            pin: Box::new(Callbacks {
+                context,
+                pin,
+                unpin,
+            }),
+        }
+    }
+
+    pub(crate) fn pin(&self) -> bool {
+        self.pin.pin()
+    }
+
+    /// # Safety
+    /// Balanced with an earlier successful [`pin`](Self::pin).
+    pub(crate) unsafe fn unpin(&self) {
+        // SAFETY: forwarded.
+        unsafe { self.pin.unpin() };
+    }
+}
+
+impl core::fmt::Debug for Owner {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Owner").finish_non_exhaustive()
+    }
+}
