@@ -32,8 +32,10 @@ pub enum EmptyHint {
 /// the user's value. `repr(C)`: the link word first, at a fixed offset.
 #[repr(C)]
 pub(crate) struct Node<T> {
-    /// Written by the per-CPU lists only while they hold the node.
-    link: usize,
+    /// Written by the per-CPU lists (through raw pointers, also from their
+    /// assembly) only while they hold the node: hence a cell, since
+    /// `&Node`s exist meanwhile.
+    link: core::cell::UnsafeCell<usize>,
     extra_link: AtomicU32,
     pub(crate) value: UnsafeCell<T>,
 }
@@ -100,7 +102,7 @@ impl<T> FreeList<T> {
         let nodes: Box<[Node<T>]> = values
             .into_iter()
             .map(|v| Node {
-                link: 0,
+                link: core::cell::UnsafeCell::new(0),
                 extra_link: AtomicU32::new(0),
                 value: UnsafeCell::new(v),
             })

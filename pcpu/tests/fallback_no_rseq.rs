@@ -4,7 +4,8 @@
 
 #[repr(C)]
 struct Node {
-    next: usize,
+    /// Written by the stack through raw pointers while it holds the node.
+    next: std::cell::UnsafeCell<usize>,
 }
 
 #[test]
@@ -41,7 +42,11 @@ fn child() {
     assert_eq!(counter.sum(), threads * 100_000);
     assert!(pcpu::current_cpu() < pcpu::possible_cpus());
 
-    let nodes: Vec<Node> = (0..16).map(|_| Node { next: 0 }).collect();
+    let nodes: Vec<Node> = (0..16)
+        .map(|_| Node {
+            next: std::cell::UnsafeCell::new(0),
+        })
+        .collect();
     let stack = pcpu::PerCpuStack::new(0);
     assert!(!stack.uses_rseq());
     for n in &nodes {

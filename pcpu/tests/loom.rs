@@ -34,15 +34,24 @@ fn counter_sum_is_exact_when_threads_migrate() {
 
 #[repr(C)]
 struct Node {
-    next: usize,
+    /// Written by the stack through raw pointers while it holds the node.
+    next: std::cell::UnsafeCell<usize>,
     id: usize,
 }
 
 #[test]
 fn stack_local_and_remote_pops_conserve_nodes() {
     loom::model(|| {
-        let nodes: &'static [Node; 2] =
-            Box::leak(Box::new([Node { next: 0, id: 1 }, Node { next: 0, id: 2 }]));
+        let nodes: &'static [Node; 2] = Box::leak(Box::new([
+            Node {
+                next: std::cell::UnsafeCell::new(0),
+                id: 1,
+            },
+            Node {
+                next: std::cell::UnsafeCell::new(0),
+                id: 2,
+            },
+        ]));
         let stack = Arc::new(PerCpuStack::new(0));
         // One node on CPU 0's list, one on CPU 1's.
         for (i, n) in nodes.iter().enumerate() {

@@ -8,7 +8,8 @@ use pcpu::PerCpuStack;
 
 #[repr(C)]
 struct Node {
-    next: usize,
+    /// Written by the stack through raw pointers while it holds the node.
+    next: std::cell::UnsafeCell<usize>,
     /// Set while some thread owns the node (popped, not yet pushed back).
     owned: AtomicBool,
     /// How many times the node was taken.
@@ -18,7 +19,7 @@ struct Node {
 fn pool(n: usize) -> Vec<Node> {
     (0..n)
         .map(|_| Node {
-            next: 0,
+            next: std::cell::UnsafeCell::new(0),
             owned: AtomicBool::new(false),
             takes: AtomicU64::new(0),
         })
