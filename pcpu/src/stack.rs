@@ -372,7 +372,10 @@ impl PerCpuStack {
                     }
                     Ok(node)
                 }
-                crate::rseq::EMPTY => Ok(None),
+                crate::rseq::EMPTY => {
+                    self.after_local_empty();
+                    Ok(None)
+                }
                 crate::rseq::SLOW => Err(()),
                 other => unreachable!("rseq pop returned {other}"),
             };
@@ -381,8 +384,9 @@ impl PerCpuStack {
         {
             let mut popped = None;
             if self.modelled_section(|head| popped = self.unlink_top(head)) {
-                if let Some(node) = popped {
-                    self.after_local_pop(node);
+                match popped {
+                    Some(node) => self.after_local_pop(node),
+                    None => self.after_local_empty(),
                 }
                 return Ok(popped);
             }
@@ -402,6 +406,16 @@ impl PerCpuStack {
             return;
         }
         self.mark_empty_fast();
+    }
+
+    /// After a critical section found the current CPU's list empty: if its
+    /// flag is clear (left so by a pop that migrated before its flag step,
+    /// or a restarted push), set it, so other CPUs stop looking.
+    #[inline]
+    fn after_local_empty(&self) {
+        if self.empty_flags && !self.flagged_empty(self.current_slot()) {
+            self.mark_empty_fast();
+        }
     }
 
     #[cold]
@@ -467,10 +481,26 @@ impl PerCpuStack {
     fn pop_locked(&self, slot: usize, wait: bool) -> Result<Option<NonNull<u8>>, WouldBlock> {
         let list = self.lock(slot, wait).ok_or(WouldBlock)?;
         if list.head.top.load(Ordering::Relaxed) == 0 {
+            if self.empty_flags && list.head.empty.load(Ordering::Relaxed) == 0 {
+                self.repair_flag(&list);
+            }
             return Ok(None);
         }
         list.exclude_cpu();
         Ok(self.unlink_top(list.head))
+    }
+
+    /// A locked list found empty with its flag clear: set the flag, so
+    /// that the next pops skip the list without its lock. The CPU fence
+    /// first (a push of that CPU may be committing right now), then the
+    /// head again: the flag is only set on a list that is empty while
+    /// nobody else can touch it. Costs one fence, once per wrong flag.
+    #[cold]
+    fn repair_flag(&self, list: &LockedList<'_>) {
+        list.exclude_cpu();
+        if list.head.top.load(Ordering::Relaxed) == 0 {
+            list.head.empty.store(1, Ordering::Relaxed);
+        }
     }
 
     /// Takes list `slot`'s lock; `None` if `wait` is false and it is taken.

@@ -124,8 +124,8 @@ pub const MAX_DEPTH: usize = 16;
 ///   another thread may already have changed);
 /// - a refused charge undoes exactly what it did (a level it took from
 ///   0 -> 1 releases its pin again);
-/// - [`uncharge`](Self::uncharge) is one atomic decrement per level; the
-///   level that goes 1 -> 0 releases its owner, now or deferred
+/// - uncharging (dropping the [`Charge`]) is one atomic decrement per
+///   level; the level that goes 1 -> 0 releases its owner, now or deferred
 ///   ([`Release`]).
 ///
 /// **Hierarchy.** A [`child`](Self::child) account's charges also count
