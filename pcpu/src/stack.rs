@@ -482,25 +482,12 @@ impl PerCpuStack {
         let list = self.lock(slot, wait).ok_or(WouldBlock)?;
         if list.head.top.load(Ordering::Relaxed) == 0 {
             if self.empty_flags && list.head.empty.load(Ordering::Relaxed) == 0 {
-                self.repair_flag(&list);
+                list.repair_flag();
             }
             return Ok(None);
         }
         list.exclude_cpu();
         Ok(self.unlink_top(list.head))
-    }
-
-    /// A locked list found empty with its flag clear: set the flag, so
-    /// that the next pops skip the list without its lock. The CPU fence
-    /// first (a push of that CPU may be committing right now), then the
-    /// head again: the flag is only set on a list that is empty while
-    /// nobody else can touch it. Costs one fence, once per wrong flag.
-    #[cold]
-    fn repair_flag(&self, list: &LockedList<'_>) {
-        list.exclude_cpu();
-        if list.head.top.load(Ordering::Relaxed) == 0 {
-            list.head.empty.store(1, Ordering::Relaxed);
-        }
     }
 
     /// Takes list `slot`'s lock; `None` if `wait` is false and it is taken.
@@ -583,6 +570,19 @@ impl LockedList<'_> {
             // fence cannot be refused.
             let fenced = crate::rseq::fence_cpu(cpu);
             debug_assert!(fenced, "membarrier RSEQ fence refused after registration");
+        }
+    }
+
+    /// A locked list found empty with its flag clear: set the flag, so
+    /// that the next pops skip the list without its lock. The CPU fence
+    /// first (a push of that CPU may be committing right now), then the
+    /// head again: the flag is only set on a list that is empty while
+    /// nobody else can touch it. Costs one fence, once per wrong flag.
+    #[cold]
+    fn repair_flag(&self) {
+        self.exclude_cpu();
+        if self.head.top.load(Ordering::Relaxed) == 0 {
+            self.head.empty.store(1, Ordering::Relaxed);
         }
     }
 }
