@@ -341,7 +341,10 @@ impl PerCpuStack {
             unsafe { self.link(head, node) };
         });
         #[allow(unreachable_code)]
-        false
+        {
+            let _ = node;
+            false
+        }
     }
 
     /// The rseq pop; `Err` if it must take the locked path.
@@ -399,6 +402,7 @@ impl PerCpuStack {
     /// head again (a flag set by the pop itself could not be undone if the
     /// pop were restarted elsewhere).
     #[inline]
+    #[cfg_attr(not(any(loom, target_arch = "x86_64")), allow(dead_code))]
     fn after_local_pop(&self, node: NonNull<u8>) {
         // SAFETY: the node is ours; its link word still holds the next
         // pointer the pop read.
@@ -412,6 +416,7 @@ impl PerCpuStack {
     /// flag is clear (left so by a pop that migrated before its flag step,
     /// or a restarted push), set it, so other CPUs stop looking.
     #[inline]
+    #[cfg_attr(not(any(loom, target_arch = "x86_64")), allow(dead_code))]
     fn after_local_empty(&self) {
         if self.empty_flags && !self.flagged_empty(self.current_slot()) {
             self.mark_empty_fast();
@@ -419,6 +424,7 @@ impl PerCpuStack {
     }
 
     #[cold]
+    #[cfg_attr(not(any(loom, target_arch = "x86_64")), allow(dead_code))]
     fn mark_empty_fast(&self) {
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         if let Some(area) = crate::rseq::area::offset() {

@@ -139,6 +139,7 @@ pub(crate) fn read_cpu_id(off: isize) -> u32 {
 }
 
 /// Whether glibc registered rseq areas for this process's threads.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn registered() -> bool {
     offset().is_some()
 }

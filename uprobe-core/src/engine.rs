@@ -1,0 +1,367 @@
+//! The trap engine: the probe table, the SIGTRAP handler, attach and detach.
+//!
+//! **Table.** Probed sites live in a fixed open-addressing table of
+//! pointers, read by the handler inside an SRCU read section (`srcu`:
+//! per-CPU counts, no lock, no allocation) and changed only by attach and
+//! detach, which serialise on a mutex and free a site or a consumer list
+//! only after an SRCU grace period. So a handler never parks, never
+//! allocates and never takes a lock the interrupted code might hold, and no
+//! consumer runs after its detach returned.
+//!
+//! **Order of a hit** (x86-64): `int3` traps with RIP = address + 1; the
+//! handler looks the address up; if a site is found it runs the consumers
+//! (unless the thread is already inside the engine: then the hit is
+//! counted as missed), then emulates the displaced instruction on the
+//! signal frame, unless a consumer moved RIP. If no site is found and the
+//! byte is still `int3`, the trap is someone else's and goes to the
+//! previous handler; if the byte is no longer `int3`, a detach won the race
+//! and the thread restarts at the address.
+//!
+//! **Order of an attach**: analyse the instruction, publish the site in
+//! the table, then write `int3` (so a thread that traps always finds the
+//! analysis); detach restores the byte first, then unpublishes, then waits
+//! for a grace period before freeing.
+
+use core::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
+
+use crate::arch::{Emulation, EntryContext, analyze, apply};
+use crate::maps::{Mapping, mapping_of, write_code_byte};
+use crate::{AttachError, error::os_error};
+
+/// `int3`.
+const BREAKPOINT: u8 = 0xcc;
+/// Sites the table can hold (distinct probed addresses).
+pub(crate) const MAX_SITES: usize = 4096;
+/// A removed entry: lookups continue past it.
+const TOMBSTONE: *mut Site = core::ptr::dangling_mut::<Site>();
+
+/// The handler of one consumer.
+pub(crate) type Handler = Box<dyn Fn(&mut EntryContext<'_>) + Send + Sync>;
+
+/// One consumer of a site: its handler and counters.
+pub(crate) struct Consumer {
+    pub(crate) handler: Handler,
+    /// Only hits of this thread run the handler (0: every thread).
+    pub(crate) only_tid: i32,
+    pub(crate) hits: AtomicU64,
+    pub(crate) removed: AtomicBool,
+}
+
+/// A probed address: the displaced instruction and its consumers.
+pub(crate) struct Site {
+    addr: usize,
+    original: u8,
+    map: Mapping,
+    emulation: Emulation,
+    consumers: AtomicPtr<Vec<Arc<Consumer>>>,
+    /// Hits that ran no handler (the thread was already in the engine).
+    missed: AtomicU64,
+}
+
+static TABLE: [AtomicPtr<Site>; MAX_SITES] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_SITES];
+/// Guards the table and the sites' consumer lists against readers.
+static DOMAIN: srcu::Srcu = srcu::Srcu::new();
+/// Serialises attach and detach (never taken by the handler).
+static WRITER: Mutex<()> = Mutex::new(());
+
+std::thread_local! {
+    /// Set while this thread runs the engine's handler or a consumer.
+    static IN_ENGINE: Cell<bool> = const { Cell::new(false) };
+}
+
+fn slot_of(addr: usize) -> usize {
+    // Fibonacci hashing; code addresses differ in their low bits.
+    (addr.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) % MAX_SITES
+}
+
+/// The site at `addr`, if any; call inside a read section (or holding
+/// `WRITER`). Async-signal-safe.
+fn lookup(addr: usize) -> Option<&'static Site> {
+    let start = slot_of(addr);
+    for i in 0..MAX_SITES {
+        let p = TABLE[(start + i) % MAX_SITES].load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        if p != TOMBSTONE {
+            // SAFETY: published sites are freed only after being replaced
+            // by a tombstone and a grace period; the caller is in a read
+            // section or holds the writer lock.
+            let site = unsafe { &*p };
+            if site.addr == addr {
+                return Some(site);
+            }
+        }
+    }
+    None
+}
+
+/// The calling thread's kernel id. Async-signal-safe.
+pub(crate) fn current_tid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+/// The handler that was installed for SIGTRAP before ours.
+struct Previous(core::cell::UnsafeCell<core::mem::MaybeUninit<libc::sigaction>>);
+// SAFETY: written once, before our handler is installed (the `sigaction`
+// system call orders it before any delivery), then only read.
+unsafe impl Sync for Previous {}
+static PREVIOUS: Previous = Previous(core::cell::UnsafeCell::new(core::mem::MaybeUninit::zeroed()));
+
+/// Installs the SIGTRAP handler once (and makes the SRCU domain ready for
+/// use from it).
+fn install() -> Result<(), AttachError> {
+    static ONCE: Once = Once::new();
+    static FAILED: AtomicBool = AtomicBool::new(false);
+    ONCE.call_once(|| {
+        DOMAIN.prepare();
+        // SAFETY: a zeroed sigaction is valid; the handler has the
+        // SA_SIGINFO signature; PREVIOUS is written before our handler can
+        // run (it is installed by this very call).
+        unsafe {
+            let mut sa: libc::sigaction = core::mem::zeroed();
+            sa.sa_sigaction = on_sigtrap as *const () as libc::sighandler_t;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_RESTART;
+            libc::sigemptyset(&raw mut sa.sa_mask);
+            let prev = (*PREVIOUS.0.get()).as_mut_ptr();
+            if libc::sigaction(libc::SIGTRAP, &raw const sa, prev) != 0 {
+                FAILED.store(true, Ordering::Relaxed);
+            }
+        }
+    });
+    if FAILED.load(Ordering::Relaxed) {
+        return Err(os_error("sigaction(SIGTRAP)"));
+    }
+    Ok(())
+}
+
+/// Aborts (with a message) if a consumer panics: unwinding through the
+/// signal frame is undefined behaviour.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            const MSG: &[u8] = b"uprobe-core: a probe handler panicked; aborting\n";
+            // SAFETY: write(2) of a static buffer to stderr.
+            unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
+            std::process::abort();
+        }
+    }
+}
+
+extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo and ucontext (SA_SIGINFO).
+    let (info_ref, uc) = unsafe { (&*info, &mut *ctx.cast::<libc::ucontext_t>()) };
+    if info_ref.si_code != libc::SI_KERNEL {
+        // raise(), kill(), a debugger's trap flag: not a breakpoint.
+        return chain(sig, info, ctx);
+    }
+    let addr = (uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize).wrapping_sub(1);
+    let guard = DOMAIN.read_lock();
+    if let Some(site) = lookup(addr) {
+        hit(site, uc);
+        drop(guard);
+        return;
+    }
+    drop(guard);
+    // SAFETY: RIP - 1 is the int3 the thread just executed (SI_KERNEL
+    // traps on x86-64 come from int3), so the byte is mapped code.
+    if unsafe { core::ptr::read_volatile(addr as *const u8) } == BREAKPOINT {
+        chain(sig, info, ctx);
+    } else {
+        // A detach restored the byte after this thread trapped: run it.
+        uc.uc_mcontext.gregs[libc::REG_RIP as usize] = addr as i64;
+    }
+}
+
+/// One hit on `site`: consumers, then the displaced instruction.
+fn hit(site: &Site, uc: &mut libc::ucontext_t) {
+    let mut ip_changed = false;
+    if IN_ENGINE.replace(true) {
+        site.missed.fetch_add(1, Ordering::Relaxed);
+    } else {
+        let _abort = AbortOnUnwind;
+        // SAFETY: lists are freed only after a grace period, and we are in
+        // a read section.
+        let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
+        let tid = if consumers.iter().any(|c| c.only_tid != 0) {
+            current_tid()
+        } else {
+            0
+        };
+        for c in consumers {
+            if c.removed.load(Ordering::Relaxed) || (c.only_tid != 0 && c.only_tid != tid) {
+                continue;
+            }
+            c.hits.fetch_add(1, Ordering::Relaxed);
+            let mut cx = EntryContext::new(uc, site.addr);
+            (c.handler)(&mut cx);
+            ip_changed |= cx.ip_changed;
+            if cx.remove {
+                c.removed.store(true, Ordering::Relaxed);
+            }
+        }
+        IN_ENGINE.set(false);
+    }
+    if !ip_changed {
+        // SAFETY: the thread trapped on this very instruction.
+        unsafe { apply(site.emulation, uc) };
+    }
+}
+
+/// Passes a trap that is not ours to the handler installed before ours, or
+/// to the default action.
+fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: written before our handler was installed, read-only since.
+    let prev = unsafe { (*PREVIOUS.0.get()).assume_init_ref() };
+    match prev.sa_sigaction {
+        libc::SIG_IGN => {}
+        libc::SIG_DFL => {
+            // The default action (terminate with a core dump), as if we
+            // had never been installed.
+            // SAFETY: resetting a disposition and re-raising are
+            // async-signal-safe.
+            unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+                libc::raise(sig);
+            }
+        }
+        handler if prev.sa_flags & libc::SA_SIGINFO != 0 => {
+            // SAFETY: the previous handler has the SA_SIGINFO signature.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { core::mem::transmute(handler) };
+            f(sig, info, ctx);
+        }
+        handler => {
+            // SAFETY: a plain handler.
+            let f: extern "C" fn(libc::c_int) = unsafe { core::mem::transmute(handler) };
+            f(sig);
+        }
+    }
+}
+
+/// Attaches `consumer` at `addr`.
+///
+/// # Safety
+/// `addr` is the first byte of an instruction.
+pub(crate) unsafe fn attach(addr: usize, consumer: Arc<Consumer>) -> Result<(), AttachError> {
+    install()?;
+    let _w = WRITER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(site) = lookup(addr) {
+        let mut list = current_list(site).clone();
+        list.push(consumer);
+        replace_list(site, list);
+        return Ok(());
+    }
+    let map = mapping_of(addr).filter(|m| m.prot & libc::PROT_EXEC != 0);
+    let Some(map) = map else {
+        return Err(AttachError::NotCode { addr });
+    };
+    let len = (map.end - addr).min(15);
+    // SAFETY: `[addr, addr + len)` lies in a readable executable mapping.
+    let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, len) };
+    if bytes[0] == BREAKPOINT {
+        return Err(AttachError::ForeignBreakpoint { addr });
+    }
+    let emulation = analyze(addr, bytes)?;
+    let site = Box::into_raw(Box::new(Site {
+        addr,
+        original: bytes[0],
+        map,
+        emulation,
+        consumers: AtomicPtr::new(Box::into_raw(Box::new(vec![consumer]))),
+        missed: AtomicU64::new(0),
+    }));
+    let Some(slot) = free_slot(addr) else {
+        // SAFETY: never published.
+        drop(unsafe { Box::from_raw(site) });
+        return Err(AttachError::Os {
+            what: "probe table full",
+            errno: libc::ENOSPC,
+        });
+    };
+    // Publish the analysis, then write the breakpoint.
+    TABLE[slot].store(site, Ordering::Release);
+    // SAFETY: the caller's contract: an instruction's first byte.
+    if let Err(e) = unsafe { write_code_byte(map, addr, BREAKPOINT) } {
+        TABLE[slot].store(TOMBSTONE, Ordering::Release);
+        DOMAIN.synchronize();
+        // SAFETY: unpublished, and no reader remains.
+        drop(unsafe { Box::from_raw(site) });
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Detaches `consumer` from `addr`; the last one removes the breakpoint.
+/// Returns once no handler of `consumer` is running or will run.
+pub(crate) fn detach(addr: usize, consumer: &Arc<Consumer>) -> Result<(), AttachError> {
+    let _w = WRITER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(site) = lookup(addr) else {
+        return Ok(());
+    };
+    let list: Vec<_> = current_list(site)
+        .iter()
+        .filter(|c| !Arc::ptr_eq(c, consumer))
+        .cloned()
+        .collect();
+    if !list.is_empty() {
+        replace_list(site, list);
+        return Ok(());
+    }
+    // The last consumer: the original byte back first, then unpublish.
+    // SAFETY: restores the instruction's own first byte.
+    unsafe { write_code_byte(site.map, addr, site.original) }?;
+    let slot = (0..MAX_SITES)
+        .map(|i| (slot_of(addr) + i) % MAX_SITES)
+        .find(|&s| core::ptr::eq(TABLE[s].load(Ordering::Relaxed), site))
+        .expect("a found site is in the table");
+    TABLE[slot].store(TOMBSTONE, Ordering::Release);
+    DOMAIN.synchronize();
+    let site = core::ptr::from_ref(site).cast_mut();
+    // SAFETY: unpublished and a grace period passed: no reader holds it.
+    let site = unsafe { Box::from_raw(site) };
+    // SAFETY: the list is owned by the site.
+    drop(unsafe { Box::from_raw(site.consumers.load(Ordering::Relaxed)) });
+    Ok(())
+}
+
+/// Hits that ran no handler at `addr` (0 if nothing is attached there).
+pub(crate) fn missed(addr: usize) -> u64 {
+    let _g = DOMAIN.read_lock();
+    lookup(addr).map_or(0, |s| s.missed.load(Ordering::Relaxed))
+}
+
+fn current_list(site: &Site) -> &Vec<Arc<Consumer>> {
+    // SAFETY: the writer lock is held: the list is not freed meanwhile.
+    unsafe { &*site.consumers.load(Ordering::Acquire) }
+}
+
+/// Publishes `list` and frees the previous one after a grace period.
+fn replace_list(site: &Site, list: Vec<Arc<Consumer>>) {
+    let old = site
+        .consumers
+        .swap(Box::into_raw(Box::new(list)), Ordering::AcqRel);
+    DOMAIN.synchronize();
+    // SAFETY: unpublished and a grace period passed.
+    drop(unsafe { Box::from_raw(old) });
+}
+
+/// A free (or tombstoned) slot on `addr`'s probe sequence.
+fn free_slot(addr: usize) -> Option<usize> {
+    (0..MAX_SITES)
+        .map(|i| (slot_of(addr) + i) % MAX_SITES)
+        .find(|&s| {
+            let p = TABLE[s].load(Ordering::Relaxed);
+            p.is_null() || p == TOMBSTONE
+        })
+}

@@ -1,0 +1,74 @@
+//! Why an attach or detach failed.
+
+/// Why [`Uprobe::attach`](crate::Uprobe::attach) refused a probe. Nothing
+/// was patched when it returns one of these.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AttachError {
+    /// The address is not inside an executable mapping of this process.
+    NotCode {
+        /// The address asked for.
+        addr: usize,
+    },
+    /// The instruction there cannot be probed (yet, or ever).
+    Unsupported {
+        /// The address.
+        addr: usize,
+        /// The instruction, disassembled.
+        insn: String,
+        /// Why it is refused.
+        why: &'static str,
+    },
+    /// An `int3` is already at the address, and it is not ours (a
+    /// debugger's, or the program's own).
+    ForeignBreakpoint {
+        /// The address.
+        addr: usize,
+    },
+    /// This architecture has no engine yet.
+    UnsupportedArch,
+    /// A system call failed while installing the handler or patching.
+    Os {
+        /// What was being done.
+        what: &'static str,
+        /// `errno`.
+        errno: i32,
+    },
+}
+
+impl core::fmt::Display for AttachError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::NotCode { addr } => {
+                write!(
+                    f,
+                    "{addr:#x} is not in an executable mapping of this process"
+                )
+            }
+            Self::Unsupported { addr, insn, why } => {
+                write!(f, "cannot probe `{insn}` at {addr:#x}: {why}")
+            }
+            Self::ForeignBreakpoint { addr } => write!(
+                f,
+                "{addr:#x} already holds a breakpoint that is not ours (a debugger's?)"
+            ),
+            Self::UnsupportedArch => f.write_str("no probe engine for this architecture yet"),
+            Self::Os { what, errno } => write!(
+                f,
+                "{what} failed: {}",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for AttachError {}
+
+/// The calling thread's `errno`, as an [`AttachError::Os`].
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn os_error(what: &'static str) -> AttachError {
+    AttachError::Os {
+        what,
+        errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+    }
+}

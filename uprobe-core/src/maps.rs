@@ -1,0 +1,72 @@
+//! The process's memory map (`/proc/self/maps`) and writing to code.
+
+/// One mapping: `[start, end)` and its protection (`PROT_*` bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mapping {
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    pub(crate) prot: i32,
+}
+
+/// The mapping that contains `addr`, if any.
+pub(crate) fn mapping_of(addr: usize) -> Option<Mapping> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (range, perms) = (fields.next()?, fields.next()?);
+        let (start, end) = range.split_once('-')?;
+        let start = usize::from_str_radix(start, 16).ok()?;
+        let end = usize::from_str_radix(end, 16).ok()?;
+        if !(start..end).contains(&addr) {
+            return None;
+        }
+        let perms = perms.as_bytes();
+        let bit = |i: usize, c: u8, p: i32| if perms.get(i) == Some(&c) { p } else { 0 };
+        Some(Mapping {
+            start,
+            end,
+            prot: bit(0, b'r', libc::PROT_READ)
+                | bit(1, b'w', libc::PROT_WRITE)
+                | bit(2, b'x', libc::PROT_EXEC),
+        })
+    })
+}
+
+/// Writes `byte` at `addr` in mapping `map`, keeping it executable the
+/// whole time (other threads may be running the page): adds write
+/// permission, stores, restores the original protection, then makes every
+/// thread serialise its instruction stream before it runs the page again
+/// (`membarrier(PRIVATE_EXPEDITED_SYNC_CORE)`).
+///
+/// # Safety
+/// `addr` is inside `map`, and writing `byte` there is what the caller
+/// wants every thread to execute from now on (an `int3` over the first
+/// byte of an instruction, or that byte restored).
+pub(crate) unsafe fn write_code_byte(
+    map: Mapping,
+    addr: usize,
+    byte: u8,
+) -> Result<(), crate::AttachError> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let base = addr & !(page - 1);
+    let writable = map.prot | libc::PROT_WRITE | libc::PROT_EXEC;
+    // SAFETY: `base` is a page of a live mapping; execute stays on, so
+    // threads running it meanwhile are unaffected.
+    if unsafe { libc::mprotect(base as *mut libc::c_void, page, writable) } != 0 {
+        return Err(crate::error::os_error("mprotect (add write)"));
+    }
+    // SAFETY: the page is writable now; one byte can never tear an
+    // instruction for a concurrent reader (x86 fetches bytes atomically).
+    unsafe { core::ptr::write_volatile(addr as *mut u8, byte) };
+    // SAFETY: as above, back to the mapping's own protection.
+    if unsafe { libc::mprotect(base as *mut libc::c_void, page, map.prot) } != 0 {
+        return Err(crate::error::os_error("mprotect (restore)"));
+    }
+    // Cross-modifying code: every thread serialises before running it.
+    // Where the kernel lacks SYNC_CORE, the mprotect calls above have
+    // already sent each CPU running us a TLB-shootdown IPI, which
+    // serialises on x86.
+    let _ = pcpu::fence::sync_core();
+    Ok(())
+}

@@ -1,0 +1,48 @@
+//! Applying an [`Emulation`] to the interrupted thread's registers.
+
+use super::insn::{Emulation, condition_holds};
+
+/// Does what the displaced instruction would have done, on the registers
+/// of the signal frame. Async-signal-safe.
+///
+/// # Safety
+/// `uc` is the frame of a thread that trapped on this instruction; for
+/// `push`/`call`, `[rsp - 8]` is that thread's stack (the signal frame lies
+/// below the 128-byte red zone, so it is not overwritten), and for `ret`
+/// `[rsp]` is readable, as executing the instruction would require.
+pub(crate) unsafe fn apply(e: Emulation, uc: &mut libc::ucontext_t) {
+    let g = &mut uc.uc_mcontext.gregs;
+    let rsp = libc::REG_RSP as usize;
+    let rip = libc::REG_RIP as usize;
+    let push = |g: &mut [i64; 23], value: u64| {
+        let sp = (g[rsp] as u64).wrapping_sub(8);
+        // SAFETY: the caller's contract: the thread's own stack slot.
+        unsafe { (sp as *mut u64).write(value) };
+        g[rsp] = sp as i64;
+    };
+    match e {
+        Emulation::Nop { next } => g[rip] = next as i64,
+        Emulation::Push { reg, next } => {
+            // `push rsp` pushes the value before the decrement.
+            let value = g[reg.0] as u64;
+            push(g, value);
+            g[rip] = next as i64;
+        }
+        Emulation::Jmp { target } => g[rip] = target as i64,
+        Emulation::Call { target, next } => {
+            push(g, next);
+            g[rip] = target as i64;
+        }
+        Emulation::Jcc { cond, target, next } => {
+            let taken = condition_holds(cond, g[libc::REG_EFL as usize] as u64);
+            g[rip] = if taken { target } else { next } as i64;
+        }
+        Emulation::Ret { pop } => {
+            let sp = g[rsp] as u64;
+            // SAFETY: the caller's contract: `ret` reads `[rsp]`.
+            let to = unsafe { (sp as *const u64).read() };
+            g[rsp] = sp.wrapping_add(8 + u64::from(pop)) as i64;
+            g[rip] = to as i64;
+        }
+    }
+}

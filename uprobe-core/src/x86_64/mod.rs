@@ -1,0 +1,10 @@
+//! x86-64: instruction analysis, emulation, and the handler's view of the
+//! registers.
+
+mod context;
+mod emulate;
+mod insn;
+
+pub use context::{EntryContext, Reg};
+pub(crate) use emulate::apply;
+pub(crate) use insn::{Emulation, analyze};

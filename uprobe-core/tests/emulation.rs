@@ -1,0 +1,301 @@
+//! Entry probes on functions with exactly known bytes: every emulated
+//! instruction class gives the same results with and without the probe,
+//! handlers see the registers and may change them, refusals say why.
+#![cfg(target_arch = "x86_64")]
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+
+use uprobe_core::{AttachError, Reg, Uprobe};
+
+core::arch::global_asm!(
+    ".text",
+    // nop; rax = rdi + 1
+    ".globl t_nop",
+    "t_nop:",
+    "nop",
+    "lea rax, [rdi + 1]",
+    "ret",
+    // endbr64; rax = rdi + 2
+    ".globl t_endbr",
+    "t_endbr:",
+    "endbr64",
+    "lea rax, [rdi + 2]",
+    "ret",
+    // push rbp ... pop rbp; rax = rdi + 3 (and rbp survives)
+    ".globl t_push",
+    "t_push:",
+    "push rbp",
+    "mov rbp, 7",
+    "lea rax, [rdi + 3]",
+    "pop rbp",
+    "ret",
+    // push r15 (REX form)
+    ".globl t_push_r15",
+    "t_push_r15:",
+    "push r15",
+    "mov r15, 9",
+    "lea rax, [rdi + 4]",
+    "pop r15",
+    "ret",
+    // jmp rel8 over a ud2
+    ".globl t_jmp8",
+    "t_jmp8:",
+    "jmp 2f",
+    "ud2",
+    "2:",
+    "lea rax, [rdi + 5]",
+    "ret",
+    // jmp rel32
+    ".globl t_jmp32",
+    "t_jmp32:",
+    ".byte 0xe9",
+    ".long 2",
+    "ud2",
+    "lea rax, [rdi + 6]",
+    "ret",
+    // call rel32 to a helper; the helper sees the right return address
+    ".globl t_call",
+    "t_call:",
+    "call 3f",
+    "add rax, 1",
+    "ret",
+    "3:",
+    "lea rax, [rdi + 6]",
+    "ret",
+    // a conditional branch in the middle of a function: rax = rdi < 10 ? 100 : 200
+    ".globl t_jcc",
+    "t_jcc:",
+    "cmp rdi, 10",
+    ".globl t_jcc_branch",
+    "t_jcc_branch:",
+    "jb 4f",
+    "mov eax, 200",
+    "ret",
+    "4:",
+    "mov eax, 100",
+    "ret",
+    // ret itself: rax = rdi
+    ".globl t_ret",
+    "t_ret:",
+    "mov rax, rdi",
+    ".globl t_ret_insn",
+    "t_ret_insn:",
+    "ret",
+    // ret imm16 (pops 16 more bytes): called through a wrapper that pushes them
+    ".globl t_ret16_caller",
+    "t_ret16_caller:",
+    "push rdi",
+    "push rdi",
+    "call t_ret16",
+    "ret",
+    ".globl t_ret16",
+    "t_ret16:",
+    "lea rax, [rdi + 8]",
+    ".globl t_ret16_insn",
+    "t_ret16_insn:",
+    "ret 16",
+    // not emulated: mov rbp, rsp first
+    ".globl t_mov",
+    "t_mov:",
+    "mov rbp, rsp",
+    "mov rax, rdi",
+    "ret",
+    // a foreign breakpoint
+    ".globl t_int3",
+    "t_int3:",
+    "int3",
+    "mov rax, rdi",
+    "ret",
+);
+
+unsafe extern "C" {
+    fn t_nop(x: u64) -> u64;
+    fn t_endbr(x: u64) -> u64;
+    fn t_push(x: u64) -> u64;
+    fn t_push_r15(x: u64) -> u64;
+    fn t_jmp8(x: u64) -> u64;
+    fn t_jmp32(x: u64) -> u64;
+    fn t_call(x: u64) -> u64;
+    fn t_jcc(x: u64) -> u64;
+    static t_jcc_branch: u8;
+    fn t_ret(x: u64) -> u64;
+    static t_ret_insn: u8;
+    fn t_ret16_caller(x: u64) -> u64;
+    static t_ret16_insn: u8;
+    fn t_mov(x: u64) -> u64;
+    fn t_int3(x: u64) -> u64;
+}
+
+/// The address of one of the asm functions above.
+fn fn_addr(f: unsafe extern "C" fn(u64) -> u64) -> usize {
+    f as *const () as usize
+}
+
+/// Calls one of the asm functions above.
+fn call(f: unsafe extern "C" fn(u64) -> u64, x: u64) -> u64 {
+    // SAFETY: the asm functions follow the C ABI, take one integer and
+    // touch nothing but registers and their own stack.
+    unsafe { f(x) }
+}
+
+/// A probe at `addr`, an instruction boundary of the asm above (or a
+/// libc function's entry).
+fn probe_at(addr: usize) -> Uprobe {
+    // SAFETY: every address the tests pass starts an instruction (or is
+    // refused before anything is written: data, an existing int3).
+    unsafe { Uprobe::address(addr) }
+}
+
+/// The code byte at `addr` (inside the asm above).
+fn byte_at(addr: usize) -> u8 {
+    // SAFETY: `addr` is inside a function of the asm above.
+    unsafe { (addr as *const u8).read_volatile() }
+}
+
+type Target = unsafe extern "C" fn(u64) -> u64;
+
+/// Runs `f(x)` for a few inputs without a probe, with a counting probe at
+/// `at`, and after detaching: same results every time, one hit per call.
+fn same_with_probe(f: Target, at: usize) {
+    let inputs = [0u64, 1, 9, 10, 11, 1 << 40];
+    // SAFETY: the asm functions follow the C ABI and have no side effects.
+    let plain: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
+    let original = byte_at(at);
+    // SAFETY: `at` starts an instruction of the asm above.
+    let probe = probe_at(at).attach().expect("attach");
+    assert_eq!(byte_at(at), 0xcc, "int3 written");
+    let probed: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
+    assert_eq!(probed, plain, "results changed under the probe at {at:#x}");
+    assert_eq!(probe.hits(), inputs.len() as u64);
+    probe.detach().expect("detach");
+    assert_eq!(byte_at(at), original, "byte restored");
+    let after: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
+    assert_eq!(after, plain);
+}
+
+#[test]
+fn every_emulated_class_behaves_as_unprobed() {
+    for f in [t_nop, t_endbr, t_push, t_push_r15, t_jmp8, t_jmp32, t_call] {
+        same_with_probe(f, fn_addr(f));
+    }
+    same_with_probe(t_jcc, (&raw const t_jcc_branch) as usize);
+    same_with_probe(t_ret, (&raw const t_ret_insn) as usize);
+    same_with_probe(t_ret16_caller, (&raw const t_ret16_insn) as usize);
+}
+
+#[test]
+fn handlers_read_arguments_and_registers() {
+    static ARG: AtomicU64 = AtomicU64::new(0);
+    static RSP_ALIGNED: AtomicU64 = AtomicU64::new(0);
+    let probe = probe_at(fn_addr(t_push))
+        .on_entry(|cx| {
+            ARG.store(cx.arg(0).unwrap(), SeqCst);
+            // At a function's entry rsp is 8 mod 16 (the return address).
+            RSP_ALIGNED.store(cx.reg(Reg::Rsp) % 16, SeqCst);
+            assert_eq!(cx.reg(Reg::Rip), cx.probe_addr() as u64);
+            assert!(cx.arg(6).is_none());
+        })
+        .attach()
+        .unwrap();
+    assert_eq!(call(t_push, 1234), 1237);
+    assert_eq!((ARG.load(SeqCst), RSP_ALIGNED.load(SeqCst)), (1234, 8));
+    assert_eq!(probe.hits(), 1);
+}
+
+#[test]
+fn a_handler_may_redirect_the_thread() {
+    // Skip the function: return straight to the caller with rax = 77.
+    let _probe = probe_at(fn_addr(t_endbr))
+        .on_entry(|cx| {
+            let rsp = cx.reg(Reg::Rsp);
+            // SAFETY: at entry, [rsp] is the return address.
+            let ret = unsafe { (rsp as *const u64).read() };
+            cx.set_reg(Reg::Rax, 77);
+            cx.set_reg(Reg::Rsp, rsp + 8);
+            cx.set_reg(Reg::Rip, ret);
+        })
+        .attach()
+        .unwrap();
+    assert_eq!(call(t_endbr, 1), 77);
+}
+
+#[test]
+fn several_consumers_thread_filters_and_remove_me() {
+    static A: AtomicUsize = AtomicUsize::new(0);
+    static B: AtomicUsize = AtomicUsize::new(0);
+    let a = probe_at(fn_addr(t_jmp8))
+        .on_entry(|_| {
+            A.fetch_add(1, SeqCst);
+        })
+        .attach()
+        .unwrap();
+    let b = probe_at(fn_addr(t_jmp8))
+        .on_entry(|cx| {
+            if B.fetch_add(1, SeqCst) == 1 {
+                cx.remove_me();
+            }
+        })
+        .attach()
+        .unwrap();
+    let other_thread = probe_at(fn_addr(t_jmp8)).only_thread(-1).attach().unwrap();
+    for x in 0..4 {
+        assert_eq!(call(t_jmp8, x), x + 5);
+    }
+    assert_eq!(
+        (A.load(SeqCst), B.load(SeqCst)),
+        (4, 2),
+        "b removed itself after 2"
+    );
+    assert_eq!((a.hits(), b.hits(), other_thread.hits()), (4, 2, 0));
+    drop(b);
+    assert_eq!(call(t_jmp8, 1), 6);
+    assert_eq!(a.hits(), 5);
+}
+
+#[test]
+fn a_probe_hit_inside_a_handler_runs_no_handler() {
+    static INNER: AtomicU64 = AtomicU64::new(0);
+    let probe = probe_at(fn_addr(t_jmp32))
+        .on_entry(|cx| {
+            // Calls the probed function from its own handler.
+            if cx.arg(0) == Some(1) {
+                // SAFETY: a plain asm function.
+                INNER.store(call(t_jmp32, 100), SeqCst);
+            }
+        })
+        .attach()
+        .unwrap();
+    assert_eq!(call(t_jmp32, 1), 7);
+    assert_eq!(
+        INNER.load(SeqCst),
+        106,
+        "the nested call still ran correctly"
+    );
+    assert_eq!((probe.hits(), probe.missed()), (1, 1));
+}
+
+#[test]
+fn refusals_name_the_instruction_and_the_reason() {
+    static DATA: u64 = 0;
+    let err = probe_at(fn_addr(t_mov)).attach().unwrap_err();
+    match &err {
+        AttachError::Unsupported { insn, why, .. } => {
+            assert_eq!(insn, "mov rbp,rsp");
+            assert!(!why.is_empty());
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(err.to_string().contains("mov rbp,rsp"));
+    assert_eq!(call(t_mov, 3), 3, "nothing was patched");
+    let data = (&raw const DATA) as usize;
+    assert_eq!(
+        probe_at(data).attach().unwrap_err(),
+        AttachError::NotCode { addr: data }
+    );
+    assert_eq!(
+        probe_at(fn_addr(t_int3)).attach().unwrap_err(),
+        AttachError::ForeignBreakpoint {
+            addr: fn_addr(t_int3)
+        }
+    );
+}
