@@ -6,6 +6,8 @@ mod freelist;
 mod rwsem;
 mod sigpending;
 mod srcu;
+#[cfg(target_arch = "x86_64")]
+mod uprobe;
 
 use crate::harness::Scenario;
 
@@ -25,6 +27,10 @@ pub fn all() -> Vec<Scenario> {
         freelist::OVERSUB,
         sigpending::SIGNAL1,
         sigpending::TASKFLAG,
+        #[cfg(target_arch = "x86_64")]
+        uprobe::NOP,
+        #[cfg(target_arch = "x86_64")]
+        uprobe::PUSH,
     ]
 }
 
