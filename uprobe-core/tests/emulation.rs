@@ -3,9 +3,12 @@
 //! handlers see the registers and may change them, refusals say why.
 #![cfg(target_arch = "x86_64")]
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 
-use uprobe_core::{AttachError, Reg, Uprobe};
+use common::{byte_at, call, fn_addr, probe_at};
+use uprobe_core::{AttachError, Reg};
 
 core::arch::global_asm!(
     ".text",
@@ -124,32 +127,6 @@ unsafe extern "C" {
     static t_ret16_insn: u8;
     fn t_mov(x: u64) -> u64;
     fn t_int3(x: u64) -> u64;
-}
-
-/// The address of one of the asm functions above.
-fn fn_addr(f: unsafe extern "C" fn(u64) -> u64) -> usize {
-    f as *const () as usize
-}
-
-/// Calls one of the asm functions above.
-fn call(f: unsafe extern "C" fn(u64) -> u64, x: u64) -> u64 {
-    // SAFETY: the asm functions follow the C ABI, take one integer and
-    // touch nothing but registers and their own stack.
-    unsafe { f(x) }
-}
-
-/// A probe at `addr`, an instruction boundary of the asm above (or a
-/// libc function's entry).
-fn probe_at(addr: usize) -> Uprobe {
-    // SAFETY: every address the tests pass starts an instruction (or is
-    // refused before anything is written: data, an existing int3).
-    unsafe { Uprobe::address(addr) }
-}
-
-/// The code byte at `addr` (inside the asm above).
-fn byte_at(addr: usize) -> u8 {
-    // SAFETY: `addr` is inside a function of the asm above.
-    unsafe { (addr as *const u8).read_volatile() }
 }
 
 type Target = unsafe extern "C" fn(u64) -> u64;

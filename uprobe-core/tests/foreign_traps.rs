@@ -3,9 +3,11 @@
 //! own binary: it installs a process-wide SIGTRAP handler.
 #![cfg(target_arch = "x86_64")]
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
-use uprobe_core::Uprobe;
+use common::{call, fn_addr, probe_at};
 
 core::arch::global_asm!(
     ".text",
@@ -24,26 +26,6 @@ core::arch::global_asm!(
 unsafe extern "C" {
     fn f_nop(x: u64) -> u64;
     fn f_int3(x: u64) -> u64;
-}
-
-/// The address of one of the asm functions above.
-fn fn_addr(f: unsafe extern "C" fn(u64) -> u64) -> usize {
-    f as *const () as usize
-}
-
-/// Calls one of the asm functions above.
-fn call(f: unsafe extern "C" fn(u64) -> u64, x: u64) -> u64 {
-    // SAFETY: the asm functions follow the C ABI, take one integer and
-    // touch nothing but registers and their own stack.
-    unsafe { f(x) }
-}
-
-/// A probe at `addr`, an instruction boundary of the asm above (or a
-/// libc function's entry).
-fn probe_at(addr: usize) -> Uprobe {
-    // SAFETY: every address the tests pass starts an instruction (or is
-    // refused before anything is written: data, an existing int3).
-    unsafe { Uprobe::address(addr) }
 }
 
 static FOREIGN: AtomicUsize = AtomicUsize::new(0);

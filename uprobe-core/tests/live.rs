@@ -3,9 +3,11 @@
 //! child after `fork`.
 #![cfg(target_arch = "x86_64")]
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 
-use uprobe_core::Uprobe;
+use common::{call, fn_addr, probe_at};
 
 core::arch::global_asm!(
     ".text",
@@ -25,26 +27,6 @@ core::arch::global_asm!(
 unsafe extern "C" {
     fn l_hot(x: u64) -> u64;
     fn l_fork(x: u64) -> u64;
-}
-
-/// The address of one of the asm functions above.
-fn fn_addr(f: unsafe extern "C" fn(u64) -> u64) -> usize {
-    f as *const () as usize
-}
-
-/// Calls one of the asm functions above.
-fn call(f: unsafe extern "C" fn(u64) -> u64, x: u64) -> u64 {
-    // SAFETY: the asm functions follow the C ABI, take one integer and
-    // touch nothing but registers and their own stack.
-    unsafe { f(x) }
-}
-
-/// A probe at `addr`, an instruction boundary of the asm above (or a
-/// libc function's entry).
-fn probe_at(addr: usize) -> Uprobe {
-    // SAFETY: every address the tests pass starts an instruction (or is
-    // refused before anything is written: data, an existing int3).
-    unsafe { Uprobe::address(addr) }
 }
 
 /// Threads call `l_hot` in a loop while the main thread attaches and
