@@ -70,3 +70,19 @@ pub(crate) unsafe fn write_code_byte(
     let _ = pcpu::fence::sync_core();
     Ok(())
 }
+
+/// Every mapping's `[start, end)`.
+pub(crate) fn all_mappings() -> Vec<(usize, usize)> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
+    maps.lines()
+        .filter_map(|line| {
+            let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+            Some((
+                usize::from_str_radix(start, 16).ok()?,
+                usize::from_str_radix(end, 16).ok()?,
+            ))
+        })
+        .collect()
+}

@@ -97,11 +97,10 @@ core::arch::global_asm!(
     ".globl t_ret16_insn",
     "t_ret16_insn:",
     "ret 16",
-    // not emulated: mov rbp, rsp first
-    ".globl t_mov",
-    "t_mov:",
-    "mov rbp, rsp",
-    "mov rax, rdi",
+    // refused (never called): hlt first
+    ".globl t_hlt",
+    "t_hlt:",
+    "hlt",
     "ret",
     // a foreign breakpoint
     ".globl t_int3",
@@ -125,7 +124,7 @@ unsafe extern "C" {
     static t_ret_insn: u8;
     fn t_ret16_caller(x: u64) -> u64;
     static t_ret16_insn: u8;
-    fn t_mov(x: u64) -> u64;
+    fn t_hlt(x: u64) -> u64;
     fn t_int3(x: u64) -> u64;
 }
 
@@ -254,16 +253,16 @@ fn a_probe_hit_inside_a_handler_runs_no_handler() {
 #[test]
 fn refusals_name_the_instruction_and_the_reason() {
     static DATA: u64 = 0;
-    let err = probe_at(fn_addr(t_mov)).attach().unwrap_err();
+    let err = probe_at(fn_addr(t_hlt)).attach().unwrap_err();
     match &err {
         AttachError::Unsupported { insn, why, .. } => {
-            assert_eq!(insn, "mov rbp,rsp");
+            assert_eq!(insn, "hlt");
             assert!(!why.is_empty());
         }
         other => panic!("unexpected {other:?}"),
     }
-    assert!(err.to_string().contains("mov rbp,rsp"));
-    assert_eq!(call(t_mov, 3), 3, "nothing was patched");
+    assert!(err.to_string().contains("hlt"));
+    assert_eq!(byte_at(fn_addr(t_hlt)), 0xf4, "nothing was patched");
     let data = (&raw const DATA) as usize;
     assert_eq!(
         probe_at(data).attach().unwrap_err(),

@@ -1,6 +1,6 @@
 //! Applying an [`Emulation`] to the interrupted thread's registers.
 
-use super::insn::{Emulation, condition_holds};
+use super::insn::{Emulation, LoopKind, condition_holds, greg_of};
 
 /// Does what the displaced instruction would have done, on the registers
 /// of the signal frame. Async-signal-safe.
@@ -37,6 +37,37 @@ pub(crate) unsafe fn apply(e: Emulation, uc: &mut libc::ucontext_t) {
             let taken = condition_holds(cond, g[libc::REG_EFL as usize] as u64);
             g[rip] = if taken { target } else { next } as i64;
         }
+        Emulation::IndirectCall { insn } => {
+            let target = match insn.op0_kind() {
+                iced_x86::OpKind::Register => greg_of(insn.op0_register()).map(|i| g[i] as u64),
+                _ => insn
+                    .virtual_address(0, 0, |reg, _, _| register_value(g, reg))
+                    // SAFETY: the caller's contract: executing the call
+                    // reads this operand.
+                    .map(|ea| unsafe { (ea as *const u64).read_unaligned() }),
+            };
+            // Analysis only accepts operands this resolves.
+            let target = target.unwrap_or(0);
+            push(g, insn.next_ip());
+            g[rip] = target as i64;
+        }
+        Emulation::Loop { kind, target, next } => {
+            let rcx_i = libc::REG_RCX as usize;
+            let zf = (g[libc::REG_EFL as usize] >> 6) & 1 == 1;
+            let mut rcx = g[rcx_i] as u64;
+            if kind != LoopKind::Jrcxz {
+                rcx = rcx.wrapping_sub(1);
+                g[rcx_i] = rcx as i64;
+            }
+            let taken = match kind {
+                LoopKind::Loop => rcx != 0,
+                LoopKind::LoopE => rcx != 0 && zf,
+                LoopKind::LoopNe => rcx != 0 && !zf,
+                LoopKind::Jrcxz => rcx == 0,
+            };
+            g[rip] = if taken { target } else { next } as i64;
+        }
+        Emulation::OutOfLine { slot } => g[rip] = slot as i64,
         Emulation::Ret { pop } => {
             let sp = g[rsp] as u64;
             // SAFETY: the caller's contract: `ret` reads `[rsp]`.
@@ -44,5 +75,16 @@ pub(crate) unsafe fn apply(e: Emulation, uc: &mut libc::ucontext_t) {
             g[rsp] = sp.wrapping_add(8 + u64::from(pop)) as i64;
             g[rip] = to as i64;
         }
+    }
+}
+
+/// A register's value for an effective-address computation: general
+/// registers from the frame, 0 for the flat segments (fs/gs operands are
+/// refused at analysis).
+fn register_value(g: &[i64; 23], reg: iced_x86::Register) -> Option<u64> {
+    use iced_x86::Register;
+    match reg {
+        Register::ES | Register::CS | Register::SS | Register::DS => Some(0),
+        _ => greg_of(reg).map(|i| g[i] as u64),
     }
 }

@@ -6,12 +6,12 @@
 //! instruction becomes an [`Emulation`] that the trap handler applies to
 //! the interrupted thread's registers without leaving the handler (the
 //! kernel's `branch_emulate_op` / `push_emulate_op`, plus `ret`).
-//! Everything else is refused with the instruction and the reason (out of
-//! line execution comes next).
+//! Everything else runs out of line (see `xol`), unless the kernel's
+//! refusal tables (or this module) say it cannot be probed safely.
 
 use iced_x86::{
-    ConditionCode, Decoder, DecoderOptions, Formatter as _, Instruction, Mnemonic, NasmFormatter,
-    OpKind, Register,
+    Code, ConditionCode, Decoder, DecoderOptions, Formatter as _, Instruction, Mnemonic,
+    NasmFormatter, OpKind, Register,
 };
 
 use crate::AttachError;
@@ -35,6 +35,28 @@ pub(crate) enum Emulation {
     },
     /// `ret` / `ret imm16`: pop the return address, then `pop` more bytes.
     Ret { pop: u16 },
+    /// `call r/m64`: push `next`, continue at the operand's value (run out
+    /// of line it would push the slot's address instead).
+    IndirectCall { insn: Instruction },
+    /// `loop`, `loope`, `loopne` (`rcx -= 1`, branch if non-zero and the
+    /// condition) and `jrcxz` (branch if `rcx` is zero): a taken branch run
+    /// out of line would land relative to the slot.
+    Loop {
+        kind: LoopKind,
+        target: u64,
+        next: u64,
+    },
+    /// Anything else: run the relocated copy at `slot`, which jumps back.
+    OutOfLine { slot: u64 },
+}
+
+/// The `rcx`-counting branches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LoopKind {
+    Loop,
+    LoopE,
+    LoopNe,
+    Jrcxz,
 }
 
 /// A general-purpose register, by its `REG_*` index in `ucontext_t`'s
@@ -58,9 +80,7 @@ pub(crate) fn analyze(addr: usize, bytes: &[u8]) -> Result<Emulation, AttachErro
             "not a valid instruction (or cut off by the end of the mapping)",
         ));
     }
-    if insn.has_lock_prefix() {
-        return Err(refuse("lock-prefixed instructions are not emulated"));
-    }
+    refuse_by_table(bytes, &insn).map_err(refuse)?;
     let next = insn.next_ip();
     let emulation = match insn.mnemonic() {
         Mnemonic::Nop | Mnemonic::Endbr64 | Mnemonic::Endbr32 => Emulation::Nop { next },
@@ -81,25 +101,80 @@ pub(crate) fn analyze(addr: usize, bytes: &[u8]) -> Result<Emulation, AttachErro
             target: insn.near_branch_target(),
             next,
         },
+        Mnemonic::Call if matches!(insn.op0_kind(), OpKind::Register | OpKind::Memory) => {
+            indirect_call(&insn).map_err(refuse)?
+        }
         _ if insn.is_jcc_short_or_near() => Emulation::Jcc {
             cond: insn.condition_code(),
             target: insn.near_branch_target(),
             next,
         },
+        Mnemonic::Loop | Mnemonic::Loope | Mnemonic::Loopne | Mnemonic::Jrcxz => {
+            rcx_loop(&insn).map_err(refuse)?
+        }
         Mnemonic::Ret if insn.op_count() == 0 => Emulation::Ret { pop: 0 },
         Mnemonic::Ret if insn.op0_kind() == OpKind::Immediate16 => Emulation::Ret {
             pop: insn.immediate16(),
         },
-        _ => {
+        Mnemonic::Xbegin | Mnemonic::Xabort | Mnemonic::Xend => {
             return Err(refuse(
-                "only nops, endbr64, push reg, jmp/call/jcc rel and ret are handled so far (out-of-line execution is not implemented yet)",
+                "transactional memory: a trap always aborts the transaction",
             ));
+        }
+        Mnemonic::Retf | Mnemonic::Iret | Mnemonic::Iretd | Mnemonic::Iretq => {
+            return Err(refuse("far returns are not probed"));
+        }
+        _ if insn.is_call_far()
+            || insn.is_jmp_far()
+            || insn.is_jmp_far_indirect()
+            || insn.is_call_far_indirect() =>
+        {
+            return Err(refuse("far branches are not probed"));
+        }
+        _ => {
+            let slot = super::xol::slot_for(addr, &bytes[..insn.len()], &insn)?;
+            Emulation::OutOfLine { slot: slot as u64 }
         }
     };
     if is_branch(&emulation) && has_operand_size_override(bytes) {
         return Err(refuse("66-prefixed branches change the operand size"));
     }
     Ok(emulation)
+}
+
+/// `call r/m64`, emulated: the operand must resolve from the frame alone.
+fn indirect_call(insn: &Instruction) -> Result<Emulation, &'static str> {
+    if insn.code() != Code::Call_rm64 {
+        return Err("only 64-bit indirect calls are emulated");
+    }
+    if matches!(insn.segment_prefix(), Register::FS | Register::GS) {
+        return Err("fs/gs-relative indirect calls are not emulated");
+    }
+    let resolvable = |r: Register| r == Register::None || greg_of(r).is_some();
+    let ok = match insn.op0_kind() {
+        OpKind::Register => greg_of(insn.op0_register()).is_some(),
+        _ => resolvable(insn.memory_base()) && resolvable(insn.memory_index()),
+    };
+    if !ok {
+        return Err("indirect call through an operand that is not resolved");
+    }
+    Ok(Emulation::IndirectCall { insn: *insn })
+}
+
+/// `loop`/`loope`/`loopne`/`jrcxz` with 64-bit `rcx`, emulated.
+fn rcx_loop(insn: &Instruction) -> Result<Emulation, &'static str> {
+    let kind = match insn.code() {
+        Code::Loop_rel8_64_RCX => LoopKind::Loop,
+        Code::Loope_rel8_64_RCX => LoopKind::LoopE,
+        Code::Loopne_rel8_64_RCX => LoopKind::LoopNe,
+        Code::Jrcxz_rel8_64 => LoopKind::Jrcxz,
+        _ => return Err("32-bit-address (ecx) loops are not emulated"),
+    };
+    Ok(Emulation::Loop {
+        kind,
+        target: insn.near_branch_target(),
+        next: insn.next_ip(),
+    })
 }
 
 fn is_branch(e: &Emulation) -> bool {
@@ -109,7 +184,82 @@ fn is_branch(e: &Emulation) -> bool {
             | Emulation::Call { .. }
             | Emulation::Jcc { .. }
             | Emulation::Ret { .. }
+            | Emulation::Loop { .. }
     )
+}
+
+/// The kernel's refusal tables for 64-bit code (`uprobe_init_insn`): the
+/// first opcode byte, the second byte of `0f xx`, and the prefixes that
+/// make an instruction unsafe to move (segment overrides ES/CS/SS/DS,
+/// LOCK). Applies to emulated instructions too.
+fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'static str> {
+    let prefix_len = bytes
+        .iter()
+        .take_while(|b| {
+            matches!(
+                b,
+                0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3 | 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65
+            )
+        })
+        .count();
+    let prefixes = &bytes[..prefix_len];
+    if prefixes.contains(&0xf0) {
+        return Err("lock-prefixed instructions are refused (as by kernel uprobes)");
+    }
+    if prefixes
+        .iter()
+        .any(|b| matches!(b, 0x26 | 0x2e | 0x36 | 0x3e))
+    {
+        return Err("ES/CS/SS/DS segment prefixes are refused (as by kernel uprobes)");
+    }
+    // VEX/EVEX/XOP-encoded instructions carry their own opcode maps.
+    if insn.encoding() != iced_x86::EncodingKind::Legacy {
+        return Ok(());
+    }
+    let mut rest = &bytes[prefix_len..];
+    if let Some(&rex) = rest.first()
+        && (0x40..=0x4f).contains(&rex)
+    {
+        rest = &rest[1..];
+    }
+    match rest {
+        [
+            0x0f,
+            0x00 | 0x01 | 0x05..=0x09 | 0x0b | 0x30 | 0x34 | 0x35 | 0x37 | 0x78 | 0x79 | 0xae,
+            ..,
+        ] => Err("a system or serializing two-byte opcode refused by kernel uprobes"),
+        [
+            0x06
+            | 0x07
+            | 0x0e
+            | 0x16
+            | 0x17
+            | 0x1e
+            | 0x1f
+            | 0x27
+            | 0x2f
+            | 0x37
+            | 0x3f
+            | 0x60..=0x62
+            | 0x6c..=0x6f
+            | 0x82
+            | 0x9a
+            | 0xcc..=0xcf
+            | 0xd4..=0xd6
+            | 0xe4..=0xe7
+            | 0xea
+            | 0xec..=0xef
+            | 0xf1
+            | 0xf4
+            | 0xfa
+            | 0xfb,
+            ..,
+        ] => Err("an opcode refused by kernel uprobes (I/O, interrupts, invalid in 64-bit mode)"),
+        _ if insn.mnemonic() == Mnemonic::Mov && insn.op0_register() == Register::SS => {
+            Err("mov to ss inhibits interrupts for one instruction")
+        }
+        _ => Ok(()),
+    }
 }
 
 fn has_operand_size_override(bytes: &[u8]) -> bool {
@@ -131,7 +281,7 @@ fn is_near_branch(insn: &Instruction) -> bool {
     )
 }
 
-fn disassemble(insn: &Instruction) -> String {
+pub(crate) fn disassemble(insn: &Instruction) -> String {
     let mut out = String::new();
     NasmFormatter::new().format(insn, &mut out);
     out
@@ -139,7 +289,13 @@ fn disassemble(insn: &Instruction) -> String {
 
 /// The `gregs` index of a 64-bit general-purpose register.
 fn gpr(reg: Register) -> Gpr {
-    Gpr(match reg {
+    Gpr(greg_of(reg).expect("a 64-bit general-purpose register"))
+}
+
+/// The `gregs` index of a 64-bit general-purpose register (or RIP), if it
+/// is one.
+pub(crate) fn greg_of(reg: Register) -> Option<usize> {
+    Some(match reg {
         Register::RAX => libc::REG_RAX,
         Register::RCX => libc::REG_RCX,
         Register::RDX => libc::REG_RDX,
@@ -155,7 +311,9 @@ fn gpr(reg: Register) -> Gpr {
         Register::R12 => libc::REG_R12,
         Register::R13 => libc::REG_R13,
         Register::R14 => libc::REG_R14,
-        _ => libc::REG_R15,
+        Register::R15 => libc::REG_R15,
+        Register::RIP => libc::REG_RIP,
+        _ => return None,
     } as usize)
 }
 
@@ -243,23 +401,26 @@ mod tests {
 
     #[test]
     fn refuses_with_the_instruction_and_a_reason() {
-        let Err(AttachError::Unsupported { insn, why, .. }) = emu(&[0x48, 0x89, 0xe5]) else {
-            panic!("mov rbp,rsp is not emulated");
+        let Err(AttachError::Unsupported { insn, why, .. }) = emu(&[0x0f, 0x05]) else {
+            panic!("syscall is refused");
         };
-        assert_eq!(insn, "mov rbp,rsp");
-        assert!(why.contains("out-of-line"));
-        assert!(matches!(
-            emu(&[0xf0, 0xff, 0x00]),
-            Err(AttachError::Unsupported { .. })
-        ));
-        assert!(
-            matches!(emu(&[0x0f]), Err(AttachError::Unsupported { .. })),
-            "cut off"
-        );
-        assert!(matches!(
-            emu(&[0x66, 0xe9, 0, 0]),
-            Err(AttachError::Unsupported { .. })
-        ));
+        assert_eq!(insn, "syscall");
+        assert!(why.contains("kernel uprobes"), "{why}");
+        for refused in [
+            &[0xf0, 0xff, 0x00][..],   // lock inc dword [rax]
+            &[0x2e, 0x90],             // cs-prefixed
+            &[0xf4],                   // hlt
+            &[0xfa],                   // cli
+            &[0x0f],                   // cut off
+            &[0x66, 0xe9, 0, 0],       // 66-prefixed jmp
+            &[0xc7, 0xf8, 0, 0, 0, 0], // xbegin
+            &[0x67, 0xe2, 0xfe],       // loop with ecx
+        ] {
+            assert!(
+                matches!(emu(refused), Err(AttachError::Unsupported { .. })),
+                "{refused:x?} accepted"
+            );
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 mod context;
 mod emulate;
 mod insn;
+mod xol;
 
 pub use context::{EntryContext, Reg};
 pub(crate) use emulate::apply;

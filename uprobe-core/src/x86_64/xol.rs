@@ -1,0 +1,182 @@
+//! Out-of-line execution (XOL) slots.
+//!
+//! An instruction that is not emulated runs *out of line*: at attach it is
+//! relocated (iced-x86's block encoder, which re-targets RIP-relative
+//! operands) into a slot followed by a `jmp` back to the next instruction,
+//! and each hit sets RIP to the slot: one trap per hit, no single-step.
+//!
+//! Slots live in regions mapped within +-2 GB of the code they serve, so
+//! that RIP-relative operands and the jump back keep 32-bit displacements.
+//! A slot's content is a pure function of (address, original bytes), and a
+//! slot is only ever reused for that same key: a thread preempted inside a
+//! slot of a detached probe can never find other code there, and memory is
+//! bounded by the number of distinct probed sites. Free slots of a region
+//! are handed out by a `pcpu-freelist` pool; running out (no region can be
+//! mapped near the code, or a region is full and no other fits) is an
+//! error at attach, never a block.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock};
+use pcpu_freelist::FreeList;
+
+use crate::AttachError;
+
+/// Bytes per slot: the longest instruction relocated (15 bytes, longer when
+/// a branch is widened) plus a 5-byte jump back fits easily.
+pub(crate) const SLOT_SIZE: usize = 64;
+/// Bytes per region (1024 slots).
+const REGION_SIZE: usize = 64 * 1024;
+/// How far a slot may be from the code it serves (rel32, with margin).
+const REACH: usize = (1 << 31) - 2 * REGION_SIZE;
+
+struct Region {
+    base: usize,
+    free: FreeList<()>,
+}
+
+#[derive(Default)]
+struct Slots {
+    regions: Vec<Region>,
+    /// (address, original bytes) -> slot address.
+    by_key: HashMap<(usize, Vec<u8>), usize>,
+}
+
+static SLOTS: Mutex<Option<Slots>> = Mutex::new(None);
+
+/// The slot running `insn` (decoded at `addr` from `bytes`) out of line,
+/// reusing the one made before for the same key. Not async-signal-safe.
+pub(crate) fn slot_for(
+    addr: usize,
+    bytes: &[u8],
+    insn: &Instruction,
+) -> Result<usize, AttachError> {
+    let mut guard = SLOTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let slots = guard.get_or_insert_with(Slots::default);
+    let key = (addr, bytes.to_vec());
+    if let Some(&slot) = slots.by_key.get(&key) {
+        return Ok(slot);
+    }
+    let near = |base: usize| base.abs_diff(addr) < REACH;
+    let from_region = |r: &Region| r.free.pop().map(|e| r.base + e.into_index() * SLOT_SIZE);
+    let existing = slots
+        .regions
+        .iter()
+        .filter(|r| near(r.base))
+        .find_map(from_region);
+    let slot = if let Some(slot) = existing {
+        slot
+    } else {
+        let region = map_region_near(addr)?;
+        let slot = from_region(&region).expect("a new region has free slots");
+        slots.regions.push(region);
+        slot
+    };
+    let code = relocate(addr, insn, slot)?;
+    write_slot(slot, &code)?;
+    slots.by_key.insert(key, slot);
+    Ok(slot)
+}
+
+/// `insn` re-encoded to run at `slot`, then a jump back to the
+/// instruction after it.
+fn relocate(addr: usize, insn: &Instruction, slot: usize) -> Result<Vec<u8>, AttachError> {
+    let back = Instruction::with_branch(Code::Jmp_rel32_64, insn.next_ip()).map_err(|_| {
+        AttachError::Unsupported {
+            addr,
+            insn: super::insn::disassemble(insn),
+            why: "cannot encode the jump back",
+        }
+    })?;
+    let insns = [*insn, back];
+    let block = InstructionBlock::new(&insns, slot as u64);
+    let code = BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
+        .map_err(|_| AttachError::Unsupported {
+            addr,
+            insn: super::insn::disassemble(insn),
+            why: "cannot be relocated to an out-of-line slot",
+        })?
+        .code_buffer;
+    if code.len() > SLOT_SIZE {
+        return Err(AttachError::Unsupported {
+            addr,
+            insn: super::insn::disassemble(insn),
+            why: "relocated, it does not fit an out-of-line slot",
+        });
+    }
+    Ok(code)
+}
+
+/// Writes a slot's code, keeping its page executable throughout (other
+/// slots on it may be running).
+fn write_slot(slot: usize, code: &[u8]) -> Result<(), AttachError> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let base = slot & !(page - 1);
+    let rx = libc::PROT_READ | libc::PROT_EXEC;
+    // SAFETY: `base` is a page of a region we mapped; slots never straddle
+    // pages (64 divides the page size).
+    if unsafe { libc::mprotect(base as *mut libc::c_void, page, rx | libc::PROT_WRITE) } != 0 {
+        return Err(crate::error::os_error("mprotect (XOL slot)"));
+    }
+    // SAFETY: the slot is ours, unused so far, and writable now.
+    unsafe { core::ptr::copy_nonoverlapping(code.as_ptr(), slot as *mut u8, code.len()) };
+    // SAFETY: as above.
+    if unsafe { libc::mprotect(base as *mut libc::c_void, page, rx) } != 0 {
+        return Err(crate::error::os_error("mprotect (XOL slot)"));
+    }
+    Ok(())
+}
+
+/// Maps a region of slots within reach of `addr`: the free gap of the
+/// address space nearest to it.
+fn map_region_near(addr: usize) -> Result<Region, AttachError> {
+    let mut taken: Vec<(usize, usize)> = crate::maps::all_mappings();
+    taken.sort_unstable();
+    let lo = addr.saturating_sub(REACH);
+    let hi = addr.saturating_add(REACH);
+    // Candidate region bases: just below each mapping and just above it.
+    let mut candidates: Vec<usize> = taken
+        .iter()
+        .flat_map(|&(start, end)| {
+            [
+                start.saturating_sub(REGION_SIZE) & !(REGION_SIZE - 1),
+                (end + REGION_SIZE - 1) & !(REGION_SIZE - 1),
+            ]
+        })
+        .filter(|&b| b >= lo && b + REGION_SIZE <= hi && b >= 0x10000)
+        .filter(|&b| !taken.iter().any(|&(s, e)| b < e && s < b + REGION_SIZE))
+        .collect();
+    candidates.sort_unstable_by_key(|&b| b.abs_diff(addr));
+    for base in candidates {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+        let p = unsafe {
+            libc::mmap(
+                base as *mut libc::c_void,
+                REGION_SIZE,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p as usize == base {
+            return Ok(Region {
+                base,
+                free: FreeList::new(core::iter::repeat_n((), REGION_SIZE / SLOT_SIZE)),
+            });
+        }
+        if p != libc::MAP_FAILED {
+            // An old kernel ignoring the flag put it elsewhere.
+            // SAFETY: unmapping what this call mapped.
+            unsafe { libc::munmap(p, REGION_SIZE) };
+        }
+    }
+    Err(AttachError::Os {
+        what: "no room for out-of-line slots within 2 GB of the probed code",
+        errno: libc::ENOMEM,
+    })
+}
