@@ -139,6 +139,69 @@ fn install() -> Result<(), AttachError> {
     Ok(())
 }
 
+/// The synchronous signals an out-of-line instruction can raise.
+const FAULTS: [libc::c_int; 4] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL];
+
+/// The handlers installed for [`FAULTS`] before ours, in that order.
+struct PreviousFaults(core::cell::UnsafeCell<[core::mem::MaybeUninit<libc::sigaction>; 4]>);
+// SAFETY: as for `Previous`.
+unsafe impl Sync for PreviousFaults {}
+static PREVIOUS_FAULTS: PreviousFaults = PreviousFaults(core::cell::UnsafeCell::new(
+    [const { core::mem::MaybeUninit::zeroed() }; 4],
+));
+
+/// Installs, once, handlers that report a fault raised inside an
+/// out-of-line slot at the probed address (as the kernel does), then pass
+/// it on to the program's own handler or the default action.
+pub(crate) fn install_fault_handlers() -> Result<(), AttachError> {
+    static ONCE: Once = Once::new();
+    static FAILED: AtomicBool = AtomicBool::new(false);
+    ONCE.call_once(|| {
+        for (i, &sig) in FAULTS.iter().enumerate() {
+            // SAFETY: as in `install`; each previous disposition is stored
+            // before our handler for that signal exists.
+            unsafe {
+                let mut sa: libc::sigaction = core::mem::zeroed();
+                sa.sa_sigaction = on_fault as *const () as libc::sighandler_t;
+                sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
+                libc::sigemptyset(&raw mut sa.sa_mask);
+                let prev = (*PREVIOUS_FAULTS.0.get())[i].as_mut_ptr();
+                if libc::sigaction(sig, &raw const sa, prev) != 0 {
+                    FAILED.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+    });
+    if FAILED.load(Ordering::Relaxed) {
+        return Err(os_error("sigaction(SIGSEGV/SIGBUS/SIGFPE/SIGILL)"));
+    }
+    Ok(())
+}
+
+extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid ucontext (SA_SIGINFO).
+    let uc = unsafe { &mut *ctx.cast::<libc::ucontext_t>() };
+    let rip = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
+    if let Some(addr) = crate::arch::origin_of(rip) {
+        uc.uc_mcontext.gregs[libc::REG_RIP as usize] = addr as i64;
+    }
+    let i = FAULTS.iter().position(|&s| s == sig).unwrap_or(0);
+    // SAFETY: written before our handler was installed, read-only since.
+    let prev = unsafe { (*PREVIOUS_FAULTS.0.get())[i].assume_init_ref() };
+    if prev.sa_sigaction == libc::SIG_IGN {
+        // The kernel never lets a fault be ignored (returning would run
+        // the faulting instruction again forever): the default action.
+        // SAFETY: resetting a disposition and re-raising are
+        // async-signal-safe.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+        return;
+    }
+    pass_on(prev, sig, info, ctx);
+}
+
 /// Aborts (with a message) if a consumer panics: unwinding through the
 /// signal frame is undefined behaviour.
 struct AbortOnUnwind;
@@ -219,6 +282,16 @@ fn hit(site: &Site, uc: &mut libc::ucontext_t) {
 fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: written before our handler was installed, read-only since.
     let prev = unsafe { (*PREVIOUS.0.get()).assume_init_ref() };
+    pass_on(prev, sig, info, ctx);
+}
+
+/// Runs disposition `prev` for a signal our handler received.
+fn pass_on(
+    prev: &libc::sigaction,
+    sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) {
     match prev.sa_sigaction {
         libc::SIG_IGN => {}
         libc::SIG_DFL => {

@@ -9,3 +9,4 @@ mod xol;
 pub use context::{EntryContext, Reg};
 pub(crate) use emulate::apply;
 pub(crate) use insn::{Emulation, analyze};
+pub(crate) use xol::origin_of;

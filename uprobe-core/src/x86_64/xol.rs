@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock};
 use pcpu_freelist::FreeList;
@@ -34,6 +35,36 @@ const REACH: usize = (1 << 31) - 2 * REGION_SIZE;
 struct Region {
     base: usize,
     free: FreeList<()>,
+}
+
+/// The most regions a process maps (64 MiB of slots).
+const MAX_REGIONS: usize = 1024;
+/// Region bases, for the fault handler (0: unused); written once each,
+/// before any slot of the region is published.
+static REGION_BASES: [AtomicUsize; MAX_REGIONS] = [const { AtomicUsize::new(0) }; MAX_REGIONS];
+/// Per region, the probed address each slot runs (leaked, like the
+/// regions: slots live as long as the process).
+static REGION_ORIGINS: [AtomicPtr<AtomicUsize>; MAX_REGIONS] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_REGIONS];
+
+/// If `ip` is inside an out-of-line slot, the probed address whose
+/// instruction that slot runs (a fault raised there is reported at that
+/// address, as the kernel does). Async-signal-safe: loads only.
+pub(crate) fn origin_of(ip: usize) -> Option<usize> {
+    for (base, origins) in REGION_BASES.iter().zip(&REGION_ORIGINS) {
+        let base = base.load(Ordering::Acquire);
+        if base == 0 {
+            return None;
+        }
+        if (base..base + REGION_SIZE).contains(&ip) {
+            let origins = origins.load(Ordering::Acquire);
+            // SAFETY: a published region's origin table has one entry per
+            // slot and is never freed.
+            let origin = unsafe { &*origins.add((ip - base) / SLOT_SIZE) };
+            return Some(origin.load(Ordering::Acquire)).filter(|&a| a != 0);
+        }
+    }
+    None
 }
 
 #[derive(Default)]
@@ -77,8 +108,39 @@ pub(crate) fn slot_for(
     };
     let code = relocate(addr, insn, slot)?;
     write_slot(slot, &code)?;
+    record_origin(slot, addr);
     slots.by_key.insert(key, slot);
     Ok(slot)
+}
+
+/// Notes which address `slot` serves, for the fault handler.
+fn record_origin(slot: usize, addr: usize) {
+    for (base, origins) in REGION_BASES.iter().zip(&REGION_ORIGINS) {
+        let b = base.load(Ordering::Acquire);
+        if (b..b + REGION_SIZE).contains(&slot) {
+            // SAFETY: as in `origin_of`.
+            let o = unsafe { &*origins.load(Ordering::Acquire).add((slot - b) / SLOT_SIZE) };
+            o.store(addr, Ordering::Release);
+            return;
+        }
+    }
+}
+
+/// Publishes a new region for the fault handler.
+fn publish_region(base: usize) -> Result<(), AttachError> {
+    let free = REGION_BASES
+        .iter()
+        .position(|b| b.load(Ordering::Relaxed) == 0)
+        .ok_or(AttachError::Os {
+            what: "too many out-of-line regions",
+            errno: libc::ENOMEM,
+        })?;
+    let origins: Box<[AtomicUsize]> = (0..REGION_SIZE / SLOT_SIZE)
+        .map(|_| AtomicUsize::new(0))
+        .collect();
+    REGION_ORIGINS[free].store(Box::leak(origins).as_mut_ptr(), Ordering::Release);
+    REGION_BASES[free].store(base, Ordering::Release);
+    crate::engine::install_fault_handlers()
 }
 
 /// `insn` re-encoded to run at `slot`, then a jump back to the
@@ -164,6 +226,7 @@ fn map_region_near(addr: usize) -> Result<Region, AttachError> {
             )
         };
         if p as usize == base {
+            publish_region(base)?;
             return Ok(Region {
                 base,
                 free: FreeList::new(core::iter::repeat_n((), REGION_SIZE / SLOT_SIZE)),
