@@ -31,6 +31,10 @@ pub fn all() -> Vec<Scenario> {
         uprobe::NOP,
         #[cfg(target_arch = "x86_64")]
         uprobe::PUSH,
+        #[cfg(target_arch = "x86_64")]
+        uprobe::RET,
+        #[cfg(target_arch = "x86_64")]
+        uprobe::RIPREL,
     ]
 }
 

@@ -1,4 +1,5 @@
-//! `uprobe-nop` and `uprobe-push`: a call to a probed function, with the
+//! `uprobe-nop`, `uprobe-push`, `uprobe-ret` and `uprobe-riprel`: a call
+//! to a probed function, with the
 //! engine's probe (`uprobe-core`), with a real kernel uprobe (`kernel`, on
 //! a copy of the function the engine never patches), and unprobed
 //! (`none`): the trig-uprobe-* benchmarks of the kernel's selftests.
@@ -11,26 +12,17 @@ use crate::harness::{Scenario, Workload};
 core::arch::global_asm!(
     ".text",
     // The engine's targets.
-    ".globl bench_u_nop",
-    "bench_u_nop:",
-    "nop",
-    "ret",
-    ".globl bench_u_push",
-    "bench_u_push:",
-    "push rbp",
-    "pop rbp",
-    "ret",
+    ".globl bench_u_nop", "bench_u_nop:", "nop", "ret",
+    ".globl bench_u_push", "bench_u_push:", "push rbp", "pop rbp", "ret",
+    ".globl bench_u_ret", "bench_u_ret:", "ret",
+    ".globl bench_u_riprel", "bench_u_riprel:", "mov rax, [rip + bench_data]", "ret",
     // The kernel's copies (a kernel uprobe writes its own int3 into the
     // page; removing it restores the file's bytes, which would erase ours).
-    ".globl bench_k_nop",
-    "bench_k_nop:",
-    "nop",
-    "ret",
-    ".globl bench_k_push",
-    "bench_k_push:",
-    "push rbp",
-    "pop rbp",
-    "ret",
+    ".globl bench_k_nop", "bench_k_nop:", "nop", "ret",
+    ".globl bench_k_push", "bench_k_push:", "push rbp", "pop rbp", "ret",
+    ".globl bench_k_ret", "bench_k_ret:", "ret",
+    ".globl bench_k_riprel", "bench_k_riprel:", "mov rax, [rip + bench_data]", "ret",
+    ".data", ".balign 8", "bench_data:", ".quad 7", ".text",
 );
 
 unsafe extern "C" {
@@ -38,6 +30,10 @@ unsafe extern "C" {
     fn bench_u_push();
     fn bench_k_nop();
     fn bench_k_push();
+    fn bench_u_ret();
+    fn bench_k_ret();
+    fn bench_u_riprel();
+    fn bench_k_riprel();
 }
 
 const IMPLS: &[&str] = &["uprobe-core", "kernel", "none"];
@@ -54,6 +50,20 @@ pub const PUSH: Scenario = Scenario {
     about: "call a function whose first instruction (push rbp) is probed, one counting consumer",
     impls: IMPLS,
     build: build_push,
+};
+
+pub const RET: Scenario = Scenario {
+    name: "uprobe-ret",
+    about: "call a function that is a lone `ret`, probed (the kernel single-steps it; the engine emulates it)",
+    impls: IMPLS,
+    build: build_ret,
+};
+
+pub const RIPREL: Scenario = Scenario {
+    name: "uprobe-riprel",
+    about: "call a function starting with a RIP-relative load, probed (the kernel single-steps it; the engine runs it out of line)",
+    impls: IMPLS,
+    build: build_riprel,
 };
 
 /// Calls `target` in a loop while `_guard` keeps its probe attached.
@@ -87,6 +97,14 @@ fn build_nop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
 
 fn build_push(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     build(imp, bench_u_push, bench_k_push)
+}
+
+fn build_ret(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    build(imp, bench_u_ret, bench_k_ret)
+}
+
+fn build_riprel(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    build(imp, bench_u_riprel, bench_k_riprel)
 }
 
 /// Hits the engine's consumer counted.
