@@ -203,12 +203,24 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
 }
 
 /// Aborts (with a message) if a consumer panics: unwinding through the
-/// signal frame is undefined behaviour.
-struct AbortOnUnwind;
+/// signal frame is undefined behaviour. Remembers whether the interrupted
+/// code was itself unwinding (a panic allocates, so a probe on `malloc`
+/// can hit in the middle of one): only a new panic aborts.
+struct AbortOnUnwind {
+    was_panicking: bool,
+}
+
+impl AbortOnUnwind {
+    fn new() -> Self {
+        Self {
+            was_panicking: std::thread::panicking(),
+        }
+    }
+}
 
 impl Drop for AbortOnUnwind {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking() && !self.was_panicking {
             const MSG: &[u8] = b"uprobe-core: a probe handler panicked; aborting\n";
             // SAFETY: write(2) of a static buffer to stderr.
             unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
@@ -248,7 +260,7 @@ fn hit(site: &Site, uc: &mut libc::ucontext_t) {
     if IN_ENGINE.replace(true) {
         site.missed.fetch_add(1, Ordering::Relaxed);
     } else {
-        let _abort = AbortOnUnwind;
+        let _abort = AbortOnUnwind::new();
         // SAFETY: lists are freed only after a grace period, and we are in
         // a read section.
         let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
@@ -273,7 +285,7 @@ fn hit(site: &Site, uc: &mut libc::ucontext_t) {
     }
     if !ip_changed {
         // SAFETY: the thread trapped on this very instruction.
-        unsafe { apply(site.emulation, uc) };
+        unsafe { apply(&site.emulation, uc) };
     }
 }
 

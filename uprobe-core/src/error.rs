@@ -25,6 +25,39 @@ pub enum AttachError {
         /// The address.
         addr: usize,
     },
+    /// No loaded object is called that.
+    NoSuchObject {
+        /// The object asked for.
+        object: String,
+    },
+    /// No function of that name in the object(s) searched.
+    SymbolNotFound {
+        /// Where it was looked for.
+        object: String,
+        /// The name asked for.
+        name: String,
+    },
+    /// No function symbol covers the address (use the `unsafe`
+    /// [`Uprobe::address`](crate::Uprobe::address) to probe it anyway).
+    NoSymbol {
+        /// The address.
+        addr: usize,
+    },
+    /// The address is inside an instruction of `function` (decoding from
+    /// the function's start never lands on it).
+    NotInstructionBoundary {
+        /// The address.
+        addr: usize,
+        /// The function it lies in.
+        function: String,
+    },
+    /// That byte of that file is not mapped in this process.
+    FileOffsetNotMapped {
+        /// The file.
+        path: String,
+        /// The offset asked for.
+        offset: u64,
+    },
     /// This architecture has no engine yet.
     UnsupportedArch,
     /// A system call failed while installing the handler or patching.
@@ -52,6 +85,24 @@ impl core::fmt::Display for AttachError {
                 f,
                 "{addr:#x} already holds a breakpoint that is not ours (a debugger's?)"
             ),
+            Self::NoSuchObject { object } => write!(f, "no loaded object is called {object:?}"),
+            Self::SymbolNotFound { object, name } => {
+                write!(f, "no function {name:?} in {object}")
+            }
+            Self::NoSymbol { addr } => write!(
+                f,
+                "no function symbol covers {addr:#x} (Uprobe::address probes it unchecked)"
+            ),
+            Self::NotInstructionBoundary { addr, function } => write!(
+                f,
+                "{addr:#x} is inside an instruction of {function}, not at its start"
+            ),
+            Self::FileOffsetNotMapped { path, offset } => {
+                write!(
+                    f,
+                    "offset {offset:#x} of {path} is not mapped in this process"
+                )
+            }
             Self::UnsupportedArch => f.write_str("no probe engine for this architecture yet"),
             Self::Os { what, errno } => write!(
                 f,

@@ -42,6 +42,8 @@ mod maps;
 #[cfg(target_arch = "x86_64")]
 mod probe;
 #[cfg(target_arch = "x86_64")]
+mod symbols;
+#[cfg(target_arch = "x86_64")]
 mod x86_64;
 #[cfg(target_arch = "x86_64")]
 use x86_64 as arch;

@@ -86,3 +86,55 @@ pub(crate) fn all_mappings() -> Vec<(usize, usize)> {
         })
         .collect()
 }
+
+/// The file mapped at `addr`, if any.
+pub(crate) fn path_of(addr: usize) -> Option<std::path::PathBuf> {
+    file_mappings()
+        .into_iter()
+        .find(|m| (m.start..m.end).contains(&addr))
+        .map(|m| m.path)
+}
+
+/// Where byte `offset` of file `path` is mapped executable in this process,
+/// if it is. (Segments may share a page, so the same file offset can be
+/// mapped twice, once read-only; code is what probes want.)
+pub(crate) fn address_of_file_offset(path: &std::path::Path, offset: u64) -> Option<usize> {
+    let want = std::fs::canonicalize(path).ok()?;
+    file_mappings().into_iter().find_map(|m| {
+        let len = (m.end - m.start) as u64;
+        (m.exec && m.path == want && (m.offset..m.offset + len).contains(&offset))
+            .then(|| m.start + (offset - m.offset) as usize)
+    })
+}
+
+struct FileMapping {
+    start: usize,
+    end: usize,
+    exec: bool,
+    offset: u64,
+    path: std::path::PathBuf,
+}
+
+fn file_mappings() -> Vec<FileMapping> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
+    maps.lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (start, end) = f.next()?.split_once('-')?;
+            let perms = f.next()?;
+            let offset = u64::from_str_radix(f.next()?, 16).ok()?;
+            let _dev = f.next()?;
+            let _inode = f.next()?;
+            let path = f.next().filter(|p| p.starts_with('/'))?;
+            Some(FileMapping {
+                start: usize::from_str_radix(start, 16).ok()?,
+                end: usize::from_str_radix(end, 16).ok()?,
+                exec: perms.as_bytes().get(2) == Some(&b'x'),
+                offset,
+                path: path.into(),
+            })
+        })
+        .collect()
+}

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::AttachError;
 use crate::arch::EntryContext;
 use crate::engine::{self, Consumer};
+use crate::symbols::{self, Function};
 
 /// A probe to attach: where, and what runs on each hit.
 ///
@@ -30,6 +31,9 @@ pub struct Uprobe {
     addr: usize,
     handler: Option<engine::Handler>,
     only_tid: i32,
+    /// The function the address was found in, for the boundary check at
+    /// attach (`None`: unchecked, from [`Uprobe::address`]).
+    function: Option<Function>,
 }
 
 impl Uprobe {
@@ -38,15 +42,121 @@ impl Uprobe {
     /// # Safety
     /// `addr` is the first byte of an instruction of this process's code
     /// (a function's address is). A probe in the middle of an instruction
-    /// corrupts it for every thread that runs it. (Symbol-checked
-    /// constructors, which decode from a function's start, come with the
-    /// ELF support.)
+    /// corrupts it for every thread that runs it. [`at`](Self::at),
+    /// [`function`](Self::function) and [`file_offset`](Self::file_offset)
+    /// check this against the symbol tables instead; this constructor is
+    /// the explicit opt-in for code no symbol covers.
     #[must_use]
     pub unsafe fn address(addr: usize) -> Self {
         Self {
             addr,
             handler: None,
             only_tid: 0,
+            function: None,
+        }
+    }
+
+    /// A probe on the first instruction of function `name`, looked up in
+    /// the executable and then in every loaded library (ELF `.symtab`,
+    /// then `.dynsym`). A GNU IFUNC (`memcpy`, `strlen`, ...) resolves to
+    /// the implementation the program actually calls. Not
+    /// async-signal-safe (reads the object files).
+    pub fn function(name: &str) -> Result<Self, AttachError> {
+        Ok(Self::in_function(symbols::find_function(None, name)?))
+    }
+
+    /// Like [`function`](Self::function), in the loaded object `object`
+    /// only (its file name, like `libc.so.6`, or its path).
+    pub fn in_object(object: &str, name: &str) -> Result<Self, AttachError> {
+        Ok(Self::in_function(symbols::find_function(
+            Some(object),
+            name,
+        )?))
+    }
+
+    /// A probe on the instruction at byte `offset` of file `path`, as
+    /// kernel uprobes take it; the file must be mapped in this process and
+    /// the offset must start an instruction of a function its symbols
+    /// know.
+    pub fn file_offset(
+        path: impl AsRef<std::path::Path>,
+        offset: u64,
+    ) -> Result<Self, AttachError> {
+        let path = path.as_ref();
+        let addr = crate::maps::address_of_file_offset(path, offset).ok_or_else(|| {
+            AttachError::FileOffsetNotMapped {
+                path: path.display().to_string(),
+                offset,
+            }
+        })?;
+        Self::at(addr)
+    }
+
+    /// A probe at `addr`, checked: a function symbol must cover it, and it
+    /// must start one of that function's instructions (decoding from the
+    /// function's start). [`address`](Self::address) skips the check.
+    pub fn at(addr: usize) -> Result<Self, AttachError> {
+        let function = symbols::covering_function(addr).ok_or(AttachError::NoSymbol { addr })?;
+        let mut probe = Self::in_function(function);
+        probe.addr = addr;
+        Ok(probe)
+    }
+
+    /// Moves the probe `offset` bytes into the function it was made for
+    /// (checked at attach to start an instruction).
+    #[must_use]
+    pub fn offset(mut self, offset: usize) -> Self {
+        if let Some(f) = &self.function {
+            self.addr = f.start + offset;
+        } else {
+            self.addr += offset;
+        }
+        self
+    }
+
+    fn in_function(function: Function) -> Self {
+        Self {
+            addr: function.start,
+            handler: None,
+            only_tid: 0,
+            function: Some(function),
+        }
+    }
+
+    /// The address the probe will be attached at.
+    #[must_use]
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// The boundary check for probes made from a symbol.
+    fn check_boundary(&self) -> Result<(), AttachError> {
+        let Some(f) = &self.function else {
+            return Ok(());
+        };
+        if self.addr == f.start {
+            return Ok(());
+        }
+        let inside = self.addr > f.start && (f.size == 0 || self.addr < f.start + f.size);
+        let end = crate::maps::mapping_of(f.start).map_or(f.start, |m| m.end);
+        let code_end = if f.size == 0 {
+            end
+        } else {
+            (f.start + f.size).min(end)
+        };
+        let on_boundary = inside && {
+            // SAFETY: `[f.start, code_end)` lies in the function's mapping.
+            let code =
+                unsafe { core::slice::from_raw_parts(f.start as *const u8, code_end - f.start) };
+            crate::arch::is_boundary(f.start, self.addr, code)
+        };
+        if on_boundary {
+            Ok(())
+        } else {
+            Err(AttachError::NotInstructionBoundary {
+                addr: self.addr,
+                function: f.name.clone(),
+            })
         }
     }
 
@@ -71,6 +181,7 @@ impl Uprobe {
     /// Patches the breakpoint in (the first consumer at an address) or adds
     /// this consumer to the probe already there. Not async-signal-safe.
     pub fn attach(self) -> Result<Probe, AttachError> {
+        self.check_boundary()?;
         let consumer = Arc::new(Consumer {
             handler: self.handler.unwrap_or_else(|| Box::new(|_| {})),
             only_tid: self.only_tid,

@@ -5,12 +5,16 @@ use super::insn::{Emulation, LoopKind, condition_holds, greg_of};
 /// Does what the displaced instruction would have done, on the registers
 /// of the signal frame. Async-signal-safe.
 ///
+/// Takes the emulation by reference: copying it (it holds a decoded
+/// instruction) would be a `memcpy` call in unoptimised builds, and a probe
+/// on `memcpy` would then recurse through this very function.
+///
 /// # Safety
 /// `uc` is the frame of a thread that trapped on this instruction; for
 /// `push`/`call`, `[rsp - 8]` is that thread's stack (the signal frame lies
 /// below the 128-byte red zone, so it is not overwritten), and for `ret`
 /// `[rsp]` is readable, as executing the instruction would require.
-pub(crate) unsafe fn apply(e: Emulation, uc: &mut libc::ucontext_t) {
+pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
     let g = &mut uc.uc_mcontext.gregs;
     let rsp = libc::REG_RSP as usize;
     let rip = libc::REG_RIP as usize;
@@ -21,19 +25,19 @@ pub(crate) unsafe fn apply(e: Emulation, uc: &mut libc::ucontext_t) {
         g[rsp] = sp as i64;
     };
     match e {
-        Emulation::Nop { next } => g[rip] = next as i64,
-        Emulation::Push { reg, next } => {
+        &Emulation::Nop { next } => g[rip] = next as i64,
+        &Emulation::Push { reg, next } => {
             // `push rsp` pushes the value before the decrement.
             let value = g[reg.0] as u64;
             push(g, value);
             g[rip] = next as i64;
         }
-        Emulation::Jmp { target } => g[rip] = target as i64,
-        Emulation::Call { target, next } => {
+        &Emulation::Jmp { target } => g[rip] = target as i64,
+        &Emulation::Call { target, next } => {
             push(g, next);
             g[rip] = target as i64;
         }
-        Emulation::Jcc { cond, target, next } => {
+        &Emulation::Jcc { cond, target, next } => {
             let taken = condition_holds(cond, g[libc::REG_EFL as usize] as u64);
             g[rip] = if taken { target } else { next } as i64;
         }
@@ -51,7 +55,7 @@ pub(crate) unsafe fn apply(e: Emulation, uc: &mut libc::ucontext_t) {
             push(g, insn.next_ip());
             g[rip] = target as i64;
         }
-        Emulation::Loop { kind, target, next } => {
+        &Emulation::Loop { kind, target, next } => {
             let rcx_i = libc::REG_RCX as usize;
             let zf = (g[libc::REG_EFL as usize] >> 6) & 1 == 1;
             let mut rcx = g[rcx_i] as u64;
@@ -67,8 +71,8 @@ pub(crate) unsafe fn apply(e: Emulation, uc: &mut libc::ucontext_t) {
             };
             g[rip] = if taken { target } else { next } as i64;
         }
-        Emulation::OutOfLine { slot } => g[rip] = slot as i64,
-        Emulation::Ret { pop } => {
+        &Emulation::OutOfLine { slot } => g[rip] = slot as i64,
+        &Emulation::Ret { pop } => {
             let sp = g[rsp] as u64;
             // SAFETY: the caller's contract: `ret` reads `[rsp]`.
             let to = unsafe { (sp as *const u64).read() };

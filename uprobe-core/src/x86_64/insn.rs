@@ -64,6 +64,22 @@ pub(crate) enum LoopKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Gpr(pub(crate) usize);
 
+/// Whether decoding from `start` (a function's first instruction) lands on
+/// `addr`, given the code bytes `code` that begin at `start`.
+pub(crate) fn is_boundary(start: usize, addr: usize, code: &[u8]) -> bool {
+    let mut decoder = Decoder::with_ip(64, code, start as u64, DecoderOptions::NONE);
+    while decoder.can_decode() {
+        let insn = decoder.decode();
+        if insn.is_invalid() || insn.ip() > addr as u64 {
+            return false;
+        }
+        if insn.ip() == addr as u64 {
+            return true;
+        }
+    }
+    false
+}
+
 /// Decodes the instruction at `addr` from `bytes` (its bytes, up to 15)
 /// and decides how hits will emulate it.
 pub(crate) fn analyze(addr: usize, bytes: &[u8]) -> Result<Emulation, AttachError> {

@@ -8,5 +8,5 @@ mod xol;
 
 pub use context::{EntryContext, Reg};
 pub(crate) use emulate::apply;
-pub(crate) use insn::{Emulation, analyze};
+pub(crate) use insn::{Emulation, analyze, is_boundary};
 pub(crate) use xol::origin_of;

@@ -1,0 +1,145 @@
+//! Attaching by symbol, by file offset and by checked address: functions
+//! of the executable and of libc, an IFUNC resolved to what the program
+//! calls, and the refusals (unknown names, mid-instruction addresses,
+//! addresses no symbol covers).
+#![cfg(target_arch = "x86_64")]
+
+mod common;
+
+use std::ffi::c_void;
+
+use common::{call, fn_addr};
+use uprobe_core::{AttachError, Uprobe};
+
+core::arch::global_asm!(
+    ".text",
+    ".globl s_func",
+    ".type s_func, @function",
+    "s_func:",
+    "nop",
+    "lea rax, [rdi + 1]",
+    "ret",
+    ".size s_func, . - s_func",
+);
+
+unsafe extern "C" {
+    fn s_func(x: u64) -> u64;
+}
+
+fn tid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+#[test]
+fn a_function_of_the_executable_by_name() {
+    let probe = Uprobe::function("s_func").unwrap();
+    assert_eq!(probe.addr(), fn_addr(s_func));
+    let probe = probe.attach().unwrap();
+    assert_eq!(call(s_func, 1), 2);
+    assert_eq!(probe.hits(), 1);
+}
+
+#[test]
+fn offsets_must_start_an_instruction() {
+    // nop (1 byte), lea rax,[rdi+1] (4 bytes), ret.
+    let inside_lea = Uprobe::function("s_func").unwrap().offset(2).attach();
+    assert_eq!(
+        inside_lea.unwrap_err(),
+        AttachError::NotInstructionBoundary {
+            addr: fn_addr(s_func) + 2,
+            function: "s_func".into()
+        }
+    );
+    let on_ret = Uprobe::function("s_func")
+        .unwrap()
+        .offset(5)
+        .attach()
+        .unwrap();
+    assert_eq!(call(s_func, 1), 2);
+    assert_eq!(on_ret.hits(), 1);
+    let past_the_end = Uprobe::function("s_func").unwrap().offset(6).attach();
+    assert!(matches!(
+        past_the_end,
+        Err(AttachError::NotInstructionBoundary { .. })
+    ));
+}
+
+#[test]
+fn checked_addresses_and_file_offsets() {
+    assert_eq!(
+        Uprobe::at(fn_addr(s_func) + 1).unwrap().addr(),
+        fn_addr(s_func) + 1
+    );
+    let heap = Box::new(0u64);
+    let heap = (&raw const *heap) as usize;
+    assert_eq!(
+        Uprobe::at(heap).unwrap_err(),
+        AttachError::NoSymbol { addr: heap }
+    );
+    // The executable's file offset of `s_func`, from /proc/self/maps.
+    let exe = std::fs::read_link("/proc/self/exe").unwrap();
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let addr = fn_addr(s_func);
+    let offset = maps
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (s, e) = f[0].split_once('-')?;
+            let (s, e) = (
+                usize::from_str_radix(s, 16).ok()?,
+                usize::from_str_radix(e, 16).ok()?,
+            );
+            ((s..e).contains(&addr))
+                .then(|| u64::from_str_radix(f[2], 16).unwrap() + (addr - s) as u64)
+        })
+        .unwrap();
+    assert_eq!(Uprobe::file_offset(&exe, offset).unwrap().addr(), addr);
+    assert!(matches!(
+        Uprobe::file_offset(&exe, u64::MAX / 2),
+        Err(AttachError::FileOffsetNotMapped { .. })
+    ));
+}
+
+#[test]
+fn libc_functions_and_ifuncs() {
+    let malloc = Uprobe::in_object("libc.so.6", "malloc").unwrap();
+    assert_eq!(malloc.addr(), libc::malloc as *const () as usize);
+    // memcpy is an IFUNC: the probe goes where calls go, which is what
+    // the dynamic linker resolved (dlsym gives the same).
+    let memcpy = Uprobe::in_object("libc.so.6", "memcpy").unwrap();
+    // SAFETY: dlsym with a NUL-terminated name.
+    let resolved = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"memcpy".as_ptr()) } as usize;
+    assert_eq!(memcpy.addr(), resolved);
+    let probe = match memcpy.only_thread(tid()).attach() {
+        Ok(p) => p,
+        Err(AttachError::Unsupported { insn, why, .. }) => {
+            println!("this libc's memcpy starts with `{insn}` ({why}); not probed");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let (src, mut dst) = ([7u8; 64], [0u8; 64]);
+    // Through a pointer the compiler cannot see through, so the call
+    // really reaches libc's memcpy.
+    let f: unsafe extern "C" fn(*mut c_void, *const c_void, usize) -> *mut c_void =
+        std::hint::black_box(libc::memcpy);
+    // SAFETY: two distinct 64-byte buffers.
+    unsafe { f(dst.as_mut_ptr().cast(), src.as_ptr().cast(), 64) };
+    assert_eq!(dst, src);
+    assert!(probe.hits() >= 1);
+}
+
+#[test]
+fn unknown_names_and_objects() {
+    assert_eq!(
+        Uprobe::in_object("libnothere.so", "f").unwrap_err(),
+        AttachError::NoSuchObject {
+            object: "libnothere.so".into()
+        }
+    );
+    assert!(matches!(
+        Uprobe::function("no_such_function_anywhere"),
+        Err(AttachError::SymbolNotFound { .. })
+    ));
+}
