@@ -349,6 +349,11 @@ pub(crate) unsafe fn attach(addr: usize, consumer: Arc<Consumer>) -> Result<(), 
     let Some(map) = map else {
         return Err(AttachError::NotCode { addr });
     };
+    crate::checks::refuse_rseq_critical_section(addr)?;
+    let blocking = crate::checks::threads_blocking_sigtrap();
+    if !blocking.is_empty() {
+        return Err(AttachError::TrapBlocked { tids: blocking });
+    }
     let len = (map.end - addr).min(15);
     // SAFETY: `[addr, addr + len)` lies in a readable executable mapping.
     let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, len) };

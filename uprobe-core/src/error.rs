@@ -58,6 +58,23 @@ pub enum AttachError {
         /// The offset asked for.
         offset: u64,
     },
+    /// The address is inside a restartable sequence's critical section
+    /// `[start, end)`: the kernel would move a trapping thread to the
+    /// section's abort handler before the trap could be handled.
+    RseqCriticalSection {
+        /// The address.
+        addr: usize,
+        /// The section's first byte.
+        start: usize,
+        /// One past its commit.
+        end: usize,
+    },
+    /// These threads block SIGTRAP: a probe hit on one of them would kill
+    /// the process (the kernel forces the default action).
+    TrapBlocked {
+        /// Their thread ids.
+        tids: Vec<i32>,
+    },
     /// This architecture has no engine yet.
     UnsupportedArch,
     /// A system call failed while installing the handler or patching.
@@ -103,6 +120,14 @@ impl core::fmt::Display for AttachError {
                     "offset {offset:#x} of {path} is not mapped in this process"
                 )
             }
+            Self::RseqCriticalSection { addr, start, end } => write!(
+                f,
+                "{addr:#x} is inside the rseq critical section {start:#x}..{end:#x}; a trap there is never delivered in place"
+            ),
+            Self::TrapBlocked { tids } => write!(
+                f,
+                "threads {tids:?} block SIGTRAP: a probe hit there would kill the process"
+            ),
             Self::UnsupportedArch => f.write_str("no probe engine for this architecture yet"),
             Self::Os { what, errno } => write!(
                 f,

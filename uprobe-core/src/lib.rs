@@ -35,6 +35,8 @@
 // The engine is x86-64 only so far; elsewhere the crate builds with just
 // its error type.
 #[cfg(target_arch = "x86_64")]
+mod checks;
+#[cfg(target_arch = "x86_64")]
 mod engine;
 mod error;
 #[cfg(target_arch = "x86_64")]

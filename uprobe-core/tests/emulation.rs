@@ -275,3 +275,35 @@ fn refusals_name_the_instruction_and_the_reason() {
         }
     );
 }
+
+/// A breakpoint inside a restartable sequence could never be handled (the
+/// kernel moves the thread to the abort handler first): refused. The
+/// workspace's own `pcpu` critical sections are linked into this test.
+#[test]
+fn rseq_critical_sections_are_refused() {
+    let exe = std::fs::read("/proc/self/exe").unwrap();
+    let file = object::File::parse(&*exe).unwrap();
+    use object::{Object as _, ObjectSection as _};
+    let Some(section) = file.section_by_name("__rseq_cs") else {
+        println!("no rseq critical sections linked in; nothing to check");
+        return;
+    };
+    // The first descriptor, as loaded: its start_ip is relocated in memory.
+    let bias = fn_addr(t_nop) - symbol_value(&file, "t_nop");
+    let descriptor = (bias + section.address() as usize) as *const u64;
+    // SAFETY: the section is loaded and holds at least one descriptor.
+    let start = unsafe { descriptor.add(1).read() } as usize;
+    let err = probe_at(start).attach().unwrap_err();
+    assert!(
+        matches!(err, AttachError::RseqCriticalSection { addr, .. } if addr == start),
+        "{err:?}"
+    );
+}
+
+fn symbol_value(file: &object::File<'_>, name: &str) -> usize {
+    use object::{Object as _, ObjectSymbol as _};
+    file.symbols()
+        .find(|s| s.name() == Ok(name))
+        .map(|s| s.address() as usize)
+        .unwrap()
+}

@@ -1,0 +1,85 @@
+//! Places a breakpoint must never go, and threads it must never meet.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use object::{Object as _, ObjectSection as _};
+
+use crate::AttachError;
+
+/// The threads of this process that block SIGTRAP (from
+/// `/proc/self/task/*/status`, `SigBlk`). A trap on such a thread is turned
+/// by the kernel into the default action: the whole process dies.
+pub(crate) fn threads_blocking_sigtrap() -> Vec<i32> {
+    let bit = 1u64 << (libc::SIGTRAP - 1);
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| {
+            let tid: i32 = t.file_name().to_str()?.parse().ok()?;
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let blocked = status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigBlk:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())?;
+            (blocked & bit != 0).then_some(tid)
+        })
+        .collect()
+}
+
+/// Refuses `addr` if it lies in a restartable sequence's critical section
+/// (any `__rseq_cs` descriptor of any loaded object): on signal delivery
+/// the kernel moves the instruction pointer of a thread inside one to the
+/// section's abort handler, so a trap there could never be handled.
+pub(crate) fn refuse_rseq_critical_section(addr: usize) -> Result<(), AttachError> {
+    for l in crate::symbols::loaded_objects() {
+        for (start, end) in rseq_sections(&l) {
+            if (start..end).contains(&addr) {
+                return Err(AttachError::RseqCriticalSection { addr, start, end });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The critical sections `[start, end)` of loaded object `l`, read once
+/// per (file, load bias) and cached.
+fn rseq_sections(l: &crate::symbols::Loaded) -> Vec<(usize, usize)> {
+    type Key = (std::path::PathBuf, usize);
+    type Sections = Vec<(usize, usize)>;
+    static CACHE: Mutex<Option<HashMap<Key, Sections>>> = Mutex::new(None);
+    let mut cache = CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    cache
+        .get_or_insert_with(HashMap::new)
+        .entry((l.path.clone(), l.bias))
+        .or_insert_with(|| read_rseq_sections(l))
+        .clone()
+}
+
+fn read_rseq_sections(l: &crate::symbols::Loaded) -> Vec<(usize, usize)> {
+    let Ok(data) = std::fs::read(&l.path) else {
+        return Vec::new();
+    };
+    let Ok(file) = object::File::parse(&*data) else {
+        return Vec::new();
+    };
+    let Some(section) = file.section_by_name("__rseq_cs") else {
+        return Vec::new();
+    };
+    // The descriptors as loaded (relocated): version, flags, start_ip,
+    // post_commit_offset, abort_ip; 32 bytes each.
+    let base = l.bias.wrapping_add(section.address() as usize);
+    (0..section.size() as usize / 32)
+        .map(|i| {
+            let d = (base + 32 * i) as *const u64;
+            // SAFETY: `__rseq_cs` is an allocated section of a loaded
+            // object, mapped readable at `bias + address`.
+            let (start, len) = unsafe { (d.add(1).read(), d.add(2).read()) };
+            (start as usize, start.wrapping_add(len) as usize)
+        })
+        .collect()
+}
