@@ -281,9 +281,9 @@ fn refusals_name_the_instruction_and_the_reason() {
 /// workspace's own `pcpu` critical sections are linked into this test.
 #[test]
 fn rseq_critical_sections_are_refused() {
+    use object::{Object as _, ObjectSection as _};
     let exe = std::fs::read("/proc/self/exe").unwrap();
     let file = object::File::parse(&*exe).unwrap();
-    use object::{Object as _, ObjectSection as _};
     let Some(section) = file.section_by_name("__rseq_cs") else {
         println!("no rseq critical sections linked in; nothing to check");
         return;
