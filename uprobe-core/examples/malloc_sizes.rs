@@ -44,7 +44,8 @@ fn main() -> Result<(), uprobe_core::AttachError> {
         let n = b.load(Relaxed);
         if n > 0 {
             let lo = if i == 0 { 0 } else { 1u64 << (i - 1) };
-            let bar = "#".repeat(((n as f64).log2().max(0.0) * 2.0) as usize);
+            // Two marks per doubling.
+            let bar = "#".repeat(2 * (u64::BITS - n.leading_zeros()) as usize);
             println!("{lo:>10} B .. : {n:>8} {bar}");
         }
     }

@@ -330,19 +330,70 @@ fn pass_on(
     }
 }
 
-/// Attaches `consumer` at `addr`.
+/// What attach and detach unpublish, freed after one grace period.
+enum Garbage {
+    List(*mut Vec<Arc<Consumer>>),
+    Site(*mut Site),
+}
+
+/// Frees what `batch` unpublished, after one grace period for all of it.
+fn collect(garbage: Vec<Garbage>) {
+    if garbage.is_empty() {
+        return;
+    }
+    DOMAIN.synchronize();
+    for g in garbage {
+        match g {
+            // SAFETY: unpublished before the grace period: no reader holds
+            // it, and nothing else frees it.
+            Garbage::List(list) => drop(unsafe { Box::from_raw(list) }),
+            Garbage::Site(site) => {
+                // SAFETY: as above; the site owns its current list.
+                let site = unsafe { Box::from_raw(site) };
+                // SAFETY: as above.
+                drop(unsafe { Box::from_raw(site.consumers.load(Ordering::Relaxed)) });
+            }
+        }
+    }
+}
+
+/// Attaches each `(address, consumer)`, paying one grace period for the
+/// whole batch. Stops at the first error, with the earlier ones attached
+/// (the caller detaches them).
 ///
 /// # Safety
-/// `addr` is the first byte of an instruction.
-pub(crate) unsafe fn attach(addr: usize, consumer: Arc<Consumer>) -> Result<(), AttachError> {
-    install()?;
+/// Every address is the first byte of an instruction.
+pub(crate) unsafe fn attach_many(
+    items: &[(usize, Arc<Consumer>)],
+) -> Result<(), (usize, AttachError)> {
+    install().map_err(|e| (0, e))?;
     let _w = WRITER
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut garbage = Vec::new();
+    let mut result = Ok(());
+    for (i, (addr, consumer)) in items.iter().enumerate() {
+        // SAFETY: forwarded.
+        if let Err(e) = unsafe { attach_one(*addr, Arc::clone(consumer), &mut garbage) } {
+            result = Err((i, e));
+            break;
+        }
+    }
+    collect(garbage);
+    result
+}
+
+/// # Safety
+/// `addr` is the first byte of an instruction; `WRITER` is held.
+unsafe fn attach_one(
+    addr: usize,
+    consumer: Arc<Consumer>,
+    garbage: &mut Vec<Garbage>,
+) -> Result<(), AttachError> {
     if let Some(site) = lookup(addr) {
         let mut list = current_list(site).clone();
         list.push(consumer);
-        replace_list(site, list);
+        garbage.push(Garbage::List(publish_list(site, list)));
         return Ok(());
     }
     let map = mapping_of(addr).filter(|m| m.prot & libc::PROT_EXEC != 0);
@@ -382,20 +433,37 @@ pub(crate) unsafe fn attach(addr: usize, consumer: Arc<Consumer>) -> Result<(), 
     // SAFETY: the caller's contract: an instruction's first byte.
     if let Err(e) = unsafe { write_code_byte(map, addr, BREAKPOINT) } {
         TABLE[slot].store(TOMBSTONE, Ordering::Release);
-        DOMAIN.synchronize();
-        // SAFETY: unpublished, and no reader remains.
-        drop(unsafe { Box::from_raw(site) });
+        garbage.push(Garbage::Site(site));
         return Err(e);
     }
     Ok(())
 }
 
-/// Detaches `consumer` from `addr`; the last one removes the breakpoint.
-/// Returns once no handler of `consumer` is running or will run.
-pub(crate) fn detach(addr: usize, consumer: &Arc<Consumer>) -> Result<(), AttachError> {
+/// Detaches each `(address, consumer)`; the last consumer of an address
+/// removes its breakpoint. One grace period for the whole batch; returns
+/// once no handler of these consumers runs or will run. Reports the first
+/// error (the others are still detached as far as they can be).
+pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), AttachError> {
     let _w = WRITER
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut garbage = Vec::new();
+    let mut first_error = None;
+    for (addr, consumer) in items {
+        if let Err(e) = detach_one(*addr, consumer, &mut garbage) {
+            first_error.get_or_insert(e);
+        }
+    }
+    collect(garbage);
+    first_error.map_or(Ok(()), Err)
+}
+
+/// `WRITER` is held.
+fn detach_one(
+    addr: usize,
+    consumer: &Arc<Consumer>,
+    garbage: &mut Vec<Garbage>,
+) -> Result<(), AttachError> {
     let Some(site) = lookup(addr) else {
         return Ok(());
     };
@@ -405,23 +473,23 @@ pub(crate) fn detach(addr: usize, consumer: &Arc<Consumer>) -> Result<(), Attach
         .cloned()
         .collect();
     if !list.is_empty() {
-        replace_list(site, list);
+        garbage.push(Garbage::List(publish_list(site, list)));
         return Ok(());
     }
     // The last consumer: the original byte back first, then unpublish.
     // SAFETY: restores the instruction's own first byte.
-    unsafe { write_code_byte(site.map, addr, site.original) }?;
+    if let Err(e) = unsafe { write_code_byte(site.map, addr, site.original) } {
+        // The breakpoint stays, with no consumer: hits just run the
+        // instruction.
+        garbage.push(Garbage::List(publish_list(site, Vec::new())));
+        return Err(e);
+    }
     let slot = (0..MAX_SITES)
         .map(|i| (slot_of(addr) + i) % MAX_SITES)
         .find(|&s| core::ptr::eq(TABLE[s].load(Ordering::Relaxed), site))
         .expect("a found site is in the table");
     TABLE[slot].store(TOMBSTONE, Ordering::Release);
-    DOMAIN.synchronize();
-    let site = core::ptr::from_ref(site).cast_mut();
-    // SAFETY: unpublished and a grace period passed: no reader holds it.
-    let site = unsafe { Box::from_raw(site) };
-    // SAFETY: the list is owned by the site.
-    drop(unsafe { Box::from_raw(site.consumers.load(Ordering::Relaxed)) });
+    garbage.push(Garbage::Site(core::ptr::from_ref(site).cast_mut()));
     Ok(())
 }
 
@@ -436,14 +504,11 @@ fn current_list(site: &Site) -> &Vec<Arc<Consumer>> {
     unsafe { &*site.consumers.load(Ordering::Acquire) }
 }
 
-/// Publishes `list` and frees the previous one after a grace period.
-fn replace_list(site: &Site, list: Vec<Arc<Consumer>>) {
-    let old = site
-        .consumers
-        .swap(Box::into_raw(Box::new(list)), Ordering::AcqRel);
-    DOMAIN.synchronize();
-    // SAFETY: unpublished and a grace period passed.
-    drop(unsafe { Box::from_raw(old) });
+/// Publishes `list`; returns the previous one, to free after a grace
+/// period.
+fn publish_list(site: &Site, list: Vec<Arc<Consumer>>) -> *mut Vec<Arc<Consumer>> {
+    site.consumers
+        .swap(Box::into_raw(Box::new(list)), Ordering::AcqRel)
 }
 
 /// A free (or tombstoned) slot on `addr`'s probe sequence.

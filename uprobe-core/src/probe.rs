@@ -181,20 +181,44 @@ impl Uprobe {
     /// Patches the breakpoint in (the first consumer at an address) or adds
     /// this consumer to the probe already there. Not async-signal-safe.
     pub fn attach(self) -> Result<Probe, AttachError> {
-        self.check_boundary()?;
-        let consumer = Arc::new(Consumer {
-            handler: self.handler.unwrap_or_else(|| Box::new(|_| {})),
-            only_tid: self.only_tid,
-            hits: AtomicU64::new(0),
-            removed: AtomicBool::new(false),
-        });
-        // SAFETY: `address`'s contract.
-        unsafe { engine::attach(self.addr, Arc::clone(&consumer)) }?;
-        Ok(Probe {
-            addr: self.addr,
-            consumer,
-            attached: true,
-        })
+        Self::attach_all([self]).map(|mut v| v.remove(0))
+    }
+
+    /// Attaches several probes, paying one SRCU grace period for the batch
+    /// (an attach that adds a consumer to an address already probed waits
+    /// for one before freeing the old consumer list). All or nothing: on an
+    /// error, the probes attached so far are detached again. Not
+    /// async-signal-safe.
+    pub fn attach_all(probes: impl IntoIterator<Item = Self>) -> Result<Vec<Probe>, AttachError> {
+        let probes: Vec<Self> = probes.into_iter().collect();
+        for p in &probes {
+            p.check_boundary()?;
+        }
+        let items: Vec<(usize, Arc<Consumer>)> = probes
+            .into_iter()
+            .map(|p| {
+                let consumer = Arc::new(Consumer {
+                    handler: p.handler.unwrap_or_else(|| Box::new(|_| {})),
+                    only_tid: p.only_tid,
+                    hits: AtomicU64::new(0),
+                    removed: AtomicBool::new(false),
+                });
+                (p.addr, consumer)
+            })
+            .collect();
+        // SAFETY: `address`'s contract, or checked by `check_boundary`.
+        if let Err((failed, e)) = unsafe { engine::attach_many(&items) } {
+            let _ = engine::detach_many(&items[..failed]);
+            return Err(e);
+        }
+        Ok(items
+            .into_iter()
+            .map(|(addr, consumer)| Probe {
+                addr,
+                consumer,
+                attached: true,
+            })
+            .collect())
     }
 }
 
@@ -238,16 +262,30 @@ impl Probe {
     /// byte. Returns once no handler of this probe runs or will run (one
     /// SRCU grace period). Not async-signal-safe; must not be called from a
     /// probe handler.
-    pub fn detach(mut self) -> Result<(), AttachError> {
-        self.attached = false;
-        engine::detach(self.addr, &self.consumer)
+    pub fn detach(self) -> Result<(), AttachError> {
+        Self::detach_all([self])
+    }
+
+    /// Detaches several probes with one SRCU grace period for the batch;
+    /// returns once none of their handlers runs or will run. Reports the
+    /// first error (the others are detached regardless). Not
+    /// async-signal-safe.
+    pub fn detach_all(probes: impl IntoIterator<Item = Self>) -> Result<(), AttachError> {
+        let items: Vec<(usize, Arc<Consumer>)> = probes
+            .into_iter()
+            .map(|mut p| {
+                p.attached = false;
+                (p.addr, Arc::clone(&p.consumer))
+            })
+            .collect();
+        engine::detach_many(&items)
     }
 }
 
 impl Drop for Probe {
     fn drop(&mut self) {
         if self.attached {
-            let _ = engine::detach(self.addr, &self.consumer);
+            let _ = engine::detach_many(&[(self.addr, Arc::clone(&self.consumer))]);
         }
     }
 }

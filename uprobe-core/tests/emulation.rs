@@ -307,3 +307,26 @@ fn symbol_value(file: &object::File<'_>, name: &str) -> usize {
         .map(|s| s.address() as usize)
         .unwrap()
 }
+
+#[test]
+fn batches_attach_and_detach_together() {
+    let addrs = [fn_addr(t_push_r15), fn_addr(t_jmp8), fn_addr(t_push_r15)];
+    let probes = uprobe_core::Uprobe::attach_all(addrs.map(probe_at)).unwrap();
+    assert_eq!(call(t_push_r15, 1), 5);
+    assert_eq!(call(t_jmp8, 1), 6);
+    assert_eq!(
+        probes
+            .iter()
+            .map(uprobe_core::Probe::hits)
+            .collect::<Vec<_>>(),
+        [1, 1, 1]
+    );
+    uprobe_core::Probe::detach_all(probes).unwrap();
+    assert_eq!(byte_at(addrs[0]), 0x41, "push r15 restored");
+    assert_eq!(byte_at(addrs[1]), 0xeb, "jmp restored");
+    // All or nothing: a refused probe in the batch undoes the others.
+    let err =
+        uprobe_core::Uprobe::attach_all([probe_at(fn_addr(t_jmp8)), probe_at(fn_addr(t_hlt))]);
+    assert!(matches!(err, Err(AttachError::Unsupported { .. })));
+    assert_eq!(byte_at(fn_addr(t_jmp8)), 0xeb, "the batch was undone");
+}
