@@ -10,7 +10,24 @@ use crate::AttachError;
 /// The threads of this process that block SIGTRAP (from
 /// `/proc/self/task/*/status`, `SigBlk`). A trap on such a thread is turned
 /// by the kernel into the default action: the whole process dies.
+///
+/// glibc blocks every signal for a moment while it starts or ends a
+/// thread, so only threads that still block SIGTRAP after a few
+/// milliseconds count.
 pub(crate) fn threads_blocking_sigtrap() -> Vec<i32> {
+    let mut blocking = scan_sigtrap_blockers();
+    for _ in 0..5 {
+        if blocking.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        let now = scan_sigtrap_blockers();
+        blocking.retain(|tid| now.contains(tid));
+    }
+    blocking
+}
+
+fn scan_sigtrap_blockers() -> Vec<i32> {
     let bit = 1u64 << (libc::SIGTRAP - 1);
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return Vec::new();

@@ -62,8 +62,9 @@ pub(crate) struct Site {
 
 static TABLE: [AtomicPtr<Site>; MAX_SITES] =
     [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_SITES];
-/// Guards the table and the sites' consumer lists against readers.
-static DOMAIN: srcu::Srcu = srcu::Srcu::new();
+/// Guards the table and the sites' consumer lists against readers: every
+/// unpublished site or list is freed only after a grace period of it.
+pub(crate) static DOMAIN: srcu::Srcu = srcu::Srcu::new();
 /// Serialises attach and detach (never taken by the handler).
 static WRITER: Mutex<()> = Mutex::new(());
 
@@ -237,13 +238,9 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         return chain(sig, info, ctx);
     }
     let addr = (uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize).wrapping_sub(1);
-    let guard = DOMAIN.read_lock();
-    if let Some(site) = lookup(addr) {
-        hit(site, uc);
-        drop(guard);
+    if crate::lookup::with_read_side(|| lookup(addr).map(|site| hit(site, uc))).is_some() {
         return;
     }
-    drop(guard);
     // SAFETY: RIP - 1 is the int3 the thread just executed (SI_KERNEL
     // traps on x86-64 come from int3), so the byte is mapped code.
     if unsafe { core::ptr::read_volatile(addr as *const u8) } == BREAKPOINT {
@@ -336,12 +333,15 @@ enum Garbage {
     Site(*mut Site),
 }
 
-/// Frees what `batch` unpublished, after one grace period for all of it.
-fn collect(garbage: Vec<Garbage>) {
+/// Frees what a batch unpublished: at once if `table` keeps every reader
+/// out, else after one grace period for all of it.
+fn collect(garbage: Vec<Garbage>, table: &crate::lookup::WriteSide) {
     if garbage.is_empty() {
         return;
     }
-    DOMAIN.synchronize();
+    if !table.excludes_readers() {
+        DOMAIN.synchronize();
+    }
     for g in garbage {
         match g {
             // SAFETY: unpublished before the grace period: no reader holds
@@ -372,6 +372,7 @@ pub(crate) unsafe fn attach_many(
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut garbage = Vec::new();
     let mut result = Ok(());
+    let table = crate::lookup::write_side();
     for (i, (addr, consumer)) in items.iter().enumerate() {
         // SAFETY: forwarded.
         if let Err(e) = unsafe { attach_one(*addr, Arc::clone(consumer), &mut garbage) } {
@@ -379,7 +380,7 @@ pub(crate) unsafe fn attach_many(
             break;
         }
     }
-    collect(garbage);
+    collect(garbage, &table);
     result
 }
 
@@ -449,12 +450,13 @@ pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), Attach
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut garbage = Vec::new();
     let mut first_error = None;
+    let table = crate::lookup::write_side();
     for (addr, consumer) in items {
         if let Err(e) = detach_one(*addr, consumer, &mut garbage) {
             first_error.get_or_insert(e);
         }
     }
-    collect(garbage);
+    collect(garbage, &table);
     first_error.map_or(Ok(()), Err)
 }
 
@@ -495,8 +497,7 @@ fn detach_one(
 
 /// Hits that ran no handler at `addr` (0 if nothing is attached there).
 pub(crate) fn missed(addr: usize) -> u64 {
-    let _g = DOMAIN.read_lock();
-    lookup(addr).map_or(0, |s| s.missed.load(Ordering::Relaxed))
+    crate::lookup::with_read_side(|| lookup(addr).map_or(0, |s| s.missed.load(Ordering::Relaxed)))
 }
 
 fn current_list(site: &Site) -> &Vec<Arc<Consumer>> {

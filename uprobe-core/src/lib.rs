@@ -40,6 +40,8 @@ mod checks;
 mod engine;
 mod error;
 #[cfg(target_arch = "x86_64")]
+mod lookup;
+#[cfg(target_arch = "x86_64")]
 mod maps;
 #[cfg(target_arch = "x86_64")]
 mod probe;
@@ -55,3 +57,24 @@ pub use arch::{EntryContext, Reg};
 pub use error::AttachError;
 #[cfg(target_arch = "x86_64")]
 pub use probe::{Probe, Uprobe};
+
+/// Switches for the workspace's benchmarks; not part of the stable API.
+#[cfg(target_arch = "x86_64")]
+#[doc(hidden)]
+pub mod bench_only {
+    pub use crate::lookup::Lookup;
+
+    /// Chooses how the trap handler protects its table lookup. Only call
+    /// it while no probe is attached (it is not synchronised with hits
+    /// in flight). With a lock, a handler may wait for attach/detach: the
+    /// SRCU default never does.
+    pub fn set_lookup(lookup: Lookup) {
+        crate::lookup::set_mode(lookup);
+    }
+
+    /// The lookup in use.
+    #[must_use]
+    pub fn lookup() -> Lookup {
+        crate::lookup::mode()
+    }
+}

@@ -68,8 +68,8 @@ const IMPLS: &[&str] = &["uprobe-core", "kernel", "none"];
 
 pub const NOP: Scenario = Scenario {
     name: "uprobe-nop",
-    about: "call a function whose first instruction (a one-byte nop) is probed, one counting consumer",
-    impls: IMPLS,
+    about: "call a function whose first instruction (a one-byte nop) is probed, one counting consumer; uprobe-core-rwsem / -rwlock: the table lookup under percpu-rwsem (seed 001) or a RwLock instead of SRCU",
+    impls: &["uprobe-core", "uprobe-core-rwsem", "uprobe-core-rwlock", "kernel", "none"],
     build: build_nop,
 };
 
@@ -143,8 +143,15 @@ fn build(
     ours: unsafe extern "C" fn(),
     kernels: unsafe extern "C" fn(),
 ) -> Result<Box<dyn Workload>, String> {
+    use uprobe_core::bench_only::{Lookup, set_lookup};
+    // Set before every build (no probe is attached between builds).
+    set_lookup(match imp {
+        "uprobe-core-rwsem" => Lookup::PercpuRwsem,
+        "uprobe-core-rwlock" => Lookup::RwLock,
+        _ => Lookup::Srcu,
+    });
     Ok(match imp {
-        "uprobe-core" => {
+        "uprobe-core" | "uprobe-core-rwsem" | "uprobe-core-rwlock" => {
             HITS.store(0, Relaxed);
             // SAFETY: a function's address starts an instruction.
             let probe = unsafe { uprobe_core::Uprobe::address(ours as *const () as usize) }

@@ -1,0 +1,121 @@
+//! The probe table's read side: SRCU by default, with the alternatives
+//! selectable for benchmarks.
+//!
+//! Seed 001 moved the kernel's uprobe lookup lock to a per-CPU RW
+//! semaphore; the kernel later moved to a lockless lookup. This engine
+//! reads its table inside an SRCU read section (per-CPU counts, never
+//! parks), and keeps `percpu-rwsem` and a plain `std::sync::RwLock` as
+//! [`bench_only::set_lookup`](crate::bench_only::set_lookup) choices so the
+//! `bench` binary can measure all three on the trap path. Under a lock,
+//! attach and detach mutate the table and free what they unpublished with
+//! the write side held (no grace period); under SRCU they wait one grace
+//! period before freeing.
+
+use core::cell::Cell;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use percpu_rwsem::PercpuRwSem;
+
+use crate::engine::DOMAIN;
+
+/// How the trap handler protects its table lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// An SRCU read section (the default): no lock, never parks.
+    Srcu,
+    /// The read side of a `percpu-rwsem` (seed 001): per-CPU, but a
+    /// reader waits while attach/detach write.
+    PercpuRwsem,
+    /// `std::sync::RwLock::read`: one shared word; a reader waits while
+    /// attach/detach write.
+    RwLock,
+}
+
+static MODE: AtomicU8 = AtomicU8::new(0);
+static RWSEM: PercpuRwSem<()> = PercpuRwSem::new(());
+static RWLOCK: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+std::thread_local! {
+    /// Set while this thread holds the write side (its own traps then
+    /// look up without the read side, which would deadlock).
+    static WRITING: Cell<bool> = const { Cell::new(false) };
+}
+
+pub(crate) fn mode() -> Lookup {
+    match MODE.load(Ordering::Relaxed) {
+        1 => Lookup::PercpuRwsem,
+        2 => Lookup::RwLock,
+        _ => Lookup::Srcu,
+    }
+}
+
+pub(crate) fn set_mode(m: Lookup) {
+    MODE.store(
+        match m {
+            Lookup::Srcu => 0,
+            Lookup::PercpuRwsem => 1,
+            Lookup::RwLock => 2,
+        },
+        Ordering::Relaxed,
+    );
+}
+
+/// Runs the handler's lookup-and-hit `f` under the read side.
+pub(crate) fn with_read_side<R>(f: impl FnOnce() -> R) -> R {
+    if WRITING.get() {
+        // Our own attach/detach holds the table: nothing is freed under
+        // us until it returns.
+        return f();
+    }
+    match mode() {
+        Lookup::Srcu => {
+            let _g = DOMAIN.read_lock();
+            f()
+        }
+        Lookup::PercpuRwsem => {
+            let _g = RWSEM.read();
+            f()
+        }
+        Lookup::RwLock => {
+            let _g = RWLOCK
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            f()
+        }
+    }
+}
+
+/// The write side, held by attach and detach while they change the table.
+pub(crate) enum WriteSide {
+    Srcu,
+    PercpuRwsem(#[allow(dead_code)] percpu_rwsem::WriteGuard<'static, ()>),
+    RwLock(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>),
+}
+
+pub(crate) fn write_side() -> WriteSide {
+    let side = match mode() {
+        Lookup::Srcu => WriteSide::Srcu,
+        Lookup::PercpuRwsem => WriteSide::PercpuRwsem(RWSEM.write()),
+        Lookup::RwLock => WriteSide::RwLock(
+            RWLOCK
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        ),
+    };
+    WRITING.set(true);
+    side
+}
+
+impl WriteSide {
+    /// Whether holding it keeps every reader out (so what was unpublished
+    /// can be freed at once, without a grace period).
+    pub(crate) fn excludes_readers(&self) -> bool {
+        !matches!(self, Self::Srcu)
+    }
+}
+
+impl Drop for WriteSide {
+    fn drop(&mut self) {
+        WRITING.set(false);
+    }
+}
