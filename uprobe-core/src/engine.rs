@@ -71,7 +71,15 @@ static WRITER: Mutex<()> = Mutex::new(());
 std::thread_local! {
     /// Set while this thread runs the engine's handler or a consumer.
     static IN_ENGINE: Cell<bool> = const { Cell::new(false) };
+    /// Trap handlers of the engine active on this thread (nested when the
+    /// handler's own code hits a probe).
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
 }
+
+/// Traps nested deeper than this mean the handler's own path calls the
+/// probed function on every level (a bug: it must not copy through
+/// `memcpy`, say): abort with a message instead of overflowing the stack.
+const MAX_DEPTH: u32 = 8;
 
 fn slot_of(addr: usize) -> usize {
     // Fibonacci hashing; code addresses differ in their low bits.
@@ -185,6 +193,9 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
     let rip = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
     if let Some(addr) = crate::arch::origin_of(rip) {
         uc.uc_mcontext.gregs[libc::REG_RIP as usize] = addr as i64;
+        // A trap-ended slot deferred the thread's signals: give them back
+        // before the program's handler (or the default action) runs.
+        crate::deferral::restore(uc);
     }
     let i = FAULTS.iter().position(|&s| s == sig).unwrap_or(0);
     // SAFETY: written before our handler was installed, read-only since.
@@ -231,6 +242,20 @@ impl Drop for AbortOnUnwind {
 }
 
 extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let depth = DEPTH.get();
+    if depth >= MAX_DEPTH {
+        const MSG: &[u8] =
+            b"uprobe-core: the trap handler recursed through a probed function; aborting\n";
+        // SAFETY: write(2) of a static buffer to stderr.
+        unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
+        std::process::abort();
+    }
+    DEPTH.set(depth + 1);
+    handle_sigtrap(sig, info, ctx);
+    DEPTH.set(depth);
+}
+
+fn handle_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo and ucontext (SA_SIGINFO).
     let (info_ref, uc) = unsafe { (&*info, &mut *ctx.cast::<libc::ucontext_t>()) };
     if info_ref.si_code != libc::SI_KERNEL {
@@ -238,6 +263,13 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         return chain(sig, info, ctx);
     }
     let addr = (uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize).wrapping_sub(1);
+    if let Some((origin, len, crate::arch::SlotEnd::TrapBack)) = crate::arch::slot_info(addr) {
+        // The second trap of a trap-ended slot: on to the instruction after
+        // the probed one, and signals back.
+        uc.uc_mcontext.gregs[libc::REG_RIP as usize] = (origin + len) as i64;
+        crate::deferral::restore(uc);
+        return;
+    }
     if crate::lookup::with_read_side(|| lookup(addr).map(|site| hit(site, uc))).is_some() {
         return;
     }

@@ -37,6 +37,8 @@
 #[cfg(target_arch = "x86_64")]
 mod checks;
 #[cfg(target_arch = "x86_64")]
+mod deferral;
+#[cfg(target_arch = "x86_64")]
 mod engine;
 mod error;
 #[cfg(target_arch = "x86_64")]
@@ -76,5 +78,20 @@ pub mod bench_only {
     #[must_use]
     pub fn lookup() -> Lookup {
         crate::lookup::mode()
+    }
+
+    /// Makes out-of-line slots created from now on end in a trap (two
+    /// traps per hit, asynchronous signals deferred in between) instead
+    /// of a jump back: the path used where no slot can be had near the
+    /// code, forced everywhere to measure it.
+    pub fn force_trap_back_slots(on: bool) {
+        crate::arch::force_trap_back(on);
+    }
+
+    /// Whether `ip` is inside an out-of-line slot (for tests that check
+    /// where signals find a thread). Async-signal-safe.
+    #[must_use]
+    pub fn in_xol_slot(ip: usize) -> bool {
+        crate::arch::origin_of(ip).is_some()
     }
 }

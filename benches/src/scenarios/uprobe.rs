@@ -69,7 +69,13 @@ const IMPLS: &[&str] = &["uprobe-core", "kernel", "none"];
 pub const NOP: Scenario = Scenario {
     name: "uprobe-nop",
     about: "call a function whose first instruction (a one-byte nop) is probed, one counting consumer; uprobe-core-rwsem / -rwlock: the table lookup under percpu-rwsem (seed 001) or a RwLock instead of SRCU",
-    impls: &["uprobe-core", "uprobe-core-rwsem", "uprobe-core-rwlock", "kernel", "none"],
+    impls: &[
+        "uprobe-core",
+        "uprobe-core-rwsem",
+        "uprobe-core-rwlock",
+        "kernel",
+        "none",
+    ],
     build: build_nop,
 };
 
@@ -89,8 +95,8 @@ pub const RET: Scenario = Scenario {
 
 pub const RIPREL: Scenario = Scenario {
     name: "uprobe-riprel",
-    about: "call a function starting with a RIP-relative load, probed (the kernel single-steps it; the engine runs it out of line)",
-    impls: IMPLS,
+    about: "call a function starting with a RIP-relative load, probed (the kernel single-steps it; the engine runs it out of line, in a slot that jumps back, or -2trap: ends in a second trap, signals deferred)",
+    impls: &["uprobe-core", "uprobe-core-2trap", "kernel", "none"],
     build: build_riprel,
 };
 
@@ -143,15 +149,16 @@ fn build(
     ours: unsafe extern "C" fn(),
     kernels: unsafe extern "C" fn(),
 ) -> Result<Box<dyn Workload>, String> {
-    use uprobe_core::bench_only::{Lookup, set_lookup};
+    use uprobe_core::bench_only::{Lookup, force_trap_back_slots, set_lookup};
     // Set before every build (no probe is attached between builds).
+    force_trap_back_slots(imp == "uprobe-core-2trap");
     set_lookup(match imp {
         "uprobe-core-rwsem" => Lookup::PercpuRwsem,
         "uprobe-core-rwlock" => Lookup::RwLock,
         _ => Lookup::Srcu,
     });
     Ok(match imp {
-        "uprobe-core" | "uprobe-core-rwsem" | "uprobe-core-rwlock" => {
+        "uprobe-core" | "uprobe-core-rwsem" | "uprobe-core-rwlock" | "uprobe-core-2trap" => {
             HITS.store(0, Relaxed);
             // SAFETY: a function's address starts an instruction.
             let probe = unsafe { uprobe_core::Uprobe::address(ours as *const () as usize) }

@@ -71,7 +71,12 @@ pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
             };
             g[rip] = if taken { target } else { next } as i64;
         }
-        &Emulation::OutOfLine { slot } => g[rip] = slot as i64,
+        &Emulation::OutOfLine { slot, trap_back } => {
+            g[rip] = slot as i64;
+            if trap_back {
+                crate::deferral::defer(uc);
+            }
+        }
         &Emulation::Ret { pop } => {
             let sp = g[rsp] as u64;
             // SAFETY: the caller's contract: `ret` reads `[rsp]`.

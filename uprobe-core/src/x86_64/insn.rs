@@ -46,8 +46,9 @@ pub(crate) enum Emulation {
         target: u64,
         next: u64,
     },
-    /// Anything else: run the relocated copy at `slot`, which jumps back.
-    OutOfLine { slot: u64 },
+    /// Anything else: run the relocated copy at `slot`, which jumps back
+    /// or (`trap_back`) ends in a second trap.
+    OutOfLine { slot: u64, trap_back: bool },
 }
 
 /// The `rcx`-counting branches.
@@ -148,8 +149,11 @@ pub(crate) fn analyze(addr: usize, bytes: &[u8]) -> Result<Emulation, AttachErro
             return Err(refuse("far branches are not probed"));
         }
         _ => {
-            let slot = super::xol::slot_for(addr, &bytes[..insn.len()], &insn)?;
-            Emulation::OutOfLine { slot: slot as u64 }
+            let (slot, end) = super::xol::slot_for(addr, &bytes[..insn.len()], &insn)?;
+            Emulation::OutOfLine {
+                slot: slot as u64,
+                trap_back: end == super::xol::SlotEnd::TrapBack,
+            }
         }
     };
     if is_branch(&emulation) && has_operand_size_override(bytes) {

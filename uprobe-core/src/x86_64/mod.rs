@@ -9,4 +9,4 @@ mod xol;
 pub use context::{EntryContext, Reg};
 pub(crate) use emulate::apply;
 pub(crate) use insn::{Emulation, analyze, is_boundary};
-pub(crate) use xol::origin_of;
+pub(crate) use xol::{SlotEnd, force_trap_back, origin_of, slot_info};

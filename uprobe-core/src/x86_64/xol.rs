@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock};
 use pcpu_freelist::FreeList;
@@ -47,17 +47,55 @@ static REGION_BASES: [AtomicUsize; MAX_REGIONS] = [const { AtomicUsize::new(0) }
 static REGION_ORIGINS: [AtomicPtr<AtomicUsize>; MAX_REGIONS] =
     [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_REGIONS];
 
+/// How a slot ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum SlotEnd {
+    /// A `jmp` back to the next instruction: one trap per hit. Needs the
+    /// slot within +-2 GB of the code.
+    JumpBack,
+    /// An `int3`: the engine's second trap sets RIP to the next
+    /// instruction. Two traps per hit, but the slot may be anywhere (for
+    /// instructions without RIP-relative operands), and asynchronous
+    /// signals are deferred while the thread is in the slot.
+    TrapBack,
+}
+
+/// An origin table entry: the probed address in the low 48 bits, the
+/// instruction's length in the top byte, bit 55 set for a `TrapBack` slot.
+const TRAP_BACK_BIT: usize = 1 << 55;
+const ADDR_MASK: usize = (1 << 48) - 1;
+
+/// What the slot containing `ip` serves: the probed address, the
+/// instruction's length, and how the slot ends.
+/// Async-signal-safe: loads only.
+pub(crate) fn slot_info(ip: usize) -> Option<(usize, usize, SlotEnd)> {
+    let word = origin_word(ip)?;
+    let end = if word & TRAP_BACK_BIT == 0 {
+        SlotEnd::JumpBack
+    } else {
+        SlotEnd::TrapBack
+    };
+    Some((word & ADDR_MASK, word >> 56, end))
+}
+
 /// If `ip` is inside an out-of-line slot, the probed address whose
 /// instruction that slot runs (a fault raised there is reported at that
 /// address, as the kernel does). Async-signal-safe: loads only.
 pub(crate) fn origin_of(ip: usize) -> Option<usize> {
-    for (base, origins) in REGION_BASES.iter().zip(&REGION_ORIGINS) {
-        let base = base.load(Ordering::Acquire);
+    slot_info(ip).map(|(addr, _, _)| addr)
+}
+
+fn origin_word(ip: usize) -> Option<usize> {
+    // Plain index loops: this runs in the trap handler, where an iterator
+    // adapter's moves could be `memcpy` calls (in unoptimised builds), and
+    // `memcpy` may be what is probed.
+    for i in 0..MAX_REGIONS {
+        let base = REGION_BASES[i].load(Ordering::Acquire);
         if base == 0 {
             return None;
         }
-        if (base..base + REGION_SIZE).contains(&ip) {
-            let origins = origins.load(Ordering::Acquire);
+        if ip >= base && ip < base + REGION_SIZE {
+            let origins = REGION_ORIGINS[i].load(Ordering::Acquire);
             // SAFETY: a published region's origin table has one entry per
             // slot and is never freed.
             let origin = unsafe { &*origins.add((ip - base) / SLOT_SIZE) };
@@ -70,57 +108,97 @@ pub(crate) fn origin_of(ip: usize) -> Option<usize> {
 #[derive(Default)]
 struct Slots {
     regions: Vec<Region>,
-    /// (address, original bytes) -> slot address.
-    by_key: HashMap<(usize, Vec<u8>), usize>,
+    /// (address, original bytes, ending) -> slot address.
+    by_key: HashMap<(usize, Vec<u8>, SlotEnd), usize>,
 }
 
 static SLOTS: Mutex<Option<Slots>> = Mutex::new(None);
 
+/// The slot ending preferred for new slots (the bench-only switch):
+/// `false` for `JumpBack`, `true` to force `TrapBack`.
+static FORCE_TRAP_BACK: AtomicBool = AtomicBool::new(false);
+
+/// Makes new slots end in a trap (two traps per hit) instead of a jump
+/// back, to measure that path. Probes attached before keep their slots.
+pub(crate) fn force_trap_back(on: bool) {
+    FORCE_TRAP_BACK.store(on, Ordering::Relaxed);
+}
+
 /// The slot running `insn` (decoded at `addr` from `bytes`) out of line,
-/// reusing the one made before for the same key. Not async-signal-safe.
+/// and how it ends, reusing the one made before for the same key. A slot
+/// jumps back when one can be had within reach of the code; else, for an
+/// instruction without RIP-relative operands, it ends in a trap, anywhere.
+/// Not async-signal-safe.
 pub(crate) fn slot_for(
     addr: usize,
     bytes: &[u8],
     insn: &Instruction,
-) -> Result<usize, AttachError> {
+) -> Result<(usize, SlotEnd), AttachError> {
     let mut guard = SLOTS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let slots = guard.get_or_insert_with(Slots::default);
-    let key = (addr, bytes.to_vec());
-    if let Some(&slot) = slots.by_key.get(&key) {
-        return Ok(slot);
+    let preferred = if FORCE_TRAP_BACK.load(Ordering::Relaxed) {
+        SlotEnd::TrapBack
+    } else {
+        SlotEnd::JumpBack
+    };
+    for end in [preferred, SlotEnd::TrapBack] {
+        if let Some(&slot) = slots.by_key.get(&(addr, bytes.to_vec(), end)) {
+            return Ok((slot, end));
+        }
     }
-    let near = |base: usize| base.abs_diff(addr) < REACH;
+    let (slot, end) = match take_slot(slots, addr, true) {
+        Ok(slot) => (slot, preferred),
+        // Nothing within reach: a trap-ended slot anywhere, if the
+        // instruction does not address relative to RIP.
+        Err(e) if insn.is_ip_rel_memory_operand() => return Err(e),
+        Err(_) => (take_slot(slots, addr, false)?, SlotEnd::TrapBack),
+    };
+    let code = relocate(addr, insn, slot, end)?;
+    write_slot(slot, &code)?;
+    record_origin(slot, addr, insn.len(), end);
+    slots.by_key.insert((addr, bytes.to_vec(), end), slot);
+    Ok((slot, end))
+}
+
+/// A free slot, within reach of `addr` if `near`, mapping a new region if
+/// needed.
+fn take_slot(slots: &mut Slots, addr: usize, near: bool) -> Result<usize, AttachError> {
+    let reachable = |base: usize| !near || base.abs_diff(addr) < REACH;
     let from_region = |r: &Region| r.free.pop().map(|e| r.base + e.into_index() * SLOT_SIZE);
-    let existing = slots
+    if let Some(slot) = slots
         .regions
         .iter()
-        .filter(|r| near(r.base))
-        .find_map(from_region);
-    let slot = if let Some(slot) = existing {
-        slot
+        .filter(|r| reachable(r.base))
+        .find_map(from_region)
+    {
+        return Ok(slot);
+    }
+    let region = if near {
+        map_region_near(addr)?
     } else {
-        let region = map_region_near(addr)?;
-        let slot = from_region(&region).expect("a new region has free slots");
-        slots.regions.push(region);
-        slot
+        map_region_anywhere()?
     };
-    let code = relocate(addr, insn, slot)?;
-    write_slot(slot, &code)?;
-    record_origin(slot, addr);
-    slots.by_key.insert(key, slot);
+    let slot = from_region(&region).expect("a new region has free slots");
+    slots.regions.push(region);
     Ok(slot)
 }
 
-/// Notes which address `slot` serves, for the fault handler.
-fn record_origin(slot: usize, addr: usize) {
+/// Notes which instruction `slot` serves, for the trap and fault handlers.
+fn record_origin(slot: usize, addr: usize, len: usize, end: SlotEnd) {
+    let trap = if end == SlotEnd::TrapBack {
+        TRAP_BACK_BIT
+    } else {
+        0
+    };
+    let word = (addr & ADDR_MASK) | trap | (len << 56);
     for (base, origins) in REGION_BASES.iter().zip(&REGION_ORIGINS) {
         let b = base.load(Ordering::Acquire);
         if (b..b + REGION_SIZE).contains(&slot) {
             // SAFETY: as in `origin_of`.
             let o = unsafe { &*origins.load(Ordering::Acquire).add((slot - b) / SLOT_SIZE) };
-            o.store(addr, Ordering::Release);
+            o.store(word, Ordering::Release);
             return;
         }
     }
@@ -144,14 +222,21 @@ fn publish_region(base: usize) -> Result<(), AttachError> {
 }
 
 /// `insn` re-encoded to run at `slot`, then a jump back to the
-/// instruction after it.
-fn relocate(addr: usize, insn: &Instruction, slot: usize) -> Result<Vec<u8>, AttachError> {
-    let back = Instruction::with_branch(Code::Jmp_rel32_64, insn.next_ip()).map_err(|_| {
-        AttachError::Unsupported {
-            addr,
-            insn: super::insn::disassemble(insn),
-            why: "cannot encode the jump back",
-        }
+/// instruction after it, or an `int3`.
+fn relocate(
+    addr: usize,
+    insn: &Instruction,
+    slot: usize,
+    end: SlotEnd,
+) -> Result<Vec<u8>, AttachError> {
+    let back = match end {
+        SlotEnd::JumpBack => Instruction::with_branch(Code::Jmp_rel32_64, insn.next_ip()),
+        SlotEnd::TrapBack => Ok(Instruction::with(Code::Int3)),
+    }
+    .map_err(|_| AttachError::Unsupported {
+        addr,
+        insn: super::insn::disassemble(insn),
+        why: "cannot encode the slot's way back",
     })?;
     let insns = [*insn, back];
     let block = InstructionBlock::new(&insns, slot as u64);
@@ -191,6 +276,30 @@ fn write_slot(slot: usize, code: &[u8]) -> Result<(), AttachError> {
         return Err(crate::error::os_error("mprotect (XOL slot)"));
     }
     Ok(())
+}
+
+/// Maps a region of slots wherever the kernel likes.
+fn map_region_anywhere() -> Result<Region, AttachError> {
+    // SAFETY: a fresh anonymous mapping.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            REGION_SIZE,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(crate::error::os_error("mmap (out-of-line slots)"));
+    }
+    let base = p as usize;
+    publish_region(base)?;
+    Ok(Region {
+        base,
+        free: FreeList::new(core::iter::repeat_n((), REGION_SIZE / SLOT_SIZE)),
+    })
 }
 
 /// Maps a region of slots within reach of `addr`: the free gap of the
