@@ -19,6 +19,11 @@ core::arch::global_asm!(
     ".quad 0",
     "x_fnptr:",
     ".quad x_helper",
+    "x_table:",
+    ".quad 0",
+    ".quad x_helper",
+    "x_jmpptr:",
+    ".quad x_ijmp_target",
     ".text",
     // rip-relative lea and load
     ".globl x_lea",
@@ -75,6 +80,29 @@ core::arch::global_asm!(
     "x_icall_reg_insn:",
     "call r11",
     "ret",
+    // indirect call through base + index * scale
+    ".globl x_icall_sib",
+    "x_icall_sib:",
+    "lea r10, [rip + x_table]",
+    "mov r11, 1",
+    ".globl x_icall_sib_insn",
+    "x_icall_sib_insn:",
+    "call [r10 + r11 * 8]",
+    "ret",
+    // indirect jumps: through memory and a register
+    ".globl x_ijmp_target",
+    "x_ijmp_target:",
+    "lea rax, [rdi + 11]",
+    "ret",
+    ".globl x_ijmp_mem",
+    "x_ijmp_mem:",
+    "jmp [rip + x_jmpptr]",
+    ".globl x_ijmp_reg",
+    "x_ijmp_reg:",
+    "lea r11, [rip + x_ijmp_target]",
+    ".globl x_ijmp_reg_insn",
+    "x_ijmp_reg_insn:",
+    "jmp r11",
     // loop (1 to 8 rounds) and jrcxz
     ".globl x_loop",
     "x_loop:",
@@ -117,6 +145,11 @@ unsafe extern "C" {
     fn x_icall_mem(x: u64) -> u64;
     fn x_icall_reg(x: u64) -> u64;
     static x_icall_reg_insn: u8;
+    fn x_icall_sib(x: u64) -> u64;
+    static x_icall_sib_insn: u8;
+    fn x_ijmp_mem(x: u64) -> u64;
+    fn x_ijmp_reg(x: u64) -> u64;
+    static x_ijmp_reg_insn: u8;
     fn x_loop(x: u64) -> u64;
     static x_loop_insn: u8;
     fn x_jrcxz(x: u64) -> u64;
@@ -155,6 +188,9 @@ fn relocated_instructions_behave_as_unprobed() {
         same_with_probe(f, fn_addr(f));
     }
     same_with_probe(x_icall_reg, (&raw const x_icall_reg_insn) as usize);
+    same_with_probe(x_icall_sib, (&raw const x_icall_sib_insn) as usize);
+    same_with_probe(x_ijmp_mem, fn_addr(x_ijmp_mem));
+    same_with_probe(x_ijmp_reg, (&raw const x_ijmp_reg_insn) as usize);
     same_with_probe(x_loop, (&raw const x_loop_insn) as usize);
     same_with_probe(x_jrcxz, (&raw const x_jrcxz_insn) as usize);
 }

@@ -1,6 +1,6 @@
 //! Applying an [`Emulation`] to the interrupted thread's registers.
 
-use super::insn::{Emulation, LoopKind, condition_holds, greg_of};
+use super::insn::{Emulation, LoopKind, Operand, condition_holds};
 
 /// Does what the displaced instruction would have done, on the registers
 /// of the signal frame. Async-signal-safe.
@@ -24,38 +24,48 @@ pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
         unsafe { (sp as *mut u64).write(value) };
         g[rsp] = sp as i64;
     };
-    match e {
-        &Emulation::Nop { next } => g[rip] = next as i64,
-        &Emulation::Push { reg, next } => {
+    // Matching the place `*e` binds fields one by one (no copy of `e`).
+    match *e {
+        Emulation::Nop { next } => g[rip] = next as i64,
+        Emulation::Push { reg, next } => {
             // `push rsp` pushes the value before the decrement.
             let value = g[reg.0] as u64;
             push(g, value);
             g[rip] = next as i64;
         }
-        &Emulation::Jmp { target } => g[rip] = target as i64,
-        &Emulation::Call { target, next } => {
+        Emulation::Jmp { target } => g[rip] = target as i64,
+        Emulation::Call { target, next } => {
             push(g, next);
             g[rip] = target as i64;
         }
-        &Emulation::Jcc { cond, target, next } => {
+        Emulation::Jcc { cond, target, next } => {
             let taken = condition_holds(cond, g[libc::REG_EFL as usize] as u64);
             g[rip] = if taken { target } else { next } as i64;
         }
-        Emulation::IndirectCall { insn } => {
-            let target = match insn.op0_kind() {
-                iced_x86::OpKind::Register => greg_of(insn.op0_register()).map(|i| g[i] as u64),
-                _ => insn
-                    .virtual_address(0, 0, |reg, _, _| register_value(g, reg))
-                    // SAFETY: the caller's contract: executing the call
+        Emulation::Indirect { target, call_next } => {
+            let to = match target {
+                Operand::Register(r) => g[r] as u64,
+                Operand::Memory {
+                    base,
+                    index,
+                    scale,
+                    disp,
+                } => {
+                    let reg = |r: Option<usize>| r.map_or(0, |i| g[i] as u64);
+                    let ea = reg(base)
+                        .wrapping_add(reg(index).wrapping_mul(scale))
+                        .wrapping_add(disp);
+                    // SAFETY: the caller's contract: executing the branch
                     // reads this operand.
-                    .map(|ea| unsafe { (ea as *const u64).read_unaligned() }),
+                    unsafe { (ea as *const u64).read_unaligned() }
+                }
             };
-            // Analysis only accepts operands this resolves.
-            let target = target.unwrap_or(0);
-            push(g, insn.next_ip());
-            g[rip] = target as i64;
+            if let Some(next) = call_next {
+                push(g, next);
+            }
+            g[rip] = to as i64;
         }
-        &Emulation::Loop { kind, target, next } => {
+        Emulation::Loop { kind, target, next } => {
             let rcx_i = libc::REG_RCX as usize;
             let zf = (g[libc::REG_EFL as usize] >> 6) & 1 == 1;
             let mut rcx = g[rcx_i] as u64;
@@ -71,29 +81,18 @@ pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
             };
             g[rip] = if taken { target } else { next } as i64;
         }
-        &Emulation::OutOfLine { slot, trap_back } => {
+        Emulation::OutOfLine { slot, trap_back } => {
             g[rip] = slot as i64;
             if trap_back {
                 crate::deferral::defer(uc);
             }
         }
-        &Emulation::Ret { pop } => {
+        Emulation::Ret { pop } => {
             let sp = g[rsp] as u64;
             // SAFETY: the caller's contract: `ret` reads `[rsp]`.
             let to = unsafe { (sp as *const u64).read() };
             g[rsp] = sp.wrapping_add(8 + u64::from(pop)) as i64;
             g[rip] = to as i64;
         }
-    }
-}
-
-/// A register's value for an effective-address computation: general
-/// registers from the frame, 0 for the flat segments (fs/gs operands are
-/// refused at analysis).
-fn register_value(g: &[i64; 23], reg: iced_x86::Register) -> Option<u64> {
-    use iced_x86::Register;
-    match reg {
-        Register::ES | Register::CS | Register::SS | Register::DS => Some(0),
-        _ => greg_of(reg).map(|i| g[i] as u64),
     }
 }

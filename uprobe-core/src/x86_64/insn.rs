@@ -35,9 +35,13 @@ pub(crate) enum Emulation {
     },
     /// `ret` / `ret imm16`: pop the return address, then `pop` more bytes.
     Ret { pop: u16 },
-    /// `call r/m64`: push `next`, continue at the operand's value (run out
-    /// of line it would push the slot's address instead).
-    IndirectCall { insn: Instruction },
+    /// `call r/m64` (push `call_next`, run out of line it would push the
+    /// slot's address instead) or `jmp r/m64` (`call_next` is `None`):
+    /// continue at the operand's value.
+    Indirect {
+        target: Operand,
+        call_next: Option<u64>,
+    },
     /// `loop`, `loope`, `loopne` (`rcx -= 1`, branch if non-zero and the
     /// condition) and `jrcxz` (branch if `rcx` is zero): a taken branch run
     /// out of line would land relative to the slot.
@@ -49,6 +53,22 @@ pub(crate) enum Emulation {
     /// Anything else: run the relocated copy at `slot`, which jumps back
     /// or (`trap_back`) ends in a second trap.
     OutOfLine { slot: u64, trap_back: bool },
+}
+
+/// Where an indirect branch finds its target, decoded at attach so that
+/// the trap handler only adds and loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Operand {
+    /// A register (its `gregs` index).
+    Register(usize),
+    /// The 8 bytes at `base + index * scale + disp` (registers as `gregs`
+    /// indexes; a RIP-relative operand has neither and an absolute `disp`).
+    Memory {
+        base: Option<usize>,
+        index: Option<usize>,
+        scale: u64,
+        disp: u64,
+    },
 }
 
 /// The `rcx`-counting branches.
@@ -118,8 +138,10 @@ pub(crate) fn analyze(addr: usize, bytes: &[u8]) -> Result<Emulation, AttachErro
             target: insn.near_branch_target(),
             next,
         },
-        Mnemonic::Call if matches!(insn.op0_kind(), OpKind::Register | OpKind::Memory) => {
-            indirect_call(&insn).map_err(refuse)?
+        Mnemonic::Call | Mnemonic::Jmp
+            if matches!(insn.op0_kind(), OpKind::Register | OpKind::Memory) =>
+        {
+            indirect(&insn).map_err(refuse)?
         }
         _ if insn.is_jcc_short_or_near() => Emulation::Jcc {
             cond: insn.condition_code(),
@@ -162,23 +184,44 @@ pub(crate) fn analyze(addr: usize, bytes: &[u8]) -> Result<Emulation, AttachErro
     Ok(emulation)
 }
 
-/// `call r/m64`, emulated: the operand must resolve from the frame alone.
-fn indirect_call(insn: &Instruction) -> Result<Emulation, &'static str> {
-    if insn.code() != Code::Call_rm64 {
-        return Err("only 64-bit indirect calls are emulated");
-    }
-    if matches!(insn.segment_prefix(), Register::FS | Register::GS) {
-        return Err("fs/gs-relative indirect calls are not emulated");
-    }
-    let resolvable = |r: Register| r == Register::None || greg_of(r).is_some();
-    let ok = match insn.op0_kind() {
-        OpKind::Register => greg_of(insn.op0_register()).is_some(),
-        _ => resolvable(insn.memory_base()) && resolvable(insn.memory_index()),
+/// `call r/m64` / `jmp r/m64`, emulated: the operand must resolve from
+/// the frame alone.
+fn indirect(insn: &Instruction) -> Result<Emulation, &'static str> {
+    let call_next = match insn.code() {
+        Code::Call_rm64 => Some(insn.next_ip()),
+        Code::Jmp_rm64 => None,
+        _ => return Err("only 64-bit indirect branches are emulated"),
     };
-    if !ok {
-        return Err("indirect call through an operand that is not resolved");
+    if matches!(insn.segment_prefix(), Register::FS | Register::GS) {
+        return Err("fs/gs-relative indirect branches are not emulated");
     }
-    Ok(Emulation::IndirectCall { insn: *insn })
+    let target = if insn.op0_kind() == OpKind::Register {
+        Operand::Register(greg_of(insn.op0_register()).ok_or("not a 64-bit register")?)
+    } else if insn.is_ip_rel_memory_operand() {
+        Operand::Memory {
+            base: None,
+            index: None,
+            scale: 0,
+            disp: insn.ip_rel_memory_address(),
+        }
+    } else {
+        let reg = |r: Register| -> Result<Option<usize>, &'static str> {
+            if r == Register::None {
+                Ok(None)
+            } else {
+                greg_of(r)
+                    .map(Some)
+                    .ok_or("an address register that is not 64-bit")
+            }
+        };
+        Operand::Memory {
+            base: reg(insn.memory_base())?,
+            index: reg(insn.memory_index())?,
+            scale: u64::from(insn.memory_index_scale()),
+            disp: insn.memory_displacement64(),
+        }
+    };
+    Ok(Emulation::Indirect { target, call_next })
 }
 
 /// `loop`/`loope`/`loopne`/`jrcxz` with 64-bit `rcx`, emulated.
