@@ -145,3 +145,43 @@ fn a_forked_child_runs_probed_code() {
         "the child's hit is counted in the child only"
     );
 }
+
+/// `free` and `pthread_mutex_lock` probed while this thread attaches and
+/// detaches other probes (whose bookkeeping allocates, frees and may
+/// lock): nothing deadlocks, every call still does its job.
+#[test]
+fn probing_free_and_pthread_mutex_lock() {
+    let me = uprobe_core_tid();
+    let probes: Vec<_> = ["free", "pthread_mutex_lock"]
+        .into_iter()
+        .filter_map(|name| {
+            match uprobe_core::Uprobe::in_object("libc.so.6", name)
+                .unwrap()
+                .only_thread(me)
+                .attach()
+            {
+                Ok(p) => Some(p),
+                Err(uprobe_core::AttachError::Unsupported { insn, .. }) => {
+                    println!("{name} starts with `{insn}`, not probed here");
+                    None
+                }
+                Err(e) => panic!("{name}: {e}"),
+            }
+        })
+        .collect();
+    let mut mutex = libc::PTHREAD_MUTEX_INITIALIZER;
+    for _ in 0..50 {
+        let p = probe_at(fn_addr(l_fork)).attach().unwrap();
+        drop(std::hint::black_box(vec![1u8; 100]));
+        // SAFETY: a statically initialised mutex, locked and unlocked by
+        // this thread only.
+        unsafe {
+            assert_eq!(libc::pthread_mutex_lock(&raw mut mutex), 0);
+            assert_eq!(libc::pthread_mutex_unlock(&raw mut mutex), 0);
+        }
+        p.detach().unwrap();
+    }
+    for p in &probes {
+        assert!(p.hits() >= 50, "{} hits", p.hits());
+    }
+}
