@@ -1,34 +1,89 @@
 //! In-process uprobes: breakpoints patched over instructions of the running
 //! process, handled by a SIGTRAP engine assembled from the workspace's
-//! primitives.
+//! primitives (`srcu`, `percpu-rwsem`, `pcpu-freelist`, `sigpending`).
 //!
-//! **Status.** This is the first part of the engine: entry probes on
-//! x86-64 by address, with the displaced instruction *emulated* in the
-//! trap handler (every `nop` form, `endbr64`, `push reg`, `jmp`/`call`/`jcc`
-//! with relative targets, `ret`). Other instructions are refused at attach
-//! with the instruction and the reason; out-of-line execution, symbol
-//! lookup, return probes and aarch64 are being built (see the workspace's
-//! issues).
+//! ```no_run
+//! use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+//! use uprobe_core::Uprobe;
+//!
+//! static BYTES: AtomicU64 = AtomicU64::new(0);
+//! let probe = Uprobe::in_object("libc.so.6", "malloc")?
+//!     .on_entry(|cx| {
+//!         BYTES.fetch_add(cx.arg(0).unwrap_or(0), Relaxed);
+//!     })
+//!     .attach()?;
+//! let v = std::hint::black_box(Vec::<u8>::with_capacity(4096));
+//! drop(v);
+//! println!("{} mallocs, {} bytes", probe.hits(), BYTES.load(Relaxed));
+//! # Ok::<(), uprobe_core::AttachError>(())
+//! ```
+//!
+//! **Status**: entry probes on x86-64. Return probes and aarch64 are being
+//! built (see the workspace's issues); on other architectures the crate
+//! builds with its error type only.
+//!
+//! # Attaching
+//! [`Uprobe::function`] (the executable, then every loaded library),
+//! [`Uprobe::in_object`] (`"libc.so.6"`, or a path), [`Uprobe::file_offset`]
+//! (as kernel uprobes take it) and [`Uprobe::at`] look the code up in the
+//! ELF symbol tables and check that the address starts an instruction
+//! (decoding from the function's start); exported names are resolved
+//! through the dynamic linker, so an IFUNC like `memcpy` reaches the
+//! implementation the program calls. The `unsafe` [`Uprobe::address`] is
+//! the opt-in for code no symbol covers. [`Uprobe::attach_all`] and
+//! [`Probe::detach_all`] pay one grace period for a batch.
+//!
+//! Refused at attach, with a typed [`AttachError`]: addresses outside
+//! executable mappings, inside an instruction, inside an rseq critical
+//! section (the kernel would move a trapping thread to the abort handler),
+//! over someone else's `int3`; instructions from the kernel's refusal
+//! tables (and transactional memory, far branches); and any attach while a
+//! thread of the process blocks SIGTRAP.
 //!
 //! # How a hit works
-//! `attach` analyses the instruction, publishes it in a probe table, then
-//! writes `int3` over its first byte (keeping the page executable, then
-//! `membarrier(SYNC_CORE)`). A thread that executes it traps; the engine's
-//! SIGTRAP handler (installed once, `SA_SIGINFO | SA_NODEFER`, chaining
-//! every trap that is not its own to the handler installed before it) finds
-//! the site in an SRCU-protected table, runs the consumers' handlers with
-//! the thread's registers ([`EntryContext`]), then applies the displaced
-//! instruction to the registers and returns: one trap per hit.
+//! `attach` decodes the instruction (iced-x86), publishes its analysis in a
+//! probe table, then writes `int3` over its first byte (execute permission
+//! kept, then `membarrier(SYNC_CORE)`). A thread that executes it traps;
+//! the engine's SIGTRAP handler (installed once, `SA_SIGINFO |
+//! SA_NODEFER`, chaining every trap that is not its own to the handler
+//! installed before it) looks the address up inside an SRCU read section
+//! (no lock, no allocation), runs the consumers' handlers with the
+//! thread's registers ([`EntryContext`]), then does what the instruction
+//! would have done:
+//! - **emulated** on the signal frame: every `nop` form, `endbr64`, `push
+//!   reg`, `jmp`/`call`/`jcc` with relative targets, `call`/`jmp` through
+//!   a register or memory, `loop`/`jrcxz`, `ret`;
+//! - **out of line**, anything else: relocated at attach into an immutable
+//!   slot within +-2 GB of the code (RIP-relative operands re-targeted)
+//!   followed by a jump back, so one trap per hit. Where no slot can be
+//!   had near the code (and the instruction does not address relative to
+//!   RIP), the slot ends in a second trap instead, and the thread's
+//!   asynchronous signals are deferred while it runs the slot (a swapped
+//!   `uc_sigmask`, recorded with `sigpending::TaskFlags`). A fault raised
+//!   in a slot reaches the program at the probed address.
 //!
-//! Handlers run **inside the signal handler, on the interrupted thread's
-//! stack** (not an alternate stack: Rust threads' are small, and a signal
-//! frame is ~3.4 KB), so they must be async-signal-safe. A probe hit while
-//! the thread is already inside the engine (a handler calling a probed
-//! function) runs no handler, is counted as missed, and still executes.
-//! A handler that panics aborts the process with a message.
+//! # What handlers may do
+//! They run **inside the signal handler, on the interrupted thread's
+//! stack** (not on an alternate stack: Rust threads' are small, and a
+//! signal frame is ~3.4 KB), so they must be async-signal-safe: no
+//! allocation, no lock the interrupted code may hold, no `println!`. A
+//! probe hit while the thread is already inside the engine (a handler
+//! calling a probed function, or the engine's own code) runs no handler,
+//! is counted as missed, and still executes the instruction. A handler
+//! that panics aborts the process with a message (unwinding through a
+//! signal frame is not possible). Detaching waits until no handler of the
+//! probe runs; it must not be called from a handler.
 //!
-//! Threads that block SIGTRAP must not run probed code: the kernel turns
-//! such a trap into the default action (the process dies).
+//! # Rules for the program
+//! - A thread that blocks SIGTRAP must never run probed code: the kernel
+//!   turns such a trap into the default action and the process dies.
+//!   `attach` refuses while one exists, but a thread that blocks SIGTRAP
+//!   *later* (or is created with it blocked) is the program's
+//!   responsibility.
+//! - A thread's stack pointer must leave room for a signal frame below it
+//!   whenever it runs probed code, as for any signal.
+//! - After `fork`, the child keeps the probes (breakpoints, table and
+//!   handler are inherited) and runs probed code normally.
 #![cfg_attr(not(test), warn(missing_docs))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
