@@ -3,6 +3,8 @@
 //! primitives (`srcu`, `percpu-rwsem`, `pcpu-freelist`, `sigpending`).
 //!
 //! ```no_run
+//! # #[cfg(target_arch = "x86_64")]
+//! # fn main() -> Result<(), uprobe_core::AttachError> {
 //! use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 //! use uprobe_core::Uprobe;
 //!
@@ -15,7 +17,10 @@
 //! let v = std::hint::black_box(Vec::<u8>::with_capacity(4096));
 //! drop(v);
 //! println!("{} mallocs, {} bytes", probe.hits(), BYTES.load(Relaxed));
-//! # Ok::<(), uprobe_core::AttachError>(())
+//! # Ok(())
+//! # }
+//! # #[cfg(not(target_arch = "x86_64"))]
+//! # fn main() {}
 //! ```
 //!
 //! **Status**: entry probes on x86-64. Return probes and aarch64 are being
