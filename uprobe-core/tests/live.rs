@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use common::{call, fn_addr, probe_at};
 
@@ -35,44 +35,7 @@ unsafe extern "C" {
 /// call made while the probe is attached is always seen.
 #[test]
 fn attach_and_detach_while_threads_run_the_code() {
-    static RUNS: AtomicU64 = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        for t in 0..3u64 {
-            let stop = &stop;
-            s.spawn(move || {
-                let mut x = t;
-                while !stop.load(SeqCst) {
-                    // SAFETY: a plain asm function.
-                    assert_eq!(call(l_hot, x), x + 1);
-                    x = x.wrapping_add(3);
-                }
-            });
-        }
-        for _ in 0..200 {
-            // SAFETY: `l_hot` starts an instruction.
-            let probe = probe_at(fn_addr(l_hot))
-                .on_entry(|_| {
-                    RUNS.fetch_add(1, SeqCst);
-                })
-                .attach()
-                .unwrap();
-            // A call of ours while attached is seen.
-            let before = probe.hits();
-            // SAFETY: as above.
-            assert_eq!(call(l_hot, 1), 2);
-            assert!(probe.hits() > before, "a hit while attached was lost");
-            probe.detach().unwrap();
-            let after_detach = RUNS.load(SeqCst);
-            std::thread::yield_now();
-            assert_eq!(
-                RUNS.load(SeqCst),
-                after_detach,
-                "a handler ran after detach returned"
-            );
-        }
-        stop.store(true, SeqCst);
-    });
+    common::churn_under_callers(l_hot, |x| x + 1, 3, 200);
 }
 
 /// The process's own `malloc` (which starts with `push r12` in Debian's

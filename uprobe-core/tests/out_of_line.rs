@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-
 use common::{byte_at, call, fn_addr, probe_at};
 
 core::arch::global_asm!(
@@ -214,23 +212,5 @@ fn refused_instructions_leave_the_code_alone() {
 
 #[test]
 fn out_of_line_under_concurrent_callers() {
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        for t in 0..3u64 {
-            let stop = &stop;
-            s.spawn(move || {
-                let mut x = t;
-                while !stop.load(SeqCst) {
-                    assert_eq!(call(x_load, x), 1000 + x);
-                    x = x.wrapping_add(7) % 1_000_000;
-                }
-            });
-        }
-        for _ in 0..200 {
-            let probe = probe_at(fn_addr(x_load)).attach().unwrap();
-            assert_eq!(call(x_load, 1), 1001);
-            probe.detach().unwrap();
-        }
-        stop.store(true, SeqCst);
-    });
+    common::churn_under_callers(x_load, |x| 1000 + x, 3, 200);
 }

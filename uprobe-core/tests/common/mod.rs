@@ -1,6 +1,9 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)] // each test binary uses some of them
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+
 use uprobe_core::Uprobe;
 
 /// The address of one of the tests' asm functions.
@@ -27,4 +30,51 @@ pub fn probe_at(addr: usize) -> Uprobe {
 pub fn byte_at(addr: usize) -> u8 {
     // SAFETY: `addr` is inside a function of the tests' asm.
     unsafe { (addr as *const u8).read_volatile() }
+}
+
+/// `rounds` times, attaches a counting probe at `f`'s entry, checks that a
+/// call made while it is attached is seen, detaches it and checks that its
+/// handler does not run afterwards, all while `callers` threads call `f`
+/// in a loop and check each result with `expect`.
+pub fn churn_under_callers(
+    f: unsafe extern "C" fn(u64) -> u64,
+    expect: fn(u64) -> u64,
+    callers: u64,
+    rounds: usize,
+) {
+    let runs = Arc::new(AtomicU64::new(0));
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for t in 0..callers {
+            let stop = &stop;
+            s.spawn(move || {
+                let mut x = t;
+                while !stop.load(SeqCst) {
+                    assert_eq!(call(f, x), expect(x));
+                    x = (x + callers) % 1_000_000;
+                }
+            });
+        }
+        for _ in 0..rounds {
+            let counter = Arc::clone(&runs);
+            let probe = probe_at(fn_addr(f))
+                .on_entry(move |_| {
+                    counter.fetch_add(1, SeqCst);
+                })
+                .attach()
+                .unwrap();
+            let before = probe.hits();
+            assert_eq!(call(f, 1), expect(1));
+            assert!(probe.hits() > before, "a hit while attached was lost");
+            probe.detach().unwrap();
+            let after_detach = runs.load(SeqCst);
+            std::thread::yield_now();
+            assert_eq!(
+                runs.load(SeqCst),
+                after_detach,
+                "a handler ran after detach returned"
+            );
+        }
+        stop.store(true, SeqCst);
+    });
 }
