@@ -18,7 +18,14 @@ pub const POP_EMPTY: Scenario = Scenario {
     build: build_pop_empty,
 };
 
-const PUSHPOP_IMPLS: &[&str] = &["hint", "head", "nohint", "arrayqueue", "object-pool"];
+const PUSHPOP_IMPLS: &[&str] = &[
+    "hint",
+    "head",
+    "nohint",
+    "arrayqueue",
+    "object-pool",
+    "sharded-slab",
+];
 
 pub const PUSHPOP: Scenario = Scenario {
     name: "freelist-pushpop",
@@ -117,6 +124,7 @@ enum PoolImpl {
     Freelist(FreeList<u64>),
     ArrayQueue(ArrayQueue<u64>),
     ObjectPool(LinearObjectPool<u64>),
+    ShardedSlab(sharded_slab::Pool<Option<u64>>),
 }
 
 /// Pops that found the pool empty (must stay 0: each worker holds at
@@ -148,6 +156,16 @@ impl Workload for PushPop {
                     drop(black_box(pool.pull()));
                 }
             }
+            PoolImpl::ShardedSlab(pool) => {
+                for _ in 0..iters {
+                    match pool.create_with(|v| *v = Some(1)) {
+                        Some(key) => {
+                            pool.clear(black_box(key));
+                        }
+                        None => missed += 1,
+                    }
+                }
+            }
         }
         MISSED.fetch_add(missed, Relaxed);
     }
@@ -164,7 +182,7 @@ impl Workload for PushPop {
         let free = match &self.pool {
             PoolImpl::Freelist(pool) => std::iter::from_fn(|| pool.pop()).collect::<Vec<_>>().len(),
             PoolImpl::ArrayQueue(q) => q.len(),
-            PoolImpl::ObjectPool(_) => return Ok(()),
+            PoolImpl::ObjectPool(_) | PoolImpl::ShardedSlab(_) => return Ok(()),
         };
         if free == capacity() {
             Ok(())
@@ -187,6 +205,7 @@ fn build_pushpop_with(imp: &str, oversubscription: usize) -> Box<dyn Workload> {
             PoolImpl::ArrayQueue(q)
         }
         (None, "object-pool") => PoolImpl::ObjectPool(LinearObjectPool::new(|| 0u64, |_| {})),
+        (None, "sharded-slab") => PoolImpl::ShardedSlab(sharded_slab::Pool::new()),
         _ => unreachable!("unknown implementation {imp}"),
     };
     Box::new(PushPop {
