@@ -358,7 +358,7 @@ impl PerCpuStack {
             let (base, stride) = self.heads.raw_layout();
             // SAFETY: as in `push_fast`; nodes in a list have readable link
             // words (the push contract).
-            let (rc, node) = unsafe {
+            let (rc, node, next) = unsafe {
                 crate::rseq::raw_pop(
                     area,
                     base,
@@ -369,11 +369,8 @@ impl PerCpuStack {
             };
             return match rc {
                 crate::rseq::DONE => {
-                    let node = NonNull::new(node as *mut u8);
-                    if let Some(node) = node {
-                        self.after_local_pop(node);
-                    }
-                    Ok(node)
+                    self.after_local_pop(next);
+                    Ok(NonNull::new(node as *mut u8))
                 }
                 crate::rseq::EMPTY => {
                     self.after_local_empty();
@@ -388,7 +385,9 @@ impl PerCpuStack {
             let mut popped = None;
             if self.modelled_section(|head| popped = self.unlink_top(head)) {
                 match popped {
-                    Some(node) => self.after_local_pop(node),
+                    // SAFETY: the node is ours now; its link word holds
+                    // the next pointer the pop read.
+                    Some(node) => self.after_local_pop(unsafe { self.link_word(node).read() }),
                     None => self.after_local_empty(),
                 }
                 return Ok(popped);
@@ -397,19 +396,16 @@ impl PerCpuStack {
         Err(())
     }
 
-    /// After a critical section popped `node` (now ours): if it was the
-    /// last node, set the empty flag with a second section that checks the
-    /// head again (a flag set by the pop itself could not be undone if the
-    /// pop were restarted elsewhere).
+    /// After a critical section popped a node, leaving `next` as the head:
+    /// if that emptied the list, set the empty flag with a second section
+    /// that checks the head again (a flag set by the pop itself could not
+    /// be undone if the pop were restarted elsewhere).
     #[inline]
     #[cfg_attr(not(any(loom, target_arch = "x86_64")), allow(dead_code))]
-    fn after_local_pop(&self, node: NonNull<u8>) {
-        // SAFETY: the node is ours; its link word still holds the next
-        // pointer the pop read.
-        if !self.empty_flags || unsafe { self.link_word(node).read() } != 0 {
-            return;
+    fn after_local_pop(&self, next: usize) {
+        if self.empty_flags && next == 0 {
+            self.mark_empty_fast();
         }
-        self.mark_empty_fast();
     }
 
     /// After a critical section found the current CPU's list empty: if its

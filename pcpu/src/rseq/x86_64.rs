@@ -234,9 +234,11 @@ pub(crate) unsafe fn push(
     unsafe { push_section!(area, base, stride, cpus, node, next_field, "") }
 }
 
-/// [`push`] that also clears the slot's `u32` empty flag (at `slot + 16`),
-/// if set, before the commit (a load and a predicted branch in the common
-/// case, rather than a store). The flag store is not the commit: a section aborted
+/// [`push`] that also clears the slot's `u32` empty flag (at `slot + 16`)
+/// before the commit when the list was empty (the head it already loaded
+/// is 0): a set flag always describes an empty list, so only that
+/// transition can find it set, and the common case costs a predicted
+/// branch on a register. The flag store is not the commit: a section aborted
 /// after it leaves the flag clear on a list that may be empty, which only
 /// costs a remote pop a wasted look (never a hidden node).
 ///
@@ -262,7 +264,7 @@ pub(crate) unsafe fn push_clearing_flag(
             cpus,
             node,
             next_field,
-            "cmpl $0, 16({slot})\njz 1f\nmovl $0, 16({slot})\n1:"
+            "test {tmp}, {tmp}\njnz 1f\nmovl $0, 16({slot})\n1:"
         )
     }
 }
@@ -306,7 +308,8 @@ pub(crate) unsafe fn mark_empty(area: isize, base: *const u8, stride: usize, cpu
 /// Pops the current CPU's list: `node = head; head = *(node + next_offset)`,
 /// with the load of the next pointer inside the critical section (no ABA:
 /// nothing else can run on this CPU between the load and the commit).
-/// Returns the code and the node (0 unless `DONE`).
+/// Returns the code, the node (0 unless `DONE`) and the new head (the
+/// node's next pointer: 0 when the pop emptied the list).
 ///
 /// # Safety
 /// As for [`push`]; every node in a list has a readable link word at
@@ -320,9 +323,10 @@ pub(crate) unsafe fn pop(
     stride: usize,
     cpus: u32,
     next_offset: usize,
-) -> (u32, usize) {
+) -> (u32, usize, usize) {
     let rc: u32;
     let node: usize;
+    let next: usize;
     // SAFETY: the caller's contract.
     unsafe {
         asm!(
@@ -332,14 +336,15 @@ pub(crate) unsafe fn pop(
             "mov ({slot}), {node}",
             "test {node}, {node}",
             "jz 9f",
-            "mov ({node}, {off}), {tmp}",
-            "mov {tmp}, ({slot})",
+            "mov ({node}, {off}), {next}",
+            "mov {next}, ({slot})",
             rseq_cs_epilogue!(),
             area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
             cpus = in(reg) cpus, off = in(reg) next_offset,
-            node = out(reg) node, tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
+            node = out(reg) node, next = out(reg) next, tmp = out(reg) _,
+            slot = out(reg) _, rc = out(reg) rc,
             options(att_syntax, nostack),
         );
     }
-    (rc, node)
+    (rc, node, next)
 }
