@@ -71,20 +71,58 @@ pub(crate) unsafe fn write_code_byte(
     Ok(())
 }
 
-/// Every mapping's `[start, end)`.
-pub(crate) fn all_mappings() -> Vec<(usize, usize)> {
+/// Every mapping's `[start, end)`, plus the room the main thread's stack
+/// and the `brk` heap may still grow into (a mapping placed there would
+/// make a deep recursion fault, or `malloc` fall back to `mmap`).
+pub(crate) fn taken_ranges() -> Vec<(usize, usize)> {
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
         return Vec::new();
     };
-    maps.lines()
-        .filter_map(|line| {
-            let (start, end) = line.split_whitespace().next()?.split_once('-')?;
-            Some((
-                usize::from_str_radix(start, 16).ok()?,
-                usize::from_str_radix(end, 16).ok()?,
-            ))
-        })
-        .collect()
+    let mut taken = Vec::new();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let Some((start, end)) = f.next().and_then(|r| r.split_once('-')) else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (
+            usize::from_str_radix(start, 16),
+            usize::from_str_radix(end, 16),
+        ) else {
+            continue;
+        };
+        taken.push((start, end));
+        match f.nth(4) {
+            Some("[stack]") => taken.push((start.saturating_sub(stack_room()), start)),
+            Some("[heap]") => taken.push((end, end.saturating_add(HEAP_ROOM))),
+            _ => {}
+        }
+    }
+    taken
+}
+
+/// Address space kept free above the `brk` heap.
+const HEAP_ROOM: usize = 1 << 30;
+
+/// How far the main thread's stack may grow (its soft limit, at most
+/// 1 GiB when unlimited), plus the kernel's guard gap.
+fn stack_room() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_STACK, &raw mut limit) } == 0;
+    let soft = if ok {
+        limit.rlim_cur
+    } else {
+        libc::RLIM_INFINITY
+    };
+    let soft = if soft == libc::RLIM_INFINITY {
+        1 << 30
+    } else {
+        soft as usize
+    };
+    soft.min(1 << 30) + (1 << 20)
 }
 
 /// The file mapped at `addr`, if any.

@@ -303,9 +303,10 @@ fn map_region_anywhere() -> Result<Region, AttachError> {
 }
 
 /// Maps a region of slots within reach of `addr`: the free gap of the
-/// address space nearest to it.
+/// address space nearest to it, away from where the main stack and the
+/// `brk` heap grow.
 fn map_region_near(addr: usize) -> Result<Region, AttachError> {
-    let mut taken: Vec<(usize, usize)> = crate::maps::all_mappings();
+    let mut taken: Vec<(usize, usize)> = crate::maps::taken_ranges();
     taken.sort_unstable();
     let lo = addr.saturating_sub(REACH);
     let hi = addr.saturating_add(REACH);
