@@ -222,10 +222,7 @@ impl<T> FreeList<T> {
     }
 
     fn element(&self, node: NonNull<u8>) -> Element<'_, T> {
-        let node = node.cast::<Node<T>>();
-        // SAFETY: the lists only hold nodes of `self.nodes`.
-        let index = unsafe { node.offset_from(NonNull::from(&self.nodes[0])) };
-        Element::new(self, index as u32)
+        Element::new(self, self.element_index(node))
     }
 
     pub(crate) fn node(&self, index: u32) -> &Node<T> {
@@ -256,6 +253,7 @@ impl<T> FreeList<T> {
         }
     }
 
+    /// The index of `node`, one of `self.nodes` (the lists hold no other).
     fn element_index(&self, node: NonNull<u8>) -> u32 {
         // SAFETY: the node is one of `self.nodes`.
         unsafe {

@@ -292,29 +292,24 @@ impl Account {
     /// forgotten (more uncharges than charges would release an owner
     /// reference that was never taken).
     pub unsafe fn uncharge_unchecked(self: &Arc<Self>) {
-        let mut level: &Self = self;
-        loop {
-            // Read the parent before the release: nothing of a level is
-            // touched after its owner may be gone.
-            let parent = level.parent.as_deref();
-            if level.charged.fetch_sub(1, Ordering::Release) == 1 {
-                level.release_owner();
-            }
-            match parent {
-                Some(p) => level = p,
-                None => return,
-            }
-        }
+        self.decrement_levels(None);
     }
 
     /// Undoes a charge at every level strictly below `stop` (from `self`
     /// up to, not including, `stop`).
     fn undo_below(self: &Arc<Self>, stop: &Self) {
-        let mut level: &Self = self;
-        while !core::ptr::eq(level, stop) {
-            let parent = level.parent.as_deref();
-            level.decrement();
-            level = parent.expect("`stop` is an ancestor");
+        self.decrement_levels(Some(stop));
+    }
+
+    /// One decrement at each level from `self` up to (not including)
+    /// `stop`, or to the root; each level releases its owner on 1 -> 0.
+    fn decrement_levels(&self, stop: Option<&Self>) {
+        let mut level = Some(self);
+        while let Some(l) = level.filter(|l| !stop.is_some_and(|s| core::ptr::eq(*l, s))) {
+            // Read the parent before the release: nothing of a level is
+            // touched after its owner may be gone.
+            level = l.parent.as_deref();
+            l.decrement();
         }
     }
 

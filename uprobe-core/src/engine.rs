@@ -89,9 +89,17 @@ fn slot_of(addr: usize) -> usize {
 /// The site at `addr`, if any; call inside a read section (or holding
 /// `WRITER`). Async-signal-safe.
 fn lookup(addr: usize) -> Option<&'static Site> {
+    find(addr).map(|(_, site)| site)
+}
+
+/// The table slot holding the site at `addr`, and the site. A plain index
+/// loop: it runs in the trap handler (see `xol::origin_word`).
+/// Async-signal-safe.
+fn find(addr: usize) -> Option<(usize, &'static Site)> {
     let start = slot_of(addr);
     for i in 0..MAX_SITES {
-        let p = TABLE[(start + i) % MAX_SITES].load(Ordering::Acquire);
+        let slot = (start + i) % MAX_SITES;
+        let p = TABLE[slot].load(Ordering::Acquire);
         if p.is_null() {
             return None;
         }
@@ -101,7 +109,7 @@ fn lookup(addr: usize) -> Option<&'static Site> {
             // section or holds the writer lock.
             let site = unsafe { &*p };
             if site.addr == addr {
-                return Some(site);
+                return Some((slot, site));
             }
         }
     }
@@ -293,13 +301,12 @@ fn hit(site: &Site, uc: &mut libc::ucontext_t) {
         // SAFETY: lists are freed only after a grace period, and we are in
         // a read section.
         let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
-        let tid = if consumers.iter().any(|c| c.only_tid != 0) {
-            current_tid()
-        } else {
-            0
-        };
+        // The thread id costs a system call: only asked for by a filter.
+        let mut tid = None;
         for c in consumers {
-            if c.removed.load(Ordering::Relaxed) || (c.only_tid != 0 && c.only_tid != tid) {
+            if c.removed.load(Ordering::Relaxed)
+                || (c.only_tid != 0 && c.only_tid != *tid.get_or_insert_with(current_tid))
+            {
                 continue;
             }
             c.hits.fetch_add(1, Ordering::Relaxed);
@@ -498,7 +505,7 @@ fn detach_one(
     consumer: &Arc<Consumer>,
     garbage: &mut Vec<Garbage>,
 ) -> Result<(), AttachError> {
-    let Some(site) = lookup(addr) else {
+    let Some((slot, site)) = find(addr) else {
         return Ok(());
     };
     let list: Vec<_> = current_list(site)
@@ -518,10 +525,6 @@ fn detach_one(
         garbage.push(Garbage::List(publish_list(site, Vec::new())));
         return Err(e);
     }
-    let slot = (0..MAX_SITES)
-        .map(|i| (slot_of(addr) + i) % MAX_SITES)
-        .find(|&s| core::ptr::eq(TABLE[s].load(Ordering::Relaxed), site))
-        .expect("a found site is in the table");
     TABLE[slot].store(TOMBSTONE, Ordering::Release);
     garbage.push(Garbage::Site(core::ptr::from_ref(site).cast_mut()));
     Ok(())

@@ -148,6 +148,14 @@ pub mod bench_only {
         crate::arch::force_trap_back(on);
     }
 
+    /// The file and file offset that executable address `addr` of this
+    /// process was mapped from (what a kernel uprobe on the same code is
+    /// attached to), if any.
+    #[must_use]
+    pub fn file_offset_of(addr: usize) -> Option<(std::path::PathBuf, u64)> {
+        crate::maps::file_offset_of(addr)
+    }
+
     /// Whether `ip` is inside an out-of-line slot (for tests that check
     /// where signals find a thread). Async-signal-safe.
     #[must_use]

@@ -145,6 +145,15 @@ pub(crate) fn address_of_file_offset(path: &std::path::Path, offset: u64) -> Opt
     })
 }
 
+/// The file and the byte of it that executable address `addr` was mapped
+/// from, if any (the inverse of [`address_of_file_offset`]).
+pub(crate) fn file_offset_of(addr: usize) -> Option<(std::path::PathBuf, u64)> {
+    file_mappings()
+        .into_iter()
+        .find(|m| m.exec && (m.start..m.end).contains(&addr))
+        .map(|m| (m.path, m.offset + (addr - m.start) as u64))
+}
+
 struct FileMapping {
     start: usize,
     end: usize,

@@ -47,7 +47,6 @@ fn probing_malloc_of_this_process() {
     static SIZES: AtomicU64 = AtomicU64::new(0);
     let me = uprobe_core_tid();
     let malloc = libc::malloc as *const () as usize;
-    // SAFETY: `malloc` is a function.
     let probe = match probe_at(malloc)
         .only_thread(me)
         .on_entry(|cx| {
@@ -84,12 +83,10 @@ fn uprobe_core_tid() -> i32 {
 /// (it inherits the breakpoint, the table and the handler).
 #[test]
 fn a_forked_child_runs_probed_code() {
-    // SAFETY: `l_fork` starts an instruction.
     let probe = probe_at(fn_addr(l_fork)).attach().unwrap();
     // SAFETY: the child only calls an asm function and _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        // SAFETY: as above.
         let ok = call(l_fork, 40) == 42;
         // SAFETY: leaving the child without running the parent's atexit.
         unsafe { libc::_exit(i32::from(!ok)) };

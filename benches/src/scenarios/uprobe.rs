@@ -213,8 +213,10 @@ impl KernelUprobe {
             .trim()
             .parse()
             .map_err(|e| format!("uprobe PMU type: {e}"))?;
-        let (path, offset) = file_offset(addr)?;
-        let path = CString::new(path).map_err(|e| e.to_string())?;
+        let (path, offset) = uprobe_core::bench_only::file_offset_of(addr)
+            .ok_or_else(|| format!("{addr:#x} is not in an executable file mapping"))?;
+        let path =
+            CString::new(path.into_os_string().into_encoded_bytes()).map_err(|e| e.to_string())?;
         // struct perf_event_attr, PERF_ATTR_SIZE_VER5 (112 bytes): type,
         // size, config1 = uprobe_path, config2 = probe_offset; enabled,
         // counting.
@@ -263,26 +265,4 @@ impl Drop for KernelUprobe {
             unsafe { libc::close(fd) };
         }
     }
-}
-
-/// The file and file offset that `addr` of this process was mapped from.
-fn file_offset(addr: usize) -> Result<(String, u64), String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| e.to_string())?;
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let Some((start, end)) = f.first().and_then(|r| r.split_once('-')) else {
-            continue;
-        };
-        let (Ok(start), Ok(end)) = (
-            usize::from_str_radix(start, 16),
-            usize::from_str_radix(end, 16),
-        ) else {
-            continue;
-        };
-        if (start..end).contains(&addr) && f.len() >= 6 {
-            let off = u64::from_str_radix(f[2], 16).map_err(|e| e.to_string())?;
-            return Ok((f[5].to_string(), off + (addr - start) as u64));
-        }
-    }
-    Err(format!("{addr:#x} is not in a file mapping"))
 }

@@ -78,3 +78,36 @@ pub fn churn_under_callers(
         stop.store(true, SeqCst);
     });
 }
+
+/// How many hits a call of the function under test makes on its probe.
+#[derive(Clone, Copy, Debug)]
+pub enum HitsPerCall {
+    /// One (the probe is on an instruction every call runs once).
+    One,
+    /// At least one (a probe inside a loop).
+    AtLeastOne,
+}
+
+/// Runs `f(x)` for a few inputs without a probe, with a probe at `at`, and
+/// after detaching it: the same results every time, the breakpoint written
+/// while attached and the original byte back afterwards.
+pub fn same_with_probe(f: unsafe extern "C" fn(u64) -> u64, at: usize, hits: HitsPerCall) {
+    let inputs = [0u64, 1, 7, 9, 10, 11, 1 << 40];
+    let plain: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
+    let original = byte_at(at);
+    let probe = probe_at(at)
+        .attach()
+        .unwrap_or_else(|e| panic!("attach at {at:#x}: {e}"));
+    assert_eq!(byte_at(at), 0xcc, "int3 written");
+    let probed: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
+    assert_eq!(probed, plain, "results changed under the probe at {at:#x}");
+    let calls = inputs.len() as u64;
+    match hits {
+        HitsPerCall::One => assert_eq!(probe.hits(), calls),
+        HitsPerCall::AtLeastOne => assert!(probe.hits() >= calls),
+    }
+    probe.detach().expect("detach");
+    assert_eq!(byte_at(at), original, "byte restored");
+    let after: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
+    assert_eq!(after, plain);
+}
