@@ -91,19 +91,6 @@ fn hierarchies_are_bounded() {
 }
 
 #[test]
-fn deferred_releases_wait_for_release_deferred() {
-    let owner = Arc::new(());
-    let account = Account::with_release(4, Owner::arc(&owner), Release::Deferred);
-    for _ in 0..3 {
-        drop(account.charge().unwrap()); // 0 -> 1 -> 0, deferred each time
-    }
-    assert_eq!(Arc::strong_count(&owner), 4, "three releases owed");
-    assert!(sigpending::release_deferred() >= 3);
-    assert_eq!(Arc::strong_count(&owner), 1);
-    assert_eq!(sigpending::release_deferred(), 0);
-}
-
-#[test]
 fn callback_owners_and_forgotten_charges() {
     static PINS: AtomicUsize = AtomicUsize::new(0);
     unsafe fn pin(_: *const ()) {
