@@ -4,13 +4,18 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
-use pcpu::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use pcpu::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use crate::{ReadGuard, Srcu};
 
 /// What a cell points to: the value and whether it was retired (replaced).
 pub(crate) struct Node<T> {
     pub(crate) retired: AtomicBool,
+    /// Strong references handed to a lease set's deferred drops and not
+    /// dropped yet (see `LeaseSet::drop_later`).
+    pub(crate) owed: AtomicUsize,
+    /// The next node on that set's list of nodes owing drops.
+    pub(crate) next_owed: AtomicPtr<Node<T>>,
     pub(crate) value: T,
 }
 
@@ -103,6 +108,8 @@ fn into_node<T>(value: Option<T>) -> *mut Node<T> {
     value.map_or(core::ptr::null_mut(), |v| {
         Arc::into_raw(Arc::new(Node {
             retired: AtomicBool::new(false),
+            owed: AtomicUsize::new(0),
+            next_owed: AtomicPtr::new(core::ptr::null_mut()),
             value: v,
         }))
         .cast_mut()

@@ -115,6 +115,9 @@ struct Shared<T> {
     /// fence-free path (see `Lease::take`).
     expiring: CachePadded<AtomicU64>,
     expired: AtomicU64,
+    /// Strong references handed over by `drop_later`, dropped by the
+    /// expiry thread (`deferred_drop`).
+    owing: AtomicPtr<Node<T>>,
     stop: (Mutex<bool>, Condvar),
 }
 
@@ -242,6 +245,7 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
             blocks: Mutex::new(Vec::new()),
             expiring: CachePadded::new(AtomicU64::new(0)),
             expired: AtomicU64::new(0),
+            owing: AtomicPtr::new(core::ptr::null_mut()),
             stop: (Mutex::new(false), Condvar::new()),
         });
         // loom cannot model a real thread: models call `expire_all`.
@@ -304,7 +308,36 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
     /// and for shutting down. Not async-signal-safe.
     #[allow(clippy::must_use_candidate)] // the count is informational
     pub fn expire_all(&self) -> u64 {
-        self.shared.expire(0)
+        let n = self.shared.expire(0);
+        self.drop_deferred();
+        n
+    }
+
+    /// Hands `strong` to the expiry thread, which drops it at its next
+    /// tick (at most `timeout / 4` later), instead of dropping it here.
+    /// For a signal handler that consumed a lease which had expired into a
+    /// reference ([`Held::Stable`]): dropping that reference may free the
+    /// value. Lock-free, no allocation: **async-signal-safe**.
+    pub fn drop_later(&self, strong: Strong<T>) {
+        crate::deferred_drop::push(&self.shared.owing, strong.0);
+    }
+
+    /// Ends what a consumed lease handed over without freeing anything
+    /// here: a read section ends at once, a strong reference goes to
+    /// [`drop_later`](Self::drop_later). **Async-signal-safe.**
+    pub fn release(&self, held: Held<'_, T>) {
+        match held {
+            Held::Leased(value) => drop(value),
+            Held::Stable(strong) => self.drop_later(strong),
+        }
+    }
+
+    /// Drops the references handed to [`drop_later`](Self::drop_later)
+    /// so far, now, and returns how many (the expiry thread does this
+    /// every tick). Not async-signal-safe.
+    #[allow(clippy::must_use_candidate)] // the count is informational
+    pub fn drop_deferred(&self) -> usize {
+        crate::deferred_drop::drain(&self.shared.owing)
     }
 
     /// How many leases have been expired so far.
@@ -322,6 +355,7 @@ impl<T: Send + Sync + 'static> Drop for LeaseSet<'_, T> {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.drop_deferred();
     }
 }
 
@@ -349,6 +383,7 @@ fn expiry_loop<T>(shared: &Shared<T>, period: Duration) {
         shared.tick.fetch_add(1, Ordering::Relaxed);
         drop(stopped);
         shared.expire(TICKS);
+        crate::deferred_drop::drain(&shared.owing);
         stopped = stop.lock().unwrap_or_else(PoisonError::into_inner);
     }
 }
@@ -427,6 +462,23 @@ impl<'s, 'd, T: Send + Sync + 'static> LeaseBlock<'s, 'd, T> {
         })
     }
 
+    /// Turns a [`RawLease`] of this block back into its lease.
+    ///
+    /// # Safety
+    /// `raw` came from [`Lease::into_raw`] on a lease of **this** block,
+    /// and each `RawLease` is turned back at most once (it is not `Clone`,
+    /// so passing it by value ensures that). Async-signal-safe.
+    #[allow(clippy::needless_pass_by_value)] // by value: used once
+    pub unsafe fn from_raw(&self, raw: RawLease) -> Lease<'_, 's, 'd, T> {
+        let RawLease { index, generation } = raw;
+        debug_assert!(index < self.slots.len());
+        Lease {
+            block: self,
+            index,
+            generation,
+        }
+    }
+
     /// How many leases this block holds now.
     #[must_use]
     pub fn in_use(&self) -> usize {
@@ -457,7 +509,29 @@ pub struct Lease<'b, 's, 'd, T: Send + Sync + 'static> {
     generation: u64,
 }
 
+/// A lease without the borrow of its block: for storing a lease in a data
+/// structure next to the block it belongs to (a return-instance stack, say).
+/// Made by [`Lease::into_raw`], turned back by [`LeaseBlock::from_raw`].
+/// Forgetting one leaks what the lease holds (its read section, until the
+/// expiry turns it into a reference that is never dropped).
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a raw lease still holds a read section (or a reference)"]
+pub struct RawLease {
+    index: usize,
+    generation: u64,
+}
+
 impl<'b, T: Send + Sync + 'static> Lease<'b, '_, '_, T> {
+    /// Forgets the borrow of the block, keeping the lease (see
+    /// [`RawLease`]). Async-signal-safe.
+    pub fn into_raw(self) -> RawLease {
+        let this = core::mem::ManuallyDrop::new(self);
+        RawLease {
+            index: this.index,
+            generation: this.generation,
+        }
+    }
+
     /// Ends the lease and hands over what it holds: the value under the
     /// lease's read section (`LEASED`), under a strong reference
     /// (`STABLE`), or nothing if the value was retired before the lease

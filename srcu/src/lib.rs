@@ -49,16 +49,20 @@
 //! Counts are 64-bit and wrap; the sums are compared, not subtracted.
 //!
 //! # Async-signal safety
-//! Read sections, [`SrcuCell::load`], taking and consuming a lease are
+//! Read sections, [`SrcuCell::load`], taking and consuming a lease,
+//! [`LeaseSet::release`] and [`LeaseSet::drop_later`] are
 //! async-signal-safe (after [`Srcu::prepare`]). Grace periods, callbacks,
 //! creating cells, sets and blocks are not.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod cell;
+mod deferred_drop;
 mod domain;
 mod lease;
 mod reclaim;
 
 pub use cell::{CellRef, SrcuCell, Strong};
 pub use domain::{ReadGuard, ReadIndex, Srcu};
-pub use lease::{DEFAULT_TIMEOUT, Held, Lease, LeaseBlock, LeaseError, LeaseSet, LeasedValue};
+pub use lease::{
+    DEFAULT_TIMEOUT, Held, Lease, LeaseBlock, LeaseError, LeaseSet, LeasedValue, RawLease,
+};

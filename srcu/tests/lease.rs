@@ -6,6 +6,17 @@ use std::time::Duration;
 
 use srcu::{Held, LeaseError, LeaseSet, Srcu, SrcuCell};
 
+static LATE_DROPS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts its drops for the `drop_later` test only.
+struct DroppedLate;
+
+impl Drop for DroppedLate {
+    fn drop(&mut self) {
+        LATE_DROPS.fetch_add(1, SeqCst);
+    }
+}
+
 #[derive(Debug, PartialEq)]
 struct Value(u32);
 
@@ -123,4 +134,51 @@ fn expiry_racing_consumption_releases_exactly_once() {
     drop(cell);
     domain.barrier();
     assert_eq!(COUNTED_DROPS.load(SeqCst), 1);
+}
+
+#[test]
+fn a_raw_lease_round_trips_through_its_block() {
+    let domain = Srcu::new();
+    let cell = SrcuCell::new(&domain, Some(Value(6)));
+    let set = LeaseSet::new(&domain);
+    let block = set.block(4);
+    let raws: Vec<_> = (0..3)
+        .map(|_| block.lease(&cell).unwrap().into_raw())
+        .collect();
+    assert_eq!(block.in_use(), 3, "into_raw must keep the lease");
+    for raw in raws.into_iter().rev() {
+        // SAFETY: each raw lease came from this block and is used once.
+        let lease = unsafe { block.from_raw(raw) };
+        assert_eq!(lease.consume().as_deref(), Some(&Value(6)));
+    }
+    assert_eq!(block.in_use(), 0);
+    assert!(domain.synchronize_timeout(Duration::from_secs(30)));
+}
+
+#[test]
+fn an_expired_lease_released_in_place_is_dropped_by_the_expiry_thread() {
+    let domain = Srcu::new();
+    let cell = SrcuCell::new(&domain, Some(DroppedLate));
+    let set = LeaseSet::with_timeout(&domain, Duration::from_millis(20));
+    let block = set.block(1);
+    let lease = block.lease(&cell).unwrap();
+    assert_eq!(set.expire_all(), 1);
+    // The cell lets go of the value; the expired lease's reference is the
+    // last one.
+    cell.replace(None);
+    domain.barrier();
+    assert_eq!(LATE_DROPS.load(SeqCst), 0);
+    let held = lease.consume().expect("expired into a reference");
+    assert!(matches!(held, Held::Stable(_)));
+    // What a signal handler does: nothing is freed here...
+    set.release(held);
+    assert_eq!(LATE_DROPS.load(SeqCst), 0, "released in place");
+    // ...the expiry thread drops it at one of its next ticks.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while LATE_DROPS.load(SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "never dropped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(LATE_DROPS.load(SeqCst), 1);
+    assert_eq!(set.drop_deferred(), 0);
 }
