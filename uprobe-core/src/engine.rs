@@ -40,9 +40,11 @@ const TOMBSTONE: *mut Site = core::ptr::dangling_mut::<Site>();
 /// The handler of one consumer.
 pub(crate) type Handler = Box<dyn Fn(&mut EntryContext<'_>) + Send + Sync>;
 
-/// One consumer of a site: its handler and counters.
+/// One consumer of a site: its handlers and counters.
 pub(crate) struct Consumer {
     pub(crate) handler: Handler,
+    /// The return handler's side, for a return probe.
+    pub(crate) ret: Option<crate::returns::ReturnProbe>,
     /// Only hits of this thread run the handler (0: every thread).
     pub(crate) only_tid: i32,
     pub(crate) hits: AtomicU64,
@@ -226,12 +228,12 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
 /// signal frame is undefined behaviour. Remembers whether the interrupted
 /// code was itself unwinding (a panic allocates, so a probe on `malloc`
 /// can hit in the middle of one): only a new panic aborts.
-struct AbortOnUnwind {
+pub(crate) struct AbortOnUnwind {
     was_panicking: bool,
 }
 
 impl AbortOnUnwind {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             was_panicking: std::thread::panicking(),
         }
@@ -241,22 +243,33 @@ impl AbortOnUnwind {
 impl Drop for AbortOnUnwind {
     fn drop(&mut self) {
         if std::thread::panicking() && !self.was_panicking {
-            const MSG: &[u8] = b"uprobe-core: a probe handler panicked; aborting\n";
-            // SAFETY: write(2) of a static buffer to stderr.
-            unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
-            std::process::abort();
+            fatal(b"uprobe-core: a probe handler panicked; aborting\n");
         }
     }
+}
+
+/// Writes `msg` to stderr and aborts. Async-signal-safe.
+pub(crate) fn fatal(msg: &[u8]) -> ! {
+    // SAFETY: write(2) of a buffer we hold to stderr.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+    std::process::abort();
+}
+
+/// Marks the thread as inside the engine; returns whether it already was
+/// (then no handler may run). Async-signal-safe.
+pub(crate) fn enter() -> bool {
+    IN_ENGINE.replace(true)
+}
+
+/// Undoes [`enter`], given what it returned.
+pub(crate) fn leave(was_inside: bool) {
+    IN_ENGINE.set(was_inside);
 }
 
 extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let depth = DEPTH.get();
     if depth >= MAX_DEPTH {
-        const MSG: &[u8] =
-            b"uprobe-core: the trap handler recursed through a probed function; aborting\n";
-        // SAFETY: write(2) of a static buffer to stderr.
-        unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
-        std::process::abort();
+        fatal(b"uprobe-core: the trap handler recursed through a probed function; aborting\n");
     }
     DEPTH.set(depth + 1);
     handle_sigtrap(sig, info, ctx);
@@ -316,6 +329,15 @@ fn hit(site: &Site, uc: &mut libc::ucontext_t) {
             if cx.remove {
                 c.removed.store(true, Ordering::Relaxed);
             }
+            let (cookie, track_return) = (cx.cookie, !cx.skip_return);
+            if let Some(ret) = c.ret.as_ref().filter(|_| track_return) {
+                let (sp, ret_at) = crate::arch::return_address_at(uc);
+                // SAFETY: return consumers are attached at a function's
+                // first instruction, where `ret_at` holds its return
+                // address (checked at attach, or `Uprobe::address`'s
+                // contract).
+                unsafe { crate::returns::prepare(ret, site.addr, cookie, sp, ret_at) };
+            }
         }
         IN_ENGINE.set(false);
     }
@@ -373,9 +395,10 @@ enum Garbage {
 }
 
 /// Frees what a batch unpublished: at once if `table` keeps every reader
-/// out, else after one grace period for all of it.
-fn collect(garbage: Vec<Garbage>, table: &crate::lookup::WriteSide) {
-    if garbage.is_empty() {
+/// out, else after one grace period for all of it (also waited for with
+/// nothing to free when `wait`: a return handler was detached).
+fn collect(garbage: Vec<Garbage>, table: &crate::lookup::WriteSide, wait: bool) {
+    if garbage.is_empty() && !wait {
         return;
     }
     if !table.excludes_readers() {
@@ -406,6 +429,9 @@ pub(crate) unsafe fn attach_many(
     items: &[(usize, Arc<Consumer>)],
 ) -> Result<(), (usize, AttachError)> {
     install().map_err(|e| (0, e))?;
+    if items.iter().any(|(_, c)| c.ret.is_some()) {
+        crate::returns::init().map_err(|e| (0, e))?;
+    }
     let _w = WRITER
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -419,7 +445,7 @@ pub(crate) unsafe fn attach_many(
             break;
         }
     }
-    collect(garbage, &table);
+    collect(garbage, &table, false);
     result
 }
 
@@ -495,7 +521,10 @@ pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), Attach
             first_error.get_or_insert(e);
         }
     }
-    collect(garbage, &table);
+    let returns_detached = items.iter().any(|(_, c)| c.ret.is_some());
+    collect(garbage, &table, returns_detached);
+    // A fork child gets its service thread back here (it inherits none).
+    let _ = crate::returns::ensure_service();
     first_error.map_or(Ok(()), Err)
 }
 
@@ -505,6 +534,10 @@ fn detach_one(
     consumer: &Arc<Consumer>,
     garbage: &mut Vec<Garbage>,
 ) -> Result<(), AttachError> {
+    if let Some(ret) = &consumer.ret {
+        // No return handler of it runs once the grace period below is over.
+        ret.detach();
+    }
     let Some((slot, site)) = find(addr) else {
         return Ok(());
     };

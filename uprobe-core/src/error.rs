@@ -75,6 +75,17 @@ pub enum AttachError {
         /// Their thread ids.
         tids: Vec<i32>,
     },
+    /// A return handler needs the probe at a function's first instruction
+    /// (where the return address is known); `addr` is inside `function`.
+    ReturnProbeNotAtEntry {
+        /// The address.
+        addr: usize,
+        /// The function it lies in.
+        function: String,
+    },
+    /// The thread runs with a shadow stack (x86 CET): a hijacked return
+    /// address would fault, so return probes are refused.
+    ShadowStack,
     /// This architecture has no engine yet.
     UnsupportedArch,
     /// A system call failed while installing the handler or patching.
@@ -127,6 +138,13 @@ impl core::fmt::Display for AttachError {
             Self::TrapBlocked { tids } => write!(
                 f,
                 "threads {tids:?} block SIGTRAP: a probe hit there would kill the process"
+            ),
+            Self::ReturnProbeNotAtEntry { addr, function } => write!(
+                f,
+                "{addr:#x} is not the first instruction of {function}: a return probe needs the function's entry"
+            ),
+            Self::ShadowStack => f.write_str(
+                "this thread runs with a shadow stack: a hijacked return address would fault, so return probes are refused"
             ),
             Self::UnsupportedArch => f.write_str("no probe engine for this architecture yet"),
             Self::Os { what, errno } => write!(

@@ -108,6 +108,8 @@ mod maps;
 #[cfg(target_arch = "x86_64")]
 mod probe;
 #[cfg(target_arch = "x86_64")]
+mod returns;
+#[cfg(target_arch = "x86_64")]
 mod symbols;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
@@ -115,7 +117,7 @@ mod x86_64;
 use x86_64 as arch;
 
 #[cfg(target_arch = "x86_64")]
-pub use arch::{EntryContext, Reg};
+pub use arch::{EntryContext, Reg, ReturnContext};
 pub use error::AttachError;
 #[cfg(target_arch = "x86_64")]
 pub use probe::{Probe, Uprobe};
@@ -125,6 +127,7 @@ pub use probe::{Probe, Uprobe};
 #[doc(hidden)]
 pub mod bench_only {
     pub use crate::lookup::Lookup;
+    pub use crate::returns::ReturnHold;
 
     /// Chooses how the trap handler protects its table lookup. Only call
     /// it while no probe is attached (it is not synchronised with hits
@@ -132,6 +135,20 @@ pub mod bench_only {
     /// SRCU default never does.
     pub fn set_lookup(lookup: Lookup) {
         crate::lookup::set_mode(lookup);
+    }
+
+    /// Chooses how pending returns keep their probe alive: an SRCU lease
+    /// (the default, seed 002) or a reference count per pending return
+    /// (the kernel before it). Only call it while no return is pending.
+    pub fn set_return_hold(hold: ReturnHold) {
+        crate::returns::set_hold(hold);
+    }
+
+    /// The calling thread's pending returns (for tests).
+    /// Async-signal-safe.
+    #[must_use]
+    pub fn pending_returns() -> usize {
+        crate::returns::pending()
     }
 
     /// The lookup in use.

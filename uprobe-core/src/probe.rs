@@ -1,11 +1,13 @@
 //! `Uprobe` (the builder) and `Probe` (the attached handle).
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::AttachError;
-use crate::arch::EntryContext;
+use crate::arch::{EntryContext, ReturnContext};
 use crate::engine::{self, Consumer};
+use crate::returns::{ReturnHandler, ReturnProbe};
 use crate::symbols::{self, Function};
 
 /// A probe to attach: where, and what runs on each hit.
@@ -30,6 +32,8 @@ use crate::symbols::{self, Function};
 pub struct Uprobe {
     addr: usize,
     handler: Option<engine::Handler>,
+    ret_handler: Option<ReturnHandler>,
+    max_active: Option<NonZeroUsize>,
     only_tid: i32,
     /// The function the address was found in, for the boundary check at
     /// attach (`None`: unchecked, from [`Uprobe::address`]).
@@ -51,6 +55,8 @@ impl Uprobe {
         Self {
             addr,
             handler: None,
+            ret_handler: None,
+            max_active: None,
             only_tid: 0,
             function: None,
         }
@@ -118,6 +124,8 @@ impl Uprobe {
         Self {
             addr: function.start,
             handler: None,
+            ret_handler: None,
+            max_active: None,
             only_tid: 0,
             function: Some(function),
         }
@@ -129,13 +137,20 @@ impl Uprobe {
         self.addr
     }
 
-    /// The boundary check for probes made from a symbol.
+    /// The boundary check for probes made from a symbol (and, for return
+    /// probes, the entry check).
     fn check_boundary(&self) -> Result<(), AttachError> {
         let Some(f) = &self.function else {
             return Ok(());
         };
         if self.addr == f.start {
             return Ok(());
+        }
+        if self.ret_handler.is_some() {
+            return Err(AttachError::ReturnProbeNotAtEntry {
+                addr: self.addr,
+                function: f.name.clone(),
+            });
         }
         let inside = self.addr > f.start && (f.size == 0 || self.addr < f.start + f.size);
         let end = crate::maps::mapping_of(f.start).map_or(f.start, |m| m.end);
@@ -170,6 +185,51 @@ impl Uprobe {
         self
     }
 
+    /// The handler run when the probed function returns (a *return
+    /// probe*, the kernel's uretprobe): see [`ReturnContext`]. The probe
+    /// must be at the function's first instruction. With an
+    /// [`on_entry`](Self::on_entry) handler too, the two form a session:
+    /// the entry handler may [`set_cookie`](EntryContext::set_cookie) for
+    /// its return handler, or [`skip_return`](EntryContext::skip_return).
+    ///
+    /// The return address is replaced at the entry trap by a plain-code
+    /// trampoline's (no second trap); the thread returns to its caller with
+    /// the registers the function returned with. Like entry handlers, the
+    /// return handler must be async-signal-safe, and one that panics aborts
+    /// the process.
+    ///
+    /// ```no_run
+    /// use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    /// use uprobe_core::Uprobe;
+    ///
+    /// static LAST: AtomicU64 = AtomicU64::new(0);
+    /// let probe = Uprobe::in_object("libc.so.6", "getpid")?
+    ///     .on_return(|cx| LAST.store(cx.return_value(), Relaxed))
+    ///     .attach()?;
+    /// let pid = std::process::id();
+    /// // SAFETY: getpid has no preconditions.
+    /// assert_eq!(unsafe { libc::getpid() } as u32, pid);
+    /// assert_eq!(LAST.load(Relaxed), u64::from(pid));
+    /// drop(probe);
+    /// # Ok::<(), uprobe_core::AttachError>(())
+    /// ```
+    #[must_use]
+    pub fn on_return(mut self, f: impl Fn(&mut ReturnContext<'_>) + Send + Sync + 'static) -> Self {
+        self.ret_handler = Some(Box::new(f));
+        self
+    }
+
+    /// At most `n` returns of this probe pending at once, across threads
+    /// (the kernel's kretprobe `maxactive`); a hit past it runs its entry
+    /// handler but its return is not tracked: counted in
+    /// [`Probe::missed_returns`], and the function returns normally.
+    /// Without a limit, only the per-thread depth limit (64) applies.
+    #[must_use]
+    pub fn max_active(mut self, n: NonZeroUsize) -> Self {
+        self.max_active = Some(n);
+        self
+    }
+
     /// Runs the handler only for hits of thread `tid` (a kernel thread id,
     /// as `gettid()` returns).
     #[must_use]
@@ -199,6 +259,7 @@ impl Uprobe {
             .map(|p| {
                 let consumer = Arc::new(Consumer {
                     handler: p.handler.unwrap_or_else(|| Box::new(|_| {})),
+                    ret: p.ret_handler.map(|h| ReturnProbe::new(h, p.max_active)),
                     only_tid: p.only_tid,
                     hits: AtomicU64::new(0),
                     removed: AtomicBool::new(false),
@@ -250,6 +311,41 @@ impl Probe {
         self.consumer.hits.load(Ordering::Relaxed)
     }
 
+    /// Return handlers of this probe run so far.
+    #[must_use]
+    pub fn returns(&self) -> u64 {
+        self.consumer
+            .ret
+            .as_ref()
+            .map_or(0, |r| r.counters.returns.load(Ordering::Relaxed))
+    }
+
+    /// Returns of this probe that ran no return handler: not tracked (the
+    /// thread's 64 pending returns, [`Uprobe::max_active`], more than 256
+    /// threads with returns pending, more than 16384 call sites) or left
+    /// without returning (`longjmp`, unwinding). The program ran correctly
+    /// in every case.
+    #[must_use]
+    pub fn missed_returns(&self) -> u64 {
+        self.consumer
+            .ret
+            .as_ref()
+            .map_or(0, |r| r.counters.missed.load(Ordering::Relaxed))
+    }
+
+    /// Returns of this probe pending now, across threads, if it has a
+    /// [`max_active`](Uprobe::max_active) limit (`None` otherwise: without
+    /// a limit nothing shared counts them).
+    #[must_use]
+    pub fn in_flight(&self) -> Option<usize> {
+        self.consumer
+            .ret
+            .as_ref()?
+            .in_flight
+            .as_ref()
+            .map(|a| a.charged())
+    }
+
     /// Hits at this address that ran no handler because the thread was
     /// already inside the engine (a probed function called from a
     /// handler), shared by every probe on the address.
@@ -259,9 +355,14 @@ impl Probe {
     }
 
     /// Removes the probe; the last one at an address restores the original
-    /// byte. Returns once no handler of this probe runs or will run (one
-    /// SRCU grace period). Not async-signal-safe; must not be called from a
-    /// probe handler.
+    /// byte. Returns once no handler of this probe, entry or return, runs
+    /// or will run (one SRCU grace period). It does not wait for pending
+    /// returns: a thread still inside the function returns normally later,
+    /// without running the return handler. The handlers themselves (the
+    /// closures) are dropped on a background thread once no pending return
+    /// of this probe remains (a call that never returns keeps them alive,
+    /// but never blocks the detach). Not async-signal-safe;
+    /// must not be called from a probe handler.
     pub fn detach(self) -> Result<(), AttachError> {
         Self::detach_all([self])
     }

@@ -1,0 +1,533 @@
+//! Return probes: the per-thread stack of pending returns, the leases that
+//! keep their consumers alive, and the service thread that cleans up after
+//! threads that died with returns pending.
+//!
+//! **At the entry trap** of a consumer with a return handler, the engine
+//! [`prepare`]s a return: it takes an `srcu` **lease** on the consumer's
+//! return part (seed 002: an SRCU read section that the lease set's expiry
+//! thread turns into a reference after 100 ms, instead of a reference
+//! count per hit), charges the consumer's in-flight account if it has a
+//! limit (`sigpending`), and replaces the return address with the stub of
+//! the return trampoline for that call site (see the arch's `trampoline`).
+//! The instance (lease, original return address, stack slot, cookie) goes
+//! on the thread's [`ThreadReturns`] stack.
+//!
+//! **At the return**, the plain-code trampoline calls [`on_return`]:
+//! instances of frames that are gone (`longjmp`, unwinding) are dropped,
+//! the instances of this frame (several when chained: tail calls, several
+//! consumers) run their handlers and are consumed, and the thread goes on
+//! at the original return address, which the stub itself names: returning
+//! never depends on this bookkeeping.
+//!
+//! **Lifetime.** A return handler runs only inside a read section of the
+//! engine's table domain and only if its consumer was not detached, so a
+//! detach (which marks the consumer, then waits for a grace period of that
+//! domain) returns once no return handler of it runs or will run. The
+//! consumer's memory is another matter: pending returns hold leases on it,
+//! in a separate domain that detach never waits for; it is freed after
+//! two grace periods of that domain, which expiry keeps bounded.
+//!
+//! **Nothing is freed in a signal handler or the trampoline**: a lease
+//! that expired into a reference is handed to the lease set's thread
+//! (`LeaseSet::release`), in-flight accounts pin no owner, and the
+//! per-thread stacks come from a preallocated `pcpu-freelist` pool, taken
+//! by a thread's first return probe hit and given back by the service
+//! thread once the thread is gone (`tgkill(pid, tid, 0)` fails with
+//! `ESRCH`).
+
+use core::cell::Cell;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use pcpu_freelist::FreeList;
+use sigpending::{Account, Owner, Release};
+use srcu::{LeaseBlock, LeaseSet, RawLease, Srcu, SrcuCell, Strong};
+
+use crate::AttachError;
+use crate::arch::{ReturnContext, trampoline};
+
+/// Pending returns a thread may have (the kernel's `max_uretprobe_depth`);
+/// a return probe hit past it is not tracked and counts as missed.
+pub(crate) const MAX_RETURN_DEPTH: usize = 64;
+/// Threads that can have pending returns at once (their stacks are
+/// preallocated); a thread past it gets no return tracking (its return
+/// probe hits count as missed) until another thread exits.
+pub(crate) const MAX_THREADS: usize = 256;
+/// How often the service thread looks for threads that are gone.
+const SERVICE_PERIOD: Duration = Duration::from_millis(20);
+
+/// A return handler.
+pub(crate) type ReturnHandler = Box<dyn Fn(&mut ReturnContext<'_>) + Send + Sync>;
+
+/// Counters of one consumer's returns, shared by its [`ReturnProbe`] and
+/// the leased [`ReturnPart`].
+#[derive(Default)]
+pub(crate) struct ReturnCounters {
+    /// Return handlers run.
+    pub(crate) returns: AtomicU64,
+    /// Returns that could not be tracked (depth, in-flight limit, no
+    /// per-thread stack, no stub) or whose instance was abandoned.
+    pub(crate) missed: AtomicU64,
+}
+
+/// What a pending return leases: a consumer's return handler.
+pub(crate) struct ReturnPart {
+    handler: ReturnHandler,
+    detached: AtomicBool,
+    counters: Arc<ReturnCounters>,
+    in_flight: Option<Arc<Account>>,
+}
+
+/// The return side of one consumer, owned by the consumer.
+pub(crate) struct ReturnProbe {
+    cell: SrcuCell<'static, ReturnPart>,
+    pub(crate) counters: Arc<ReturnCounters>,
+    pub(crate) in_flight: Option<Arc<Account>>,
+}
+
+/// Leases of pending returns live in this domain, apart from the table's:
+/// a grace period of the table (attach, detach) never waits for them.
+static RETURN_DOMAIN: Srcu = Srcu::new();
+
+impl ReturnProbe {
+    /// A return side for `handler`, with at most `max_active` returns in
+    /// flight across threads. Not async-signal-safe.
+    pub(crate) fn new(handler: ReturnHandler, max_active: Option<NonZeroUsize>) -> Self {
+        let counters = Arc::new(ReturnCounters::default());
+        let in_flight =
+            max_active.map(|n| Account::with_release(n.get(), Owner::none(), Release::Deferred));
+        let part = ReturnPart {
+            handler,
+            detached: AtomicBool::new(false),
+            counters: Arc::clone(&counters),
+            in_flight: in_flight.clone(),
+        };
+        Self {
+            cell: SrcuCell::new(&RETURN_DOMAIN, Some(part)),
+            counters,
+            in_flight,
+        }
+    }
+
+    /// Marks the handler detached (no return handler runs once the
+    /// caller's grace period of the table domain is over) and lets go of
+    /// it: it is freed once no pending return leases it. Not
+    /// async-signal-safe.
+    pub(crate) fn detach(&self) {
+        if let Some(part) = self.cell.read() {
+            part.detached.store(true, Ordering::Release);
+        }
+        self.cell.replace(None);
+    }
+}
+
+/// How a pending return keeps its consumer alive (a benchmark switch: the
+/// seed's before and after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReturnHold {
+    /// An SRCU lease that expires into a reference (the default).
+    Lease,
+    /// A reference count taken per pending return (the kernel before
+    /// the seed).
+    Refcount,
+}
+
+static HOLD: AtomicU8 = AtomicU8::new(0);
+
+pub(crate) fn set_hold(hold: ReturnHold) {
+    HOLD.store(u8::from(hold == ReturnHold::Refcount), Ordering::Relaxed);
+}
+
+pub(crate) fn hold_mode() -> ReturnHold {
+    if HOLD.load(Ordering::Relaxed) == 0 {
+        ReturnHold::Lease
+    } else {
+        ReturnHold::Refcount
+    }
+}
+
+enum Hold {
+    Lease(RawLease),
+    Reference(Strong<ReturnPart>),
+}
+
+/// One pending return.
+#[derive(Default)]
+struct Instance {
+    hold: Cell<Option<Hold>>,
+    /// The probed function.
+    func: Cell<usize>,
+    /// The original return address.
+    ret: Cell<usize>,
+    /// Where the return address lives (x86-64: the stack slot; a frame is
+    /// gone once the stack pointer is above it).
+    slot: Cell<usize>,
+    cookie: Cell<u64>,
+    charged: Cell<bool>,
+}
+
+/// One thread's pending returns.
+pub(crate) struct ThreadReturns {
+    /// The owning thread's id (0: free).
+    owner: AtomicI32,
+    /// Its element index in the free pool, while owned.
+    element: AtomicUsize,
+    block: LeaseBlock<'static, 'static, ReturnPart>,
+    depth: Cell<usize>,
+    instances: [Instance; MAX_RETURN_DEPTH],
+}
+
+// SAFETY: the cells are used by the owning thread only (its trap handler
+// and trampoline, which never interleave on one stack: both run with the
+// thread marked as inside the engine), or by the service thread once the
+// owner is gone; `owner` and `element` are atomics.
+unsafe impl Sync for ThreadReturns {}
+// SAFETY: as above: ownership moves between threads, never shared use.
+unsafe impl Send for ThreadReturns {}
+
+struct Threads {
+    all: Box<[ThreadReturns]>,
+    /// Indexes into `all` of the stacks no thread owns.
+    free: FreeList<u32>,
+}
+
+static LEASES: OnceLock<LeaseSet<'static, ReturnPart>> = OnceLock::new();
+static THREADS: OnceLock<Threads> = OnceLock::new();
+
+std::thread_local! {
+    /// The calling thread's stack of pending returns (null until its first
+    /// return probe hit). Constant-initialised, no destructor: usable from
+    /// the trap handler.
+    static CURRENT: Cell<*const ThreadReturns> = const { Cell::new(core::ptr::null()) };
+}
+
+/// Makes return probes ready: the stubs, the lease set, the per-thread
+/// stacks and the service thread. Refuses where a hijacked return would
+/// fault. Not async-signal-safe.
+pub(crate) fn init() -> Result<(), AttachError> {
+    if trampoline::shadow_stack_enabled() {
+        return Err(AttachError::ShadowStack);
+    }
+    trampoline::init()?;
+    RETURN_DOMAIN.prepare();
+    let leases = LEASES.get_or_init(|| LeaseSet::new(&RETURN_DOMAIN));
+    THREADS.get_or_init(|| Threads {
+        all: (0..MAX_THREADS)
+            .map(|_| ThreadReturns {
+                owner: AtomicI32::new(0),
+                element: AtomicUsize::new(0),
+                block: leases.block(MAX_RETURN_DEPTH),
+                depth: Cell::new(0),
+                instances: core::array::from_fn(|_| Instance::default()),
+            })
+            .collect(),
+        free: FreeList::new(0..MAX_THREADS as u32),
+    });
+    ensure_service()
+}
+
+/// The calling thread's stack, taken from the pool on first use.
+/// Async-signal-safe (a non-waiting pop).
+fn current() -> Option<&'static ThreadReturns> {
+    let p = CURRENT.get();
+    if !p.is_null() {
+        // SAFETY: stacks live in THREADS forever; ours stays ours until
+        // this thread is gone.
+        return Some(unsafe { &*p });
+    }
+    let threads = THREADS.get()?;
+    let element = threads.free.try_pop()?;
+    let tr = &threads.all[*element as usize];
+    tr.element.store(element.into_index(), Ordering::Relaxed);
+    tr.owner
+        .store(crate::engine::current_tid(), Ordering::Release);
+    CURRENT.set(tr);
+    Some(tr)
+}
+
+/// At an entry trap: tracks the return of the function entered, whose
+/// return address is at `*ret_at` (the stack slot at `sp` on x86-64).
+/// Async-signal-safe; called with the thread inside the engine.
+///
+/// # Safety
+/// `ret_at` is where the interrupted thread keeps the return address of
+/// the function being entered, readable and writable.
+pub(crate) unsafe fn prepare(
+    probe: &ReturnProbe,
+    func: usize,
+    cookie: u64,
+    sp: usize,
+    ret_at: *mut usize,
+) {
+    let missed = || probe.counters.missed.fetch_add(1, Ordering::Relaxed);
+    let Some(tr) = current() else {
+        missed();
+        return;
+    };
+    // SAFETY: the caller's contract.
+    let ret = unsafe { ret_at.read() };
+    // Frames the thread left without returning (longjmp, unwinding):
+    // below the new frame's slot, or at it without our stub (a tail call
+    // reuses the slot and keeps the stub: chained, still alive).
+    tr.drop_abandoned(|slot| slot < sp || (slot == sp && trampoline::target_of(ret).is_none()));
+    let depth = tr.depth.get();
+    if depth == MAX_RETURN_DEPTH {
+        missed();
+        return;
+    }
+    let charged = if let Some(account) = &probe.in_flight {
+        let Ok(charge) = account.charge() else {
+            missed();
+            return;
+        };
+        charge.forget();
+        true
+    } else {
+        false
+    };
+    let uncharge = || {
+        if let Some(account) = probe.in_flight.as_ref().filter(|_| charged) {
+            // SAFETY: charged just above and forgotten.
+            unsafe { account.uncharge_unchecked() };
+        }
+    };
+    let hold = match hold_mode() {
+        ReturnHold::Lease => tr
+            .block
+            .lease(&probe.cell)
+            .ok()
+            .map(|l| Hold::Lease(l.into_raw())),
+        ReturnHold::Refcount => probe.cell.get().map(Hold::Reference),
+    };
+    let Some(hold) = hold else {
+        // Detached meanwhile (or a full block, which the depth rules out).
+        uncharge();
+        return;
+    };
+    // The original return address: the stub's, if this is a chained
+    // return (the slot already holds a stub), else a new stub goes in.
+    let original = if let Some(original) = trampoline::target_of(ret) {
+        original
+    } else {
+        let Some(stub) = trampoline::stub_for(ret) else {
+            release(tr, hold);
+            uncharge();
+            missed();
+            return;
+        };
+        // SAFETY: the caller's contract.
+        unsafe { ret_at.write(stub) };
+        ret
+    };
+    let inst = &tr.instances[depth];
+    inst.hold.set(Some(hold));
+    inst.func.set(func);
+    inst.ret.set(original);
+    inst.slot.set(sp);
+    inst.cookie.set(cookie);
+    inst.charged.set(charged);
+    tr.depth.set(depth + 1);
+}
+
+impl ThreadReturns {
+    /// Pops, from the top, the instances whose slot `gone` says is left,
+    /// releasing them without running their handlers (counted as missed).
+    fn drop_abandoned(&self, gone: impl Fn(usize) -> bool) {
+        while let Some(inst) = self.top() {
+            if !gone(inst.slot.get()) {
+                break;
+            }
+            self.finish(inst, |part, _| {
+                part.counters.missed.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+    }
+
+    fn top(&self) -> Option<&Instance> {
+        self.depth.get().checked_sub(1).map(|d| &self.instances[d])
+    }
+
+    /// Pops `inst` (the top), hands its consumer to `with` if it is still
+    /// alive, uncharges and releases it. Frees nothing: async-signal-safe.
+    fn finish(&self, inst: &Instance, with: impl FnOnce(&ReturnPart, &Instance)) {
+        self.depth.set(self.depth.get() - 1);
+        let Some(hold) = inst.hold.take() else {
+            return;
+        };
+        let uncharge = |part: &ReturnPart| {
+            if let Some(account) = part.in_flight.as_ref().filter(|_| inst.charged.get()) {
+                // SAFETY: charged in `prepare` and forgotten there.
+                unsafe { account.uncharge_unchecked() };
+            }
+        };
+        let Some(leases) = LEASES.get() else { return };
+        match hold {
+            Hold::Lease(raw) => {
+                // SAFETY: `raw` came from this block in `prepare`, once.
+                let lease = unsafe { self.block.from_raw(raw) };
+                if let Some(held) = lease.consume() {
+                    with(&held, inst);
+                    uncharge(&held);
+                    leases.release(held);
+                }
+            }
+            Hold::Reference(part) => {
+                with(&part, inst);
+                uncharge(&part);
+                leases.drop_later(part);
+            }
+        }
+    }
+}
+
+/// Releases a hold that never made it onto the stack.
+fn release(tr: &ThreadReturns, hold: Hold) {
+    let Some(leases) = LEASES.get() else { return };
+    match hold {
+        Hold::Lease(raw) => {
+            // SAFETY: `raw` came from this block, once.
+            if let Some(held) = unsafe { tr.block.from_raw(raw) }.consume() {
+                leases.release(held);
+            }
+        }
+        Hold::Reference(part) => leases.drop_later(part),
+    }
+}
+
+/// Called by the trampoline when a hijacked function returns. Runs the
+/// return handlers of the frame's instances and sets `regs.ret` to the
+/// original return address. Async-signal-safe.
+pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::SavedXmm) {
+    let Some(original) = trampoline::target_of(regs.ret as usize) else {
+        // Only a stub's `call` enters the trampoline, and stubs always
+        // have a target: nothing sane to return to.
+        crate::engine::fatal(b"uprobe-core: return trampoline entered without a stub\n");
+    };
+    let slot = regs.caller_sp() - 8;
+    let p = CURRENT.get();
+    if !p.is_null() {
+        // SAFETY: as in `current`.
+        let tr = unsafe { &*p };
+        let was_inside = crate::engine::enter();
+        tr.drop_abandoned(|s| s < slot);
+        while let Some(inst) = tr.top() {
+            if inst.slot.get() != slot || inst.ret.get() != original {
+                break;
+            }
+            tr.finish(inst, |part, inst| {
+                if was_inside {
+                    part.counters.missed.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                crate::lookup::with_read_side(|| {
+                    if part.detached.load(Ordering::Acquire) {
+                        return;
+                    }
+                    part.counters.returns.fetch_add(1, Ordering::Relaxed);
+                    let _abort = crate::engine::AbortOnUnwind::new();
+                    let mut cx =
+                        ReturnContext::new(regs, xmm, inst.func.get(), original, inst.cookie.get());
+                    (part.handler)(&mut cx);
+                });
+            });
+        }
+        crate::engine::leave(was_inside);
+    }
+    regs.ret = original as u64;
+}
+
+/// Pending returns of the calling thread (for tests). Async-signal-safe.
+pub(crate) fn pending() -> usize {
+    let p = CURRENT.get();
+    if p.is_null() {
+        return 0;
+    }
+    // SAFETY: as in `current`.
+    unsafe { &*p }.depth.get()
+}
+
+/// The process the service thread runs in (0: none yet).
+static SERVICE_PID: Mutex<i32> = Mutex::new(0);
+
+/// Starts the service thread in this process if it has none (a fork child
+/// inherits none). Not async-signal-safe.
+pub(crate) fn ensure_service() -> Result<(), AttachError> {
+    let Some(threads) = THREADS.get() else {
+        return Ok(());
+    };
+    let mut pid = SERVICE_PID.lock().unwrap_or_else(PoisonError::into_inner);
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    if *pid == me {
+        return Ok(());
+    }
+    let forked = *pid != 0;
+    if !forked {
+        // SAFETY: registering a plain function; the handler only stores.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    }
+    std::thread::Builder::new()
+        .name("uprobe-returns".into())
+        .spawn(move || service(threads, forked))
+        .map_err(|e| AttachError::Os {
+            what: "spawn the return probe service thread",
+            errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+        })?;
+    *pid = me;
+    Ok(())
+}
+
+/// In a fork child: the forking thread keeps its pending returns under its
+/// new thread id. Async-signal-safe (a store).
+extern "C" fn after_fork_in_child() {
+    let p = CURRENT.get();
+    if !p.is_null() {
+        // SAFETY: as in `current`.
+        let tr = unsafe { &*p };
+        tr.owner
+            .store(crate::engine::current_tid(), Ordering::Release);
+    }
+}
+
+/// The service loop: gives back the stacks of threads that are gone. In a
+/// fork child, where the lease set's expiry thread does not exist, it also
+/// expires every lease each round (as the kernel expires a child's).
+fn service(threads: &'static Threads, forked: bool) {
+    loop {
+        std::thread::sleep(SERVICE_PERIOD);
+        reap(threads);
+        if forked && let Some(leases) = LEASES.get() {
+            let _ = leases.expire_all();
+        }
+    }
+}
+
+/// Releases everything held by threads that no longer exist. Ordinary
+/// context.
+fn reap(threads: &Threads) {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    for tr in &threads.all {
+        let tid = tr.owner.load(Ordering::Acquire);
+        if tid == 0 || thread_exists(pid, tid) {
+            continue;
+        }
+        // The owner is gone: its stack is ours now.
+        tr.drop_abandoned(|_| true);
+        let element = tr.element.load(Ordering::Relaxed);
+        tr.owner.store(0, Ordering::Release);
+        // SAFETY: the element index was taken from this pool by the owner
+        // and is given back once.
+        threads
+            .free
+            .push(unsafe { threads.free.from_index(element) });
+    }
+}
+
+fn thread_exists(pid: i32, tid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the thread exists.
+    let rc = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}

@@ -1,0 +1,518 @@
+//! Return probes: values seen at return, sessions, recursion and tail
+//! calls, the depth and in-flight limits, frames left by `longjmp` and by
+//! unwinding, and detaching while a return is pending.
+#![cfg(target_arch = "x86_64")]
+// The float values compared are exact (small integers and halves).
+#![allow(clippy::float_cmp)]
+
+mod common;
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use common::{call, fn_addr, probe_at};
+use uprobe_core::bench_only::pending_returns;
+
+// Each test probes functions of its own (tests of one binary may run in
+// parallel threads, and a probe's handlers run for every caller).
+
+/// add1(x) = x + 1, under the name `$name`.
+macro_rules! add1 {
+    ($name:literal) => {
+        concat!(
+            ".globl ",
+            $name,
+            "\n",
+            $name,
+            ":\n",
+            "lea rax, [rdi + 1]\n",
+            "ret\n"
+        )
+    };
+}
+
+/// sum(n) = n + sum(n - 1), sum(0) = 0: real recursion, under `$name`.
+macro_rules! sum {
+    ($name:literal) => {
+        concat!(
+            ".globl ",
+            $name,
+            "\n",
+            $name,
+            ":\n",
+            "test rdi, rdi\n",
+            "jz 2f\n",
+            "push rdi\n",
+            "dec rdi\n",
+            "call ",
+            $name,
+            "\n",
+            "pop rdi\n",
+            "add rax, rdi\n",
+            "ret\n",
+            "2:\n",
+            "xor eax, eax\n",
+            "ret\n",
+        )
+    };
+}
+
+core::arch::global_asm!(
+    ".text",
+    add1!("r_add1_values"),
+    add1!("r_add1_tail"),
+    add1!("r_add1_skip"),
+    add1!("r_add1_escape"),
+    add1!("r_add1_panic"),
+    sum!("r_sum_change"),
+    sum!("r_sum_order"),
+    sum!("r_sum_limits"),
+    // tail(x) = add1(x + 10), a tail call
+    ".globl r_tail",
+    "r_tail:",
+    "lea rdi, [rdi + 10]",
+    "jmp r_add1_tail",
+    // outer(buf) calls inner(buf), which escapes to `buf` (longjmp)
+    ".globl r_outer",
+    "r_outer:",
+    "push rbx",
+    "call r_inner",
+    "pop rbx",
+    "ret",
+    ".globl r_inner",
+    "r_inner:",
+    "sub rsp, 8",
+    "call r_escape",
+    "ud2",
+    // escape_point(buf, f): saves the callee-saved registers, the stack
+    // pointer and the return address in `buf`, calls f(buf); returns 0 if
+    // f returned, 1 if something escaped to `buf`.
+    ".globl r_escape_point",
+    "r_escape_point:",
+    "mov [rdi], rbx",
+    "mov [rdi + 8], rbp",
+    "mov [rdi + 16], r12",
+    "mov [rdi + 24], r13",
+    "mov [rdi + 32], r14",
+    "mov [rdi + 40], r15",
+    "lea rax, [rsp + 8]",
+    "mov [rdi + 48], rax",
+    "mov rax, [rsp]",
+    "mov [rdi + 56], rax",
+    "sub rsp, 8",
+    "call rsi",
+    "add rsp, 8",
+    "xor eax, eax",
+    "ret",
+    // escape(buf): back to the escape point, returning 1 there
+    ".globl r_escape",
+    "r_escape:",
+    "mov rbx, [rdi]",
+    "mov rbp, [rdi + 8]",
+    "mov r12, [rdi + 16]",
+    "mov r13, [rdi + 24]",
+    "mov r14, [rdi + 32]",
+    "mov r15, [rdi + 40]",
+    "mov rsp, [rdi + 48]",
+    "mov eax, 1",
+    "jmp qword ptr [rdi + 56]",
+    // dies(x): the thread exits (exit(2), not exit_group) inside
+    ".globl r_dies",
+    "r_dies:",
+    "push rbx",
+    "xor edi, edi",
+    "mov eax, 60",
+    "syscall",
+    "ud2",
+);
+
+unsafe extern "C" {
+    fn r_add1_values(x: u64) -> u64;
+    fn r_add1_tail(x: u64) -> u64;
+    fn r_add1_skip(x: u64) -> u64;
+    fn r_add1_escape(x: u64) -> u64;
+    fn r_sum_change(n: u64) -> u64;
+    fn r_sum_order(n: u64) -> u64;
+    fn r_sum_limits(n: u64) -> u64;
+    fn r_tail(x: u64) -> u64;
+    fn r_outer(buf: *mut [u64; 8]);
+    fn r_escape_point(buf: *mut [u64; 8], f: unsafe extern "C" fn(*mut [u64; 8])) -> u64;
+    fn r_dies(x: u64) -> u64;
+}
+
+fn nz(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).unwrap()
+}
+
+/// Waits (bounded, so a broken build fails instead of hanging) until
+/// `done` holds.
+fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn integer_returns_and_session_cookies() {
+    static RET: AtomicU64 = AtomicU64::new(0);
+    static COOKIE: AtomicU64 = AtomicU64::new(0);
+    static RET_ADDR: AtomicU64 = AtomicU64::new(0);
+    let probe = probe_at(fn_addr(r_add1_values))
+        .on_entry(|cx| cx.set_cookie(cx.arg(0).unwrap().wrapping_mul(3)))
+        .on_return(|cx| {
+            RET.store(cx.return_value(), SeqCst);
+            COOKIE.store(cx.cookie(), SeqCst);
+            RET_ADDR.store(cx.return_addr() as u64, SeqCst);
+            assert_eq!(cx.func_addr(), fn_addr(r_add1_values));
+        })
+        .attach()
+        .unwrap();
+    for x in [0u64, 5, 41, u64::MAX - 1] {
+        assert_eq!(call(r_add1_values, x), x + 1);
+        assert_eq!(RET.load(SeqCst), x + 1);
+        assert_eq!(COOKIE.load(SeqCst), x.wrapping_mul(3));
+        assert_ne!(RET_ADDR.load(SeqCst), 0);
+    }
+    assert_eq!(
+        (probe.hits(), probe.returns(), probe.missed_returns()),
+        (4, 4, 0)
+    );
+    assert_eq!(pending_returns(), 0);
+    probe.detach().unwrap();
+    assert_eq!(call(r_add1_values, 1), 2);
+}
+
+#[test]
+fn a_return_handler_can_change_the_value_the_caller_sees() {
+    let probe = probe_at(fn_addr(r_sum_change))
+        .on_return(|cx| {
+            if cx.return_value() == 6 {
+                cx.set_return_value(600);
+            }
+        })
+        .attach()
+        .unwrap();
+    assert_eq!(
+        call(r_sum_change, 3),
+        600,
+        "sum(3) = 3 + sum(2) = 3 + 3 -> 600"
+    );
+    assert_eq!(call(r_sum_change, 4), 604, "the inner sum(3) is 6 -> 600");
+    drop(probe);
+}
+
+#[inline(never)]
+extern "C" fn scaled(x: f64, factor: f64) -> f64 {
+    std::hint::black_box(x * factor)
+}
+
+#[test]
+fn floating_point_returns() {
+    static BITS: AtomicU64 = AtomicU64::new(0);
+    // SAFETY: a function's address starts an instruction.
+    let probe = unsafe { uprobe_core::Uprobe::address(scaled as *const () as usize) }
+        .on_return(|cx| {
+            BITS.store(cx.float_return().to_bits(), SeqCst);
+            if cx.float_return() == 1.5 {
+                cx.set_float_return(-1.0);
+            }
+        })
+        .attach()
+        .unwrap();
+    assert_eq!(scaled(std::hint::black_box(2.5), 4.0), 10.0);
+    assert_eq!(f64::from_bits(BITS.load(SeqCst)), 10.0);
+    assert_eq!(scaled(std::hint::black_box(0.5), 3.0), -1.0);
+    assert_eq!(probe.returns(), 2);
+}
+
+#[test]
+fn recursion_runs_one_return_per_call() {
+    static SEEN: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+    let probe = probe_at(fn_addr(r_sum_order))
+        .on_return(|cx| {
+            // Test only: the lock is never held by probed code.
+            SEEN.lock().unwrap().push(cx.return_value());
+        })
+        .attach()
+        .unwrap();
+    assert_eq!(call(r_sum_order, 5), 15);
+    // Innermost first: sum(0), sum(1), ..., sum(5).
+    assert_eq!(*SEEN.lock().unwrap(), [0, 1, 3, 6, 10, 15]);
+    assert_eq!(probe.returns(), 6);
+    assert_eq!(pending_returns(), 0);
+}
+
+#[test]
+fn tail_calls_chain_onto_the_callers_return() {
+    static ORDER: std::sync::Mutex<Vec<(usize, u64)>> = std::sync::Mutex::new(Vec::new());
+    let record = |cx: &mut uprobe_core::ReturnContext<'_>| {
+        ORDER
+            .lock()
+            .unwrap()
+            .push((cx.func_addr(), cx.return_value()));
+    };
+    let probes = uprobe_core::Uprobe::attach_all([
+        probe_at(fn_addr(r_tail)).on_return(record),
+        probe_at(fn_addr(r_add1_tail)).on_return(record),
+    ])
+    .unwrap();
+    assert_eq!(call(r_tail, 1), 12);
+    // The tail-called add1 found its return address already hijacked: one
+    // return, both handlers, the callee's first.
+    assert_eq!(
+        *ORDER.lock().unwrap(),
+        [(fn_addr(r_add1_tail), 12), (fn_addr(r_tail), 12)]
+    );
+    assert_eq!(probes[0].returns() + probes[1].returns(), 2);
+    assert_eq!(pending_returns(), 0);
+}
+
+#[test]
+fn depth_and_in_flight_limits_count_missed_returns() {
+    let deep = probe_at(fn_addr(r_sum_limits))
+        .on_return(|_| {})
+        .attach()
+        .unwrap();
+    // 101 nested calls: the first 64 are tracked, the deeper ones are not.
+    assert_eq!(call(r_sum_limits, 100), 5050);
+    assert_eq!((deep.returns(), deep.missed_returns()), (64, 37));
+    drop(deep);
+
+    let limited = probe_at(fn_addr(r_sum_limits))
+        .on_return(|_| {})
+        .max_active(nz(2))
+        .attach()
+        .unwrap();
+    assert_eq!(call(r_sum_limits, 4), 10);
+    assert_eq!((limited.returns(), limited.missed_returns()), (2, 3));
+    assert_eq!(limited.in_flight(), Some(0));
+}
+
+#[test]
+fn skip_return_leaves_a_call_untracked() {
+    let probe = probe_at(fn_addr(r_add1_skip))
+        .on_entry(|cx| {
+            if cx.arg(0) == Some(7) {
+                cx.skip_return();
+            }
+        })
+        .on_return(|_| {})
+        .attach()
+        .unwrap();
+    assert_eq!(call(r_add1_skip, 7), 8);
+    assert_eq!(call(r_add1_skip, 8), 9);
+    assert_eq!((probe.hits(), probe.returns()), (2, 1));
+}
+
+#[test]
+fn longjmp_across_probed_frames() {
+    let probes = uprobe_core::Uprobe::attach_all([
+        probe_at(r_outer as *const () as usize).on_return(|_| {}),
+        probe_at(fn_addr(r_add1_escape)).on_return(|_| {}),
+        // SAFETY: inner is an asm function of this file.
+        unsafe { uprobe_core::Uprobe::address(inner_addr()) }.on_return(|_| {}),
+    ])
+    .unwrap();
+    let mut buf = [0u64; 8];
+    // SAFETY: the asm pair saves and restores exactly what the C ABI
+    // preserves; the frames it skips are asm frames without destructors.
+    let escaped = unsafe { r_escape_point(&raw mut buf, r_outer) };
+    assert_eq!(escaped, 1);
+    // Two frames were left without returning: their instances are still
+    // on the stack (the thread's stack pointer is not above them yet).
+    assert_eq!(pending_returns(), 2);
+    // The same again: at outer's entry, its slot is the old outer's, so
+    // both old instances are dropped (missed) before the new ones go on.
+    // SAFETY: as above.
+    assert_eq!(unsafe { r_escape_point(&raw mut buf, r_outer) }, 1);
+    assert_eq!(pending_returns(), 2);
+    assert_eq!(probes[0].missed_returns() + probes[2].missed_returns(), 2);
+    // A probed call at the level of the abandoned frames drops them, and
+    // its own return is handled.
+    // SAFETY: add1 ignores the buffer (it returns its address + 1).
+    let f: unsafe extern "C" fn(*mut [u64; 8]) =
+        unsafe { core::mem::transmute(r_add1_escape as *const ()) };
+    // SAFETY: as above.
+    assert_eq!(unsafe { r_escape_point(&raw mut buf, f) }, 0);
+    assert_eq!(pending_returns(), 0);
+    assert_eq!(probes[0].missed_returns() + probes[2].missed_returns(), 4);
+    assert_eq!((probes[1].returns(), probes[0].returns()), (1, 0));
+}
+
+fn inner_addr() -> usize {
+    unsafe extern "C" {
+        fn r_inner();
+    }
+    r_inner as *const () as usize
+}
+
+#[inline(never)]
+fn panics_on_seven(x: u64) -> u64 {
+    assert!(std::hint::black_box(x) != 7, "seven");
+    x * 2
+}
+
+#[test]
+fn a_panic_unwinds_through_a_hijacked_frame() {
+    let f: fn(u64) -> u64 = panics_on_seven;
+    // SAFETY: a function's address starts an instruction.
+    let probe = unsafe { uprobe_core::Uprobe::address(f as *const () as usize) }
+        .on_return(|_| {})
+        .attach()
+        .unwrap();
+    assert_eq!(f(3), 6);
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    // The unwinder meets the trampoline's stub as the return address and
+    // is led to the real caller by the stub's unwind information.
+    let caught = std::panic::catch_unwind(|| f(std::hint::black_box(7)));
+    std::panic::set_hook(hook);
+    assert!(caught.is_err());
+    assert_eq!(pending_returns(), 1, "the unwound frame's instance is left");
+    assert_eq!(f(4), 8);
+    assert_eq!(pending_returns(), 0, "dropped by the next hit");
+    assert_eq!((probe.returns(), probe.missed_returns()), (2, 1));
+}
+
+#[test]
+fn detach_while_a_return_is_pending_on_another_thread() {
+    static INSIDE: AtomicBool = AtomicBool::new(false);
+    static RELEASE: AtomicBool = AtomicBool::new(false);
+    static HANDLER_DROPPED: AtomicBool = AtomicBool::new(false);
+
+    #[inline(never)]
+    extern "C" fn blocks(x: u64) -> u64 {
+        INSIDE.store(true, SeqCst);
+        while !RELEASE.load(SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        x + 100
+    }
+
+    struct DropFlag;
+    impl Drop for DropFlag {
+        fn drop(&mut self) {
+            HANDLER_DROPPED.store(true, SeqCst);
+        }
+    }
+
+    let ran = Arc::new(AtomicU64::new(0));
+    let (ran2, flag) = (Arc::clone(&ran), DropFlag);
+    // SAFETY: a function's address starts an instruction.
+    let probe = unsafe { uprobe_core::Uprobe::address(blocks as *const () as usize) }
+        .on_return(move |_| {
+            let _keep = &flag;
+            ran2.fetch_add(1, SeqCst);
+        })
+        .attach()
+        .unwrap();
+    let caller = std::thread::spawn(|| blocks(std::hint::black_box(1)));
+    eventually("the caller is inside", || INSIDE.load(SeqCst));
+    // Longer than the lease timeout: the pending return's lease expires
+    // into a reference meanwhile.
+    std::thread::sleep(Duration::from_millis(300));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(probe.detach()).unwrap());
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("detach waited for the pending return")
+        .unwrap();
+    assert!(
+        !HANDLER_DROPPED.load(SeqCst),
+        "freed under a pending return"
+    );
+    RELEASE.store(true, SeqCst);
+    assert_eq!(
+        caller.join().unwrap(),
+        101,
+        "the blocked call returned wrong"
+    );
+    assert_eq!(ran.load(SeqCst), 0, "a return handler ran after detach");
+    eventually("the detached handler is dropped", || {
+        HANDLER_DROPPED.load(SeqCst)
+    });
+}
+
+#[test]
+fn a_thread_that_exits_with_returns_pending_releases_them() {
+    extern "C" fn thread_main(_: *mut libc::c_void) -> *mut libc::c_void {
+        // SAFETY: r_dies ends this thread inside, with exit(2).
+        unsafe { r_dies(0) };
+        unreachable!()
+    }
+    let probe = probe_at(fn_addr(r_dies))
+        .on_return(|_| {})
+        .max_active(nz(4))
+        .attach()
+        .unwrap();
+    for _ in 0..3 {
+        // SAFETY: a plain pthread running a C-ABI function; joined below.
+        unsafe {
+            let mut t: libc::pthread_t = core::mem::zeroed();
+            assert_eq!(
+                libc::pthread_create(
+                    &raw mut t,
+                    core::ptr::null(),
+                    thread_main,
+                    core::ptr::null_mut()
+                ),
+                0
+            );
+            assert_eq!(libc::pthread_join(t, core::ptr::null_mut()), 0);
+        }
+    }
+    assert_eq!(probe.hits(), 3);
+    // The service thread notices the threads are gone and releases their
+    // leases and in-flight charges.
+    eventually("the dead threads' returns are released", || {
+        probe.in_flight() == Some(0)
+    });
+    assert_eq!(probe.missed_returns(), 3);
+}
+
+#[test]
+fn a_fork_child_with_pending_returns_continues() {
+    static RETURNS: AtomicU64 = AtomicU64::new(0);
+
+    /// Forks inside the probed call: the child inherits the pending
+    /// return (the hijacked return address and the thread's stack).
+    #[inline(never)]
+    extern "C" fn forks() -> i64 {
+        // SAFETY: the child only returns through the trampoline, checks
+        // atomics and calls _exit.
+        i64::from(unsafe { libc::fork() })
+    }
+
+    // SAFETY: a function's address starts an instruction.
+    let probe = unsafe { uprobe_core::Uprobe::address(forks as *const () as usize) }
+        .on_return(|cx| {
+            RETURNS.fetch_add(1, SeqCst);
+            let _ = cx.return_value();
+        })
+        .attach()
+        .unwrap();
+    let pid = std::hint::black_box(forks());
+    if pid == 0 {
+        // The child: back from the probed call, its return handler ran
+        // here (in the child's copy of the counters), nothing is left.
+        let ok = RETURNS.load(SeqCst) == 1 && pending_returns() == 0;
+        // SAFETY: _exit is async-signal-safe and ends the child at once.
+        unsafe { libc::_exit(if ok { 0 } else { 3 }) };
+    }
+    assert!(pid > 0, "fork failed");
+    let mut status = 0;
+    assert_eq!(
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid as i32, &raw mut status, 0) },
+        pid as i32
+    );
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child did not return correctly (status {status:#x})"
+    );
+    assert_eq!(RETURNS.load(SeqCst), 1);
+    assert_eq!(probe.returns(), 1);
+}
