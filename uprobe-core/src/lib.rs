@@ -23,9 +23,9 @@
 //! # fn main() {}
 //! ```
 //!
-//! **Status**: entry probes on x86-64. Return probes and aarch64 are being
-//! built (see the workspace's issues); on other architectures the crate
-//! builds with its error type only.
+//! **Status**: entry and return probes on x86-64. aarch64 is being built
+//! (see the workspace's issues); on other architectures the crate builds
+//! with its error type only.
 //!
 //! # Attaching
 //! [`Uprobe::function`] (the executable, then every loaded library),
@@ -66,6 +66,50 @@
 //!   asynchronous signals are deferred while it runs the slot (a swapped
 //!   `uc_sigmask`, recorded with `sigpending::TaskFlags`). A fault raised
 //!   in a slot reaches the program at the probed address.
+//!
+//! # Return probes
+//! [`Uprobe::on_return`] runs a handler when the probed function returns
+//! ([`ReturnContext`]: integer and floating-point return values, the
+//! function, the original return address, the thread, a cookie the entry
+//! handler set: a *session*). At the entry trap the engine replaces the
+//! return address with that of a **stub** of its return trampoline, one
+//! stub per call site; the function returns into plain code (no second
+//! trap) that saves the registers, runs the return handlers, restores
+//! them and jumps to the original return address, which the stub itself
+//! names. Each pending return is an instance on the thread's stack
+//! (at most 64; more are counted in [`Probe::missed_returns`], as are
+//! returns past [`Uprobe::max_active`]); a tail call or a second consumer
+//! finds the stub already in place and chains onto the same return.
+//!
+//! - **Lifetime** (seed 002): a pending return holds an `srcu` *lease* on
+//!   its consumer, not a reference count; leases older than 100 ms expire
+//!   into references, so a function that never returns delays nothing.
+//!   [`Probe::detach`] returns once no handler of the probe runs or will
+//!   run, without waiting for pending returns: those return normally,
+//!   without the handler.
+//! - **Frames left without returning**: after `longjmp`, an instance
+//!   whose stack slot the stack pointer has risen above is dropped at the
+//!   thread's next probe hit or probed return (counted as missed).
+//!   **Unwinding** (a Rust panic, a C++ exception, `pthread_exit`) through
+//!   a hijacked frame works: the stubs have DWARF unwind information that
+//!   gives the original return address, so the unwinder reaches the real
+//!   caller; the instance is then dropped the same way. Backtraces through
+//!   a pending return show the stub, then the real caller.
+//! - **Threads** that exit with returns pending (even by `exit(2)` in the
+//!   middle of a probed call) release them: a service thread notices that
+//!   the thread is gone within about 20 ms. Up to 256 threads can have
+//!   returns pending at once (their stacks are preallocated); a fork child
+//!   keeps the forking thread's pending returns.
+//! - **Refused**: a return handler on a probe that is not at a function's
+//!   first instruction ([`AttachError::ReturnProbeNotAtEntry`]), and any
+//!   return probe while the thread runs with an x86 shadow stack
+//!   ([`AttachError::ShadowStack`]: a hijacked return would fault).
+//! - **Limits**: a return probe hit on a signal alternate stack placed
+//!   above the thread's stack can make older pending returns look
+//!   abandoned (their handlers then do not run; the program still returns
+//!   correctly); the trampoline preserves the general registers, the
+//!   flags and `xmm0`-`xmm15`, not the upper halves of `ymm`/`zmm` or the
+//!   x87 stack (the engine's code does not touch them).
 //!
 //! # What handlers may do
 //! They run **inside the signal handler, on the interrupted thread's

@@ -376,9 +376,25 @@ impl ThreadReturns {
             Hold::Reference(part) => {
                 with(&part, inst);
                 uncharge(&part);
-                leases.drop_later(part);
+                drop_reference(leases, part);
             }
         }
+    }
+}
+
+/// Drops a reference taken per pending return (the refcount mode): a
+/// plain decrement, as the kernel's `put_uprobe`, unless it could be the
+/// last one (the consumer was detached), which goes to the lease set's
+/// thread instead. Async-signal-safe.
+fn drop_reference(leases: &LeaseSet<'static, ReturnPart>, part: Strong<ReturnPart>) {
+    // Inside a read section of the domain, a value seen not retired keeps
+    // the cell's own reference until after the section: it is not ours to
+    // free.
+    let _section = RETURN_DOMAIN.read_lock();
+    if part.is_retired() {
+        leases.drop_later(part);
+    } else {
+        drop(part);
     }
 }
 
@@ -392,7 +408,7 @@ fn release(tr: &ThreadReturns, hold: Hold) {
                 leases.release(held);
             }
         }
-        Hold::Reference(part) => leases.drop_later(part),
+        Hold::Reference(part) => drop_reference(leases, part),
     }
 }
 

@@ -8,6 +8,8 @@ mod sigpending;
 mod srcu;
 #[cfg(target_arch = "x86_64")]
 mod uprobe;
+#[cfg(target_arch = "x86_64")]
+mod uretprobe;
 
 use crate::harness::Scenario;
 
@@ -35,6 +37,10 @@ pub fn all() -> Vec<Scenario> {
         uprobe::RET,
         #[cfg(target_arch = "x86_64")]
         uprobe::RIPREL,
+        #[cfg(target_arch = "x86_64")]
+        uretprobe::NOP,
+        #[cfg(target_arch = "x86_64")]
+        uretprobe::LIFETIME,
     ]
 }
 

@@ -100,11 +100,12 @@ pub const RIPREL: Scenario = Scenario {
     build: build_riprel,
 };
 
-/// Calls `target` in a loop while `_guard` keeps its probe attached.
-struct Calls<G: Send + Sync> {
-    target: unsafe extern "C" fn(),
-    guard: G,
-    check: fn(&G, u64) -> Result<(), String>,
+/// Calls `target` in a loop while `guard` keeps its probe attached;
+/// `check` verifies the probe saw every call.
+pub(super) struct Calls<G: Send + Sync> {
+    pub(super) target: unsafe extern "C" fn(),
+    pub(super) guard: G,
+    pub(super) check: fn(&G, u64) -> Result<(), String>,
 }
 
 impl<G: Send + Sync> Workload for Calls<G> {
@@ -182,7 +183,7 @@ fn build(
         }
         "kernel" => Box::new(Calls {
             target: kernels,
-            guard: KernelUprobe::attach(kernels as *const () as usize)?,
+            guard: KernelUprobe::attach(kernels as *const () as usize, false)?,
             check: |probe, ops| match probe.count() {
                 Some(n) if n >= ops => Ok(()),
                 n => Err(format!("kernel uprobe counted {n:?} for {ops} calls")),
@@ -197,16 +198,17 @@ fn build(
     })
 }
 
-/// A kernel uprobe on `addr` of this process, as counting perf events of
-/// the uprobe PMU (path and file offset of the function), one per CPU (a
-/// per-task event would miss the worker threads, and inheriting a uprobe
-/// event makes thread creation fail).
-struct KernelUprobe {
+/// A kernel uprobe (or, with `retprobe`, uretprobe) on `addr` of this
+/// process, as counting perf events of the uprobe PMU (path and file
+/// offset of the function), one per CPU (a per-task event would miss the
+/// worker threads, and inheriting a uprobe event makes thread creation
+/// fail).
+pub(super) struct KernelUprobe {
     fds: Vec<i32>,
 }
 
 impl KernelUprobe {
-    fn attach(addr: usize) -> Result<Self, String> {
+    pub(super) fn attach(addr: usize, retprobe: bool) -> Result<Self, String> {
         let pmu = std::fs::read_to_string("/sys/bus/event_source/devices/uprobe/type")
             .map_err(|e| format!("no uprobe PMU: {e}"))?;
         let pmu: u32 = pmu
@@ -218,11 +220,12 @@ impl KernelUprobe {
         let path =
             CString::new(path.into_os_string().into_encoded_bytes()).map_err(|e| e.to_string())?;
         // struct perf_event_attr, PERF_ATTR_SIZE_VER5 (112 bytes): type,
-        // size, config1 = uprobe_path, config2 = probe_offset; enabled,
-        // counting.
+        // size, config (bit 0: retprobe, the PMU's `format/retprobe`),
+        // config1 = uprobe_path, config2 = probe_offset; enabled, counting.
         let mut attr = [0u8; 112];
         attr[0..4].copy_from_slice(&pmu.to_ne_bytes());
         attr[4..8].copy_from_slice(&112u32.to_ne_bytes());
+        attr[8..16].copy_from_slice(&u64::from(retprobe).to_ne_bytes());
         attr[56..64].copy_from_slice(&(path.as_ptr() as u64).to_ne_bytes());
         attr[64..72].copy_from_slice(&offset.to_ne_bytes());
         let mut probe = Self { fds: Vec::new() };
@@ -248,7 +251,7 @@ impl KernelUprobe {
     }
 
     /// Hits counted so far, over every CPU.
-    fn count(&self) -> Option<u64> {
+    pub(super) fn count(&self) -> Option<u64> {
         self.fds.iter().try_fold(0u64, |sum, &fd| {
             let mut n = 0u64;
             // SAFETY: reading the 8-byte counter of our own perf fd.
