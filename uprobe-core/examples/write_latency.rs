@@ -45,7 +45,7 @@ fn main() -> Result<(), uprobe_core::AttachError> {
     let mut sink = std::fs::File::create("/dev/null").expect("open /dev/null");
     let buf = vec![b'x'; 1 << 16];
     for i in 0..20_000usize {
-        sink.write_all(&buf[..1 + (i * 37) % buf.len()])
+        sink.write_all(&buf[..=(i * 37) % buf.len()])
             .expect("write to /dev/null");
     }
 
