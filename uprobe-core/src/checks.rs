@@ -12,15 +12,17 @@ use crate::AttachError;
 /// by the kernel into the default action: the whole process dies.
 ///
 /// glibc blocks every signal for a moment while it starts or ends a
-/// thread, so only threads that still block SIGTRAP after a few
-/// milliseconds count.
+/// thread, so only threads seen blocking SIGTRAP at every look over about
+/// a quarter of a second count (rescans 1, 2, 4, ... 128 ms apart: on a
+/// loaded machine a thread's start can take milliseconds, and the wait is
+/// only paid while some thread blocks).
 pub(crate) fn threads_blocking_sigtrap() -> Vec<i32> {
     let mut blocking = scan_sigtrap_blockers();
-    for _ in 0..5 {
+    for shift in 0..8 {
         if blocking.is_empty() {
             break;
         }
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        std::thread::sleep(std::time::Duration::from_millis(1 << shift));
         let now = scan_sigtrap_blockers();
         blocking.retain(|tid| now.contains(tid));
     }

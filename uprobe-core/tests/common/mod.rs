@@ -55,6 +55,9 @@ pub fn churn_under_callers(
                 }
             });
         }
+        // Stops the callers however this thread leaves the scope: a failed
+        // assertion below must fail the test, not leave it spinning.
+        let _stop = StopOnDrop(&stop);
         for _ in 0..rounds {
             let counter = Arc::clone(&runs);
             let probe = probe_at(fn_addr(f))
@@ -75,8 +78,16 @@ pub fn churn_under_callers(
                 "a handler ran after detach returned"
             );
         }
-        stop.store(true, SeqCst);
     });
+}
+
+/// Sets its flag when dropped (also while unwinding).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, SeqCst);
+    }
 }
 
 /// How many hits a call of the function under test makes on its probe.
