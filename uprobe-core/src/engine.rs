@@ -26,12 +26,10 @@ use core::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
-use crate::arch::{Emulation, EntryContext, analyze, apply};
-use crate::maps::{Mapping, mapping_of, write_code_byte};
+use crate::arch::{BREAKPOINT, Emulation, EntryContext, analyze, apply};
+use crate::maps::{Mapping, mapping_of, write_code};
 use crate::{AttachError, error::os_error};
 
-/// `int3`.
-const BREAKPOINT: u8 = 0xcc;
 /// Sites the table can hold (distinct probed addresses).
 pub(crate) const MAX_SITES: usize = 4096;
 /// A removed entry: lookups continue past it.
@@ -54,7 +52,8 @@ pub(crate) struct Consumer {
 /// A probed address: the displaced instruction and its consumers.
 pub(crate) struct Site {
     addr: usize,
-    original: u8,
+    /// The instruction bytes the breakpoint covers.
+    original: [u8; BREAKPOINT.len()],
     map: Mapping,
     emulation: Emulation,
     consumers: AtomicPtr<Vec<Arc<Consumer>>>,
@@ -200,9 +199,8 @@ pub(crate) fn install_fault_handlers() -> Result<(), AttachError> {
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid ucontext (SA_SIGINFO).
     let uc = unsafe { &mut *ctx.cast::<libc::ucontext_t>() };
-    let rip = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
-    if let Some(addr) = crate::arch::origin_of(rip) {
-        uc.uc_mcontext.gregs[libc::REG_RIP as usize] = addr as i64;
+    if let Some(addr) = crate::xol::origin_of(crate::arch::pc(uc)) {
+        crate::arch::set_pc(uc, addr);
         // A trap-ended slot deferred the thread's signals: give them back
         // before the program's handler (or the default action) runs.
         crate::deferral::restore(uc);
@@ -279,28 +277,28 @@ extern "C" fn on_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
 fn handle_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo and ucontext (SA_SIGINFO).
     let (info_ref, uc) = unsafe { (&*info, &mut *ctx.cast::<libc::ucontext_t>()) };
-    if info_ref.si_code != libc::SI_KERNEL {
+    let Some(addr) = crate::arch::breakpoint_address(info_ref, uc) else {
         // raise(), kill(), a debugger's trap flag: not a breakpoint.
         return chain(sig, info, ctx);
-    }
-    let addr = (uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize).wrapping_sub(1);
-    if let Some((origin, len, crate::arch::SlotEnd::TrapBack)) = crate::arch::slot_info(addr) {
+    };
+    if let Some((origin, len, crate::xol::SlotEnd::TrapBack)) = crate::xol::slot_info(addr) {
         // The second trap of a trap-ended slot: on to the instruction after
         // the probed one, and signals back.
-        uc.uc_mcontext.gregs[libc::REG_RIP as usize] = (origin + len) as i64;
+        crate::arch::set_pc(uc, origin + len);
         crate::deferral::restore(uc);
         return;
     }
     if crate::lookup::with_read_side(|| lookup(addr).map(|site| hit(site, uc))).is_some() {
         return;
     }
-    // SAFETY: RIP - 1 is the int3 the thread just executed (SI_KERNEL
-    // traps on x86-64 come from int3), so the byte is mapped code.
-    if unsafe { core::ptr::read_volatile(addr as *const u8) } == BREAKPOINT {
+    // SAFETY: `addr` is the breakpoint the thread just executed, so it is
+    // mapped code.
+    if unsafe { crate::arch::is_breakpoint_at(addr) } {
         chain(sig, info, ctx);
     } else {
-        // A detach restored the byte after this thread trapped: run it.
-        uc.uc_mcontext.gregs[libc::REG_RIP as usize] = addr as i64;
+        // A detach restored the instruction after this thread trapped: run
+        // it.
+        crate::arch::set_pc(uc, addr);
     }
 }
 
@@ -471,16 +469,17 @@ unsafe fn attach_one(
     if !blocking.is_empty() {
         return Err(AttachError::TrapBlocked { tids: blocking });
     }
-    let len = (map.end - addr).min(15);
+    let len = (map.end - addr).min(crate::arch::MAX_INSN_LEN);
     // SAFETY: `[addr, addr + len)` lies in a readable executable mapping.
     let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, len) };
-    if bytes[0] == BREAKPOINT {
+    // SAFETY: as above.
+    if len < BREAKPOINT.len() || unsafe { crate::arch::is_breakpoint_at(addr) } {
         return Err(AttachError::ForeignBreakpoint { addr });
     }
     let emulation = analyze(addr, bytes)?;
     let site = Box::into_raw(Box::new(Site {
         addr,
-        original: bytes[0],
+        original: core::array::from_fn(|i| bytes[i]),
         map,
         emulation,
         consumers: AtomicPtr::new(Box::into_raw(Box::new(vec![consumer]))),
@@ -497,7 +496,7 @@ unsafe fn attach_one(
     // Publish the analysis, then write the breakpoint.
     TABLE[slot].store(site, Ordering::Release);
     // SAFETY: the caller's contract: an instruction's first byte.
-    if let Err(e) = unsafe { write_code_byte(map, addr, BREAKPOINT) } {
+    if let Err(e) = unsafe { write_code(map, addr, &BREAKPOINT) } {
         TABLE[slot].store(TOMBSTONE, Ordering::Release);
         garbage.push(Garbage::Site(site));
         return Err(e);
@@ -550,9 +549,9 @@ fn detach_one(
         garbage.push(Garbage::List(publish_list(site, list)));
         return Ok(());
     }
-    // The last consumer: the original byte back first, then unpublish.
-    // SAFETY: restores the instruction's own first byte.
-    if let Err(e) = unsafe { write_code_byte(site.map, addr, site.original) } {
+    // The last consumer: the original bytes back first, then unpublish.
+    // SAFETY: restores the instruction's own bytes.
+    if let Err(e) = unsafe { write_code(site.map, addr, &site.original) } {
         // The breakpoint stays, with no consumer: hits just run the
         // instruction.
         garbage.push(Garbage::List(publish_list(site, Vec::new())));

@@ -158,6 +158,8 @@ mod symbols;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 #[cfg(target_arch = "x86_64")]
+mod xol;
+#[cfg(target_arch = "x86_64")]
 use x86_64 as arch;
 
 #[cfg(target_arch = "x86_64")]
@@ -206,7 +208,7 @@ pub mod bench_only {
     /// of a jump back: the path used where no slot can be had near the
     /// code, forced everywhere to measure it.
     pub fn force_trap_back_slots(on: bool) {
-        crate::arch::force_trap_back(on);
+        crate::xol::force_trap_back(on);
     }
 
     /// The file and file offset that executable address `addr` of this
@@ -221,6 +223,6 @@ pub mod bench_only {
     /// where signals find a thread). Async-signal-safe.
     #[must_use]
     pub fn in_xol_slot(ip: usize) -> bool {
-        crate::arch::origin_of(ip).is_some()
+        crate::xol::origin_of(ip).is_some()
     }
 }

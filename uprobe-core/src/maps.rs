@@ -32,20 +32,24 @@ pub(crate) fn mapping_of(addr: usize) -> Option<Mapping> {
     })
 }
 
-/// Writes `byte` at `addr` in mapping `map`, keeping it executable the
-/// whole time (other threads may be running the page): adds write
-/// permission, stores, restores the original protection, then makes every
-/// thread serialise its instruction stream before it runs the page again
+/// Writes `bytes` (one byte on x86-64, one aligned 4-byte instruction on
+/// aarch64: a single store either way, so a thread running the code sees
+/// the old or the new instruction, never a mix) at `addr` in mapping
+/// `map`, keeping it executable the whole time (other threads may be
+/// running the page): adds write permission, stores, makes the store
+/// visible to instruction fetch (aarch64: cache maintenance), restores the
+/// original protection, then makes every thread serialise its instruction
+/// stream before it runs the page again
 /// (`membarrier(PRIVATE_EXPEDITED_SYNC_CORE)`).
 ///
 /// # Safety
-/// `addr` is inside `map`, and writing `byte` there is what the caller
-/// wants every thread to execute from now on (an `int3` over the first
-/// byte of an instruction, or that byte restored).
-pub(crate) unsafe fn write_code_byte(
+/// `addr` is inside `map`, and writing `bytes` there is what the caller
+/// wants every thread to execute from now on (a breakpoint over the start
+/// of an instruction, or the instruction restored).
+pub(crate) unsafe fn write_code(
     map: Mapping,
     addr: usize,
-    byte: u8,
+    bytes: &[u8],
 ) -> Result<(), crate::AttachError> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
@@ -56,9 +60,17 @@ pub(crate) unsafe fn write_code_byte(
     if unsafe { libc::mprotect(base as *mut libc::c_void, page, writable) } != 0 {
         return Err(crate::error::os_error("mprotect (add write)"));
     }
-    // SAFETY: the page is writable now; one byte can never tear an
-    // instruction for a concurrent reader (x86 fetches bytes atomically).
-    unsafe { core::ptr::write_volatile(addr as *mut u8, byte) };
+    match *bytes {
+        // SAFETY: the page is writable now; one byte can never tear an
+        // instruction for a concurrent reader.
+        [b] => unsafe { core::ptr::write_volatile(addr as *mut u8, b) },
+        // SAFETY: as above; an aligned 4-byte store is single-copy atomic.
+        [a, b, c, d] if addr % 4 == 0 => unsafe {
+            core::ptr::write_volatile(addr as *mut u32, u32::from_le_bytes([a, b, c, d]));
+        },
+        _ => unreachable!("code is patched one byte or one aligned word at a time"),
+    }
+    crate::arch::flush_code(addr, bytes.len());
     // SAFETY: as above, back to the mapping's own protection.
     if unsafe { libc::mprotect(base as *mut libc::c_void, page, map.prot) } != 0 {
         return Err(crate::error::os_error("mprotect (restore)"));
@@ -66,7 +78,7 @@ pub(crate) unsafe fn write_code_byte(
     // Cross-modifying code: every thread serialises before running it.
     // Where the kernel lacks SYNC_CORE, the mprotect calls above have
     // already sent each CPU running us a TLB-shootdown IPI, which
-    // serialises on x86.
+    // serialises on x86 (aarch64 has the kernel's own maintenance).
     let _ = pcpu::fence::sync_core();
     Ok(())
 }

@@ -174,7 +174,7 @@ pub(crate) fn analyze(addr: usize, bytes: &[u8]) -> Result<Emulation, AttachErro
             let (slot, end) = super::xol::slot_for(addr, &bytes[..insn.len()], &insn)?;
             Emulation::OutOfLine {
                 slot: slot as u64,
-                trap_back: end == super::xol::SlotEnd::TrapBack,
+                trap_back: end == crate::xol::SlotEnd::TrapBack,
             }
         }
     };

@@ -5,10 +5,46 @@ mod context;
 mod emulate;
 mod insn;
 pub(crate) mod trampoline;
-mod xol;
+pub(crate) mod xol;
 
 pub(crate) use context::return_address_at;
 pub use context::{EntryContext, Reg, ReturnContext};
 pub(crate) use emulate::apply;
 pub(crate) use insn::{Emulation, analyze, is_boundary};
-pub(crate) use xol::{SlotEnd, force_trap_back, origin_of, slot_info};
+
+/// The longest instruction.
+pub(crate) const MAX_INSN_LEN: usize = 15;
+
+/// `int3`, written over the first byte of a probed instruction.
+pub(crate) const BREAKPOINT: [u8; 1] = [0xcc];
+
+/// The probed address a SIGTRAP reports, if it comes from a breakpoint
+/// instruction (`int3` traps with RIP after it, `si_code` `SI_KERNEL`).
+/// Async-signal-safe.
+pub(crate) fn breakpoint_address(info: &libc::siginfo_t, uc: &libc::ucontext_t) -> Option<usize> {
+    (info.si_code == libc::SI_KERNEL).then(|| pc(uc).wrapping_sub(1))
+}
+
+/// Whether the code at `addr` is a breakpoint instruction (ours or
+/// anyone's). Async-signal-safe.
+///
+/// # Safety
+/// `addr` is mapped code.
+pub(crate) unsafe fn is_breakpoint_at(addr: usize) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { core::ptr::read_volatile(addr as *const u8) == BREAKPOINT[0] }
+}
+
+/// The interrupted thread's instruction pointer.
+pub(crate) fn pc(uc: &libc::ucontext_t) -> usize {
+    uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize
+}
+
+/// Moves the interrupted thread to `addr`.
+pub(crate) fn set_pc(uc: &mut libc::ucontext_t, addr: usize) {
+    uc.uc_mcontext.gregs[libc::REG_RIP as usize] = addr as i64;
+}
+
+/// Makes code just written visible to instruction fetch: nothing to do on
+/// x86 (the caller's `membarrier(SYNC_CORE)` serialises other threads).
+pub(crate) fn flush_code(_addr: usize, _len: usize) {}

@@ -1,0 +1,330 @@
+//! Out-of-line execution (XOL) slots, the architecture-independent part.
+//!
+//! An instruction that is not emulated runs *out of line*: at attach it is
+//! relocated (by the architecture's encoder) into a slot followed by a
+//! branch back to the next instruction, and each hit sets the PC to the
+//! slot: one trap per hit, no single-step.
+//!
+//! Slots live in regions mapped within reach of the code they serve
+//! (x86-64: +-2 GB, for RIP-relative operands and the 32-bit jump back;
+//! aarch64: +-128 MB, for the `B` back), so a slot needs no register to
+//! get back. A slot's content is a pure function of (address, original
+//! bytes), and a slot is only ever reused for that same key: a thread
+//! preempted inside a slot of a detached probe can never find other code
+//! there, and memory is bounded by the number of distinct probed sites.
+//! Free slots of a region are handed out by a `pcpu-freelist` pool;
+//! running out (no region can be mapped near the code, or a region is
+//! full and no other fits) is an error at attach, never a block.
+//!
+//! Where no region fits near the code, a slot may instead end in a
+//! breakpoint anywhere ([`SlotEnd::TrapBack`]), for instructions that do
+//! not address relative to the PC.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+
+use pcpu_freelist::FreeList;
+
+use crate::AttachError;
+
+use crate::arch::xol::{REACH_LIMIT, SLOT_SIZE};
+
+/// Bytes per region (1024 slots of 64 bytes).
+const REGION_SIZE: usize = 64 * 1024;
+/// How far a slot may be from the code it serves (with margin).
+const REACH: usize = REACH_LIMIT - 2 * REGION_SIZE;
+
+struct Region {
+    base: usize,
+    free: FreeList<()>,
+}
+
+/// The most regions a process maps (64 MiB of slots).
+const MAX_REGIONS: usize = 1024;
+/// Region bases, for the fault handler (0: unused); written once each,
+/// before any slot of the region is published.
+static REGION_BASES: [AtomicUsize; MAX_REGIONS] = [const { AtomicUsize::new(0) }; MAX_REGIONS];
+/// Per region, the probed address each slot runs (leaked, like the
+/// regions: slots live as long as the process).
+static REGION_ORIGINS: [AtomicPtr<AtomicUsize>; MAX_REGIONS] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_REGIONS];
+
+/// How a slot ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum SlotEnd {
+    /// A `jmp` back to the next instruction: one trap per hit. Needs the
+    /// slot within +-2 GB of the code.
+    JumpBack,
+    /// An `int3`: the engine's second trap sets RIP to the next
+    /// instruction. Two traps per hit, but the slot may be anywhere (for
+    /// instructions without RIP-relative operands), and asynchronous
+    /// signals are deferred while the thread is in the slot.
+    TrapBack,
+}
+
+/// An origin table entry: the probed address in the low 48 bits, the
+/// instruction's length in the top byte, bit 55 set for a `TrapBack` slot.
+const TRAP_BACK_BIT: usize = 1 << 55;
+const ADDR_MASK: usize = (1 << 48) - 1;
+
+/// What the slot containing `ip` serves: the probed address, the
+/// instruction's length, and how the slot ends.
+/// Async-signal-safe: loads only.
+pub(crate) fn slot_info(ip: usize) -> Option<(usize, usize, SlotEnd)> {
+    let word = origin_word(ip)?;
+    let end = if word & TRAP_BACK_BIT == 0 {
+        SlotEnd::JumpBack
+    } else {
+        SlotEnd::TrapBack
+    };
+    Some((word & ADDR_MASK, word >> 56, end))
+}
+
+/// If `ip` is inside an out-of-line slot, the probed address whose
+/// instruction that slot runs (a fault raised there is reported at that
+/// address, as the kernel does). Async-signal-safe: loads only.
+pub(crate) fn origin_of(ip: usize) -> Option<usize> {
+    slot_info(ip).map(|(addr, _, _)| addr)
+}
+
+fn origin_word(ip: usize) -> Option<usize> {
+    // Plain index loops: this runs in the trap handler, where an iterator
+    // adapter's moves could be `memcpy` calls (in unoptimised builds), and
+    // `memcpy` may be what is probed.
+    for i in 0..MAX_REGIONS {
+        let base = REGION_BASES[i].load(Ordering::Acquire);
+        if base == 0 {
+            return None;
+        }
+        if ip >= base && ip < base + REGION_SIZE {
+            let origins = REGION_ORIGINS[i].load(Ordering::Acquire);
+            // SAFETY: a published region's origin table has one entry per
+            // slot and is never freed.
+            let origin = unsafe { &*origins.add((ip - base) / SLOT_SIZE) };
+            return Some(origin.load(Ordering::Acquire)).filter(|&a| a != 0);
+        }
+    }
+    None
+}
+
+#[derive(Default)]
+struct Slots {
+    regions: Vec<Region>,
+    /// (address, original bytes, ending) -> slot address.
+    by_key: HashMap<(usize, Vec<u8>, SlotEnd), usize>,
+}
+
+static SLOTS: Mutex<Option<Slots>> = Mutex::new(None);
+
+/// The slot ending preferred for new slots (the bench-only switch):
+/// `false` for `JumpBack`, `true` to force `TrapBack`.
+static FORCE_TRAP_BACK: AtomicBool = AtomicBool::new(false);
+
+/// Makes new slots end in a trap (two traps per hit) instead of a jump
+/// back, to measure that path. Probes attached before keep their slots.
+pub(crate) fn force_trap_back(on: bool) {
+    FORCE_TRAP_BACK.store(on, Ordering::Relaxed);
+}
+
+/// The slot running the instruction at `addr` (whose bytes are `bytes`)
+/// out of line, and how it ends, reusing the one made before for the same
+/// key. A slot branches back when one can be had within reach of the code;
+/// else, unless the instruction `needs_near` (it addresses relative to the
+/// PC), it ends in a trap, anywhere. `relocate(slot, end)` makes the
+/// slot's code. Not async-signal-safe.
+pub(crate) fn slot_for(
+    addr: usize,
+    bytes: &[u8],
+    needs_near: bool,
+    relocate: impl Fn(usize, SlotEnd) -> Result<Vec<u8>, AttachError>,
+) -> Result<(usize, SlotEnd), AttachError> {
+    let mut guard = SLOTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let slots = guard.get_or_insert_with(Slots::default);
+    let preferred = if FORCE_TRAP_BACK.load(Ordering::Relaxed) {
+        SlotEnd::TrapBack
+    } else {
+        SlotEnd::JumpBack
+    };
+    for end in [preferred, SlotEnd::TrapBack] {
+        if let Some(&slot) = slots.by_key.get(&(addr, bytes.to_vec(), end)) {
+            return Ok((slot, end));
+        }
+    }
+    let (slot, end) = match take_slot(slots, addr, true) {
+        Ok(slot) => (slot, preferred),
+        Err(e) if needs_near => return Err(e),
+        Err(_) => (take_slot(slots, addr, false)?, SlotEnd::TrapBack),
+    };
+    let code = relocate(slot, end)?;
+    if code.len() > SLOT_SIZE {
+        return Err(AttachError::Unsupported {
+            addr,
+            insn: format!("{bytes:02x?}"),
+            why: "relocated, it does not fit an out-of-line slot",
+        });
+    }
+    write_slot(slot, &code)?;
+    record_origin(slot, addr, bytes.len(), end);
+    slots.by_key.insert((addr, bytes.to_vec(), end), slot);
+    Ok((slot, end))
+}
+
+/// A free slot, within reach of `addr` if `near`, mapping a new region if
+/// needed.
+fn take_slot(slots: &mut Slots, addr: usize, near: bool) -> Result<usize, AttachError> {
+    let reachable = |base: usize| !near || base.abs_diff(addr) < REACH;
+    let from_region = |r: &Region| r.free.pop().map(|e| r.base + e.into_index() * SLOT_SIZE);
+    if let Some(slot) = slots
+        .regions
+        .iter()
+        .filter(|r| reachable(r.base))
+        .find_map(from_region)
+    {
+        return Ok(slot);
+    }
+    let region = if near {
+        map_region_near(addr)?
+    } else {
+        map_region_anywhere()?
+    };
+    let slot = from_region(&region).expect("a new region has free slots");
+    slots.regions.push(region);
+    Ok(slot)
+}
+
+/// Notes which instruction `slot` serves, for the trap and fault handlers.
+fn record_origin(slot: usize, addr: usize, len: usize, end: SlotEnd) {
+    let trap = if end == SlotEnd::TrapBack {
+        TRAP_BACK_BIT
+    } else {
+        0
+    };
+    let word = (addr & ADDR_MASK) | trap | (len << 56);
+    for (base, origins) in REGION_BASES.iter().zip(&REGION_ORIGINS) {
+        let b = base.load(Ordering::Acquire);
+        if (b..b + REGION_SIZE).contains(&slot) {
+            // SAFETY: as in `origin_of`.
+            let o = unsafe { &*origins.load(Ordering::Acquire).add((slot - b) / SLOT_SIZE) };
+            o.store(word, Ordering::Release);
+            return;
+        }
+    }
+}
+
+/// Publishes a new region for the fault handler.
+fn publish_region(base: usize) -> Result<(), AttachError> {
+    let free = REGION_BASES
+        .iter()
+        .position(|b| b.load(Ordering::Relaxed) == 0)
+        .ok_or(AttachError::Os {
+            what: "too many out-of-line regions",
+            errno: libc::ENOMEM,
+        })?;
+    let origins: Box<[AtomicUsize]> = (0..REGION_SIZE / SLOT_SIZE)
+        .map(|_| AtomicUsize::new(0))
+        .collect();
+    REGION_ORIGINS[free].store(Box::leak(origins).as_mut_ptr(), Ordering::Release);
+    REGION_BASES[free].store(base, Ordering::Release);
+    crate::engine::install_fault_handlers()
+}
+
+/// Writes a slot's code, keeping its page executable throughout (other
+/// slots on it may be running).
+fn write_slot(slot: usize, code: &[u8]) -> Result<(), AttachError> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let base = slot & !(page - 1);
+    let rx = libc::PROT_READ | libc::PROT_EXEC;
+    // SAFETY: `base` is a page of a region we mapped; slots never straddle
+    // pages (64 divides the page size).
+    if unsafe { libc::mprotect(base as *mut libc::c_void, page, rx | libc::PROT_WRITE) } != 0 {
+        return Err(crate::error::os_error("mprotect (XOL slot)"));
+    }
+    // SAFETY: the slot is ours, unused so far, and writable now.
+    unsafe { core::ptr::copy_nonoverlapping(code.as_ptr(), slot as *mut u8, code.len()) };
+    crate::arch::flush_code(slot, code.len());
+    // SAFETY: as above.
+    if unsafe { libc::mprotect(base as *mut libc::c_void, page, rx) } != 0 {
+        return Err(crate::error::os_error("mprotect (XOL slot)"));
+    }
+    Ok(())
+}
+
+/// Maps a region of slots wherever the kernel likes.
+fn map_region_anywhere() -> Result<Region, AttachError> {
+    // SAFETY: a fresh anonymous mapping.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            REGION_SIZE,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(crate::error::os_error("mmap (out-of-line slots)"));
+    }
+    let base = p as usize;
+    publish_region(base)?;
+    Ok(Region {
+        base,
+        free: FreeList::new(core::iter::repeat_n((), REGION_SIZE / SLOT_SIZE)),
+    })
+}
+
+/// Maps a region of slots within reach of `addr`: the free gap of the
+/// address space nearest to it, away from where the main stack and the
+/// `brk` heap grow.
+fn map_region_near(addr: usize) -> Result<Region, AttachError> {
+    let mut taken: Vec<(usize, usize)> = crate::maps::taken_ranges();
+    taken.sort_unstable();
+    let lo = addr.saturating_sub(REACH);
+    let hi = addr.saturating_add(REACH);
+    // Candidate region bases: just below each mapping and just above it.
+    let mut candidates: Vec<usize> = taken
+        .iter()
+        .flat_map(|&(start, end)| {
+            [
+                start.saturating_sub(REGION_SIZE) & !(REGION_SIZE - 1),
+                (end + REGION_SIZE - 1) & !(REGION_SIZE - 1),
+            ]
+        })
+        .filter(|&b| b >= lo && b + REGION_SIZE <= hi && b >= 0x10000)
+        .filter(|&b| !taken.iter().any(|&(s, e)| b < e && s < b + REGION_SIZE))
+        .collect();
+    candidates.sort_unstable_by_key(|&b| b.abs_diff(addr));
+    for base in candidates {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+        let p = unsafe {
+            libc::mmap(
+                base as *mut libc::c_void,
+                REGION_SIZE,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p as usize == base {
+            publish_region(base)?;
+            return Ok(Region {
+                base,
+                free: FreeList::new(core::iter::repeat_n((), REGION_SIZE / SLOT_SIZE)),
+            });
+        }
+        if p != libc::MAP_FAILED {
+            // An old kernel ignoring the flag put it elsewhere.
+            // SAFETY: unmapping what this call mapped.
+            unsafe { libc::munmap(p, REGION_SIZE) };
+        }
+    }
+    Err(AttachError::Os {
+        what: "no room for out-of-line slots within reach of the probed code",
+        errno: libc::ENOMEM,
+    })
+}
