@@ -65,7 +65,7 @@ pub(crate) unsafe fn write_code(
         // instruction for a concurrent reader.
         [b] => unsafe { core::ptr::write_volatile(addr as *mut u8, b) },
         // SAFETY: as above; an aligned 4-byte store is single-copy atomic.
-        [a, b, c, d] if addr % 4 == 0 => unsafe {
+        [a, b, c, d] if addr.is_multiple_of(4) => unsafe {
             core::ptr::write_volatile(addr as *mut u32, u32::from_le_bytes([a, b, c, d]));
         },
         _ => unreachable!("code is patched one byte or one aligned word at a time"),
