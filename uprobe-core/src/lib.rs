@@ -152,6 +152,8 @@ mod maps;
 #[cfg(target_arch = "x86_64")]
 mod probe;
 #[cfg(target_arch = "x86_64")]
+mod return_stubs;
+#[cfg(target_arch = "x86_64")]
 mod returns;
 #[cfg(target_arch = "x86_64")]
 mod symbols;

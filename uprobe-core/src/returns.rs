@@ -47,6 +47,7 @@ use srcu::{LeaseBlock, LeaseSet, RawLease, Srcu, SrcuCell, Strong};
 
 use crate::AttachError;
 use crate::arch::{ReturnContext, trampoline};
+use crate::return_stubs;
 
 /// Pending returns a thread may have (the kernel's `max_uretprobe_depth`);
 /// a return probe hit past it is not tracked and counts as missed.
@@ -210,7 +211,7 @@ pub(crate) fn init() -> Result<(), AttachError> {
     if trampoline::shadow_stack_enabled() {
         return Err(AttachError::ShadowStack);
     }
-    trampoline::init()?;
+    return_stubs::init()?;
     RETURN_DOMAIN.prepare();
     let leases = LEASES.get_or_init(|| LeaseSet::new(&RETURN_DOMAIN));
     THREADS.get_or_init(|| Threads {
@@ -271,7 +272,7 @@ pub(crate) unsafe fn prepare(
     // Frames the thread left without returning (longjmp, unwinding):
     // below the new frame's slot, or at it without our stub (a tail call
     // reuses the slot and keeps the stub: chained, still alive).
-    tr.drop_abandoned(|slot| slot < sp || (slot == sp && trampoline::target_of(ret).is_none()));
+    tr.drop_abandoned(|slot| slot < sp || (slot == sp && return_stubs::target_of(ret).is_none()));
     let depth = tr.depth.get();
     if depth == MAX_RETURN_DEPTH {
         missed();
@@ -308,10 +309,10 @@ pub(crate) unsafe fn prepare(
     };
     // The original return address: the stub's, if this is a chained
     // return (the slot already holds a stub), else a new stub goes in.
-    let original = if let Some(original) = trampoline::target_of(ret) {
+    let original = if let Some(original) = return_stubs::target_of(ret) {
         original
     } else {
-        let Some(stub) = trampoline::stub_for(ret) else {
+        let Some(stub) = return_stubs::stub_for(ret) else {
             release(tr, hold);
             uncharge();
             missed();
@@ -416,12 +417,12 @@ fn release(tr: &ThreadReturns, hold: Hold) {
 /// return handlers of the frame's instances and sets `regs.ret` to the
 /// original return address. Async-signal-safe.
 pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::SavedXmm) {
-    let Some(original) = trampoline::target_of(regs.ret as usize) else {
+    let Some(original) = return_stubs::target_of(regs.ret as usize) else {
         // Only a stub's `call` enters the trampoline, and stubs always
         // have a target: nothing sane to return to.
         crate::engine::fatal(b"uprobe-core: return trampoline entered without a stub\n");
     };
-    let slot = regs.caller_sp() - 8;
+    let slot = regs.entry_sp();
     let p = CURRENT.get();
     if !p.is_null() {
         // SAFETY: as in `current`.
