@@ -16,7 +16,15 @@ use crate::AttachError;
 /// a quarter of a second count (rescans 1, 2, 4, ... 128 ms apart: on a
 /// loaded machine a thread's start can take milliseconds, and the wait is
 /// only paid while some thread blocks).
+///
+/// Under an emulator (qemu-user) `/proc/self/task` shows the emulator's
+/// own threads and masks, not the program's: then nothing is reported
+/// (there is no way to know other threads' masks; the emulator delivers
+/// the program's SIGTRAP itself).
 pub(crate) fn threads_blocking_sigtrap() -> Vec<i32> {
+    if !proc_shows_real_masks() {
+        return Vec::new();
+    }
     let mut blocking = scan_sigtrap_blockers();
     for shift in 0..8 {
         if blocking.is_empty() {
@@ -38,14 +46,28 @@ fn scan_sigtrap_blockers() -> Vec<i32> {
         .filter_map(Result::ok)
         .filter_map(|t| {
             let tid: i32 = t.file_name().to_str()?.parse().ok()?;
-            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
-            let blocked = status
-                .lines()
-                .find_map(|l| l.strip_prefix("SigBlk:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())?;
+            let blocked = blocked_mask(&t.path().join("status"))?;
             (blocked & bit != 0).then_some(tid)
         })
         .collect()
+}
+
+/// The `SigBlk` mask (signals 1 to 64) of a task's `status` file.
+fn blocked_mask(status: &std::path::Path) -> Option<u64> {
+    std::fs::read_to_string(status)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+}
+
+/// Whether `/proc/self/task` describes this program, not an emulator
+/// running it: qemu-user answers `/proc/self/exe` (and `maps`, ...) for
+/// the program it runs, while the per-task entries it does not intercept
+/// show the emulator itself, whose signal masks are its own.
+fn proc_shows_real_masks() -> bool {
+    let task = format!("/proc/self/task/{}/exe", crate::engine::current_tid());
+    std::fs::read_link("/proc/self/exe").ok() == std::fs::read_link(task).ok()
 }
 
 /// Refuses `addr` if it lies in a restartable sequence's critical section

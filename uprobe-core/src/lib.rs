@@ -3,7 +3,7 @@
 //! primitives (`srcu`, `percpu-rwsem`, `pcpu-freelist`, `sigpending`).
 //!
 //! ```no_run
-//! # #[cfg(target_arch = "x86_64")]
+//! # #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 //! # fn main() -> Result<(), uprobe_core::AttachError> {
 //! use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 //! use uprobe_core::Uprobe;
@@ -19,7 +19,7 @@
 //! println!("{} mallocs, {} bytes", probe.hits(), BYTES.load(Relaxed));
 //! # Ok(())
 //! # }
-//! # #[cfg(not(target_arch = "x86_64"))]
+//! # #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 //! # fn main() {}
 //! ```
 //!
@@ -138,42 +138,50 @@
 
 // The engine is x86-64 only so far; elsewhere the crate builds with just
 // its error type.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod checks;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod deferral;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod engine;
 mod error;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod lookup;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod maps;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod probe;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod return_stubs;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod returns;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod symbols;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod xol;
 #[cfg(target_arch = "x86_64")]
 use x86_64 as arch;
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+#[cfg(target_arch = "aarch64")]
+use aarch64 as arch;
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub use arch::{EntryContext, Reg, ReturnContext};
 pub use error::AttachError;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub use probe::{Probe, Uprobe};
 
 /// Switches for the workspace's benchmarks; not part of the stable API.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[doc(hidden)]
 pub mod bench_only {
+    /// The aarch64 classifier, for the tests that check it against an
+    /// independent decoder.
+    #[cfg(target_arch = "aarch64")]
+    pub use crate::arch::{Class, classify};
     pub use crate::lookup::Lookup;
     pub use crate::returns::ReturnHold;
 

@@ -416,7 +416,7 @@ fn release(tr: &ThreadReturns, hold: Hold) {
 /// Called by the trampoline when a hijacked function returns. Runs the
 /// return handlers of the frame's instances and sets `regs.ret` to the
 /// original return address. Async-signal-safe.
-pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::SavedXmm) {
+pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::SavedVector) {
     let Some(original) = return_stubs::target_of(regs.ret as usize) else {
         // Only a stub's `call` enters the trampoline, and stubs always
         // have a target: nothing sane to return to.

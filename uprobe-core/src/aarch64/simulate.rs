@@ -35,7 +35,11 @@ pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
             m.pc = target;
         }
         Emulation::CondBranch { cond, target, next } => {
-            m.pc = if condition_holds(cond, m.pstate) { target } else { next };
+            m.pc = if condition_holds(cond, m.pstate) {
+                target
+            } else {
+                next
+            };
         }
         Emulation::CompareBranch {
             reg,
@@ -79,7 +83,12 @@ pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
             }
             m.pc = target;
         }
-        Emulation::Literal { rt, kind, addr, next } => {
+        Emulation::Literal {
+            rt,
+            kind,
+            addr,
+            next,
+        } => {
             // SAFETY: the caller's contract: the load's own address.
             unsafe {
                 match kind {

@@ -42,6 +42,9 @@ impl SavedRegs {
 /// The saved `xmm0`-`xmm15`.
 pub(crate) type SavedXmm = [u128; 16];
 
+/// What `on_return` gets besides the integer registers.
+pub(crate) type SavedVector = SavedXmm;
+
 // The common trampoline. Entered by a stub's `call`, so its frame
 // description is the ordinary one of a called function (CFA = rsp + 8 on
 // entry); `rbp` then anchors the frame while the stack is realigned.

@@ -1,0 +1,88 @@
+//! aarch64: instruction classification, simulation, out-of-line slots,
+//! the return trampoline, and the handler's view of the registers.
+
+mod context;
+mod insn;
+mod simulate;
+pub(crate) mod trampoline;
+pub(crate) mod xol;
+
+pub(crate) use context::return_address_at;
+pub use context::{EntryContext, Reg, ReturnContext};
+pub use insn::{Class, classify};
+pub(crate) use insn::{Emulation, analyze, is_boundary};
+pub(crate) use simulate::apply;
+
+/// Every A64 instruction is 4 bytes.
+pub(crate) const MAX_INSN_LEN: usize = 4;
+
+/// `BRK #5` (the kernel's uprobe breakpoint), written over a probed
+/// instruction.
+pub(crate) const BREAKPOINT: [u8; 4] = 0xd420_00a0_u32.to_le_bytes();
+
+/// `si_code` of a SIGTRAP raised by a `BRK` (`TRAP_BRKPT`).
+const TRAP_BRKPT: i32 = 1;
+
+/// The probed address a SIGTRAP reports, if it comes from a breakpoint
+/// instruction (`BRK` traps with PC at itself, `si_code` `TRAP_BRKPT`).
+/// Async-signal-safe.
+pub(crate) fn breakpoint_address(info: &libc::siginfo_t, uc: &libc::ucontext_t) -> Option<usize> {
+    (info.si_code == TRAP_BRKPT).then(|| pc(uc))
+}
+
+/// Whether the code at `addr` is a breakpoint instruction: any `BRK`
+/// (ours is `#5`; Rust's `abort` is `#0x3e8`, a debugger's `#0`).
+/// Async-signal-safe.
+///
+/// # Safety
+/// `addr` is mapped code, 4-byte aligned.
+pub(crate) unsafe fn is_breakpoint_at(addr: usize) -> bool {
+    // SAFETY: the caller's contract.
+    let insn = unsafe { core::ptr::read_volatile(addr as *const u32) };
+    insn & 0xffe0_001f == 0xd420_0000
+}
+
+/// The interrupted thread's program counter.
+pub(crate) fn pc(uc: &libc::ucontext_t) -> usize {
+    uc.uc_mcontext.pc as usize
+}
+
+/// Moves the interrupted thread to `addr`.
+pub(crate) fn set_pc(uc: &mut libc::ucontext_t, addr: usize) {
+    uc.uc_mcontext.pc = addr as u64;
+}
+
+/// Makes code just written at `[addr, addr + len)` visible to instruction
+/// fetch on this CPU (the caller's `membarrier(SYNC_CORE)` then covers the
+/// others): clean the data cache to the point of unification, invalidate
+/// the instruction cache, as `CTR_EL0` says is needed (`IDC`: no clean,
+/// `DIC`: no invalidate). Async-signal-safe.
+pub(crate) fn flush_code(addr: usize, len: usize) {
+    let ctr: u64;
+    // SAFETY: reading CTR_EL0 is allowed at EL0 on Linux (trapped and
+    // emulated where the hardware does not allow it).
+    unsafe { core::arch::asm!("mrs {}, ctr_el0", out(reg) ctr, options(nomem, nostack)) };
+    let dline = 4usize << ((ctr >> 16) & 0xf);
+    let iline = 4usize << (ctr & 0xf);
+    let end = addr + len;
+    if ctr >> 28 & 1 == 0 {
+        let mut p = addr & !(dline - 1);
+        while p < end {
+            // SAFETY: cache maintenance by address on our own mapping.
+            unsafe { core::arch::asm!("dc cvau, {}", in(reg) p, options(nostack)) };
+            p += dline;
+        }
+    }
+    // SAFETY: a barrier.
+    unsafe { core::arch::asm!("dsb ish", options(nostack)) };
+    if ctr >> 29 & 1 == 0 {
+        let mut p = addr & !(iline - 1);
+        while p < end {
+            // SAFETY: as above.
+            unsafe { core::arch::asm!("ic ivau, {}", in(reg) p, options(nostack)) };
+            p += iline;
+        }
+    }
+    // SAFETY: barriers.
+    unsafe { core::arch::asm!("dsb ish", "isb", options(nostack)) };
+}
