@@ -149,21 +149,29 @@ pub(crate) fn return_address_at(uc: &mut libc::ucontext_t) -> (usize, *mut usize
     (sp, (&raw mut uc.uc_mcontext.regs[30]).cast())
 }
 
-/// `FPSIMD_MAGIC`: the signal frame record holding the SIMD registers.
+/// Signal frame records holding the SIMD registers: `FPSIMD_MAGIC` (the
+/// 128-bit V registers, always present) and `SVE_MAGIC` (the Z registers,
+/// with data when the thread's SVE state is live, which qemu-user always
+/// makes it; `sigreturn` then restores the Z registers from it).
 const FPSIMD_MAGIC: u32 = 0x4650_8001;
+const SVE_MAGIC: u32 = 0x5356_4501;
 /// Where `__reserved` starts in the kernel's `struct sigcontext`
 /// (`fault_address`, `regs[31]`, `sp`, `pc`, `pstate`, then 16-aligned).
 const RESERVED_OFFSET: usize = 288;
 const RESERVED_SIZE: usize = 4096;
 
-/// SIMD register `n` in the signal frame (its FPSIMD record), if found.
-/// Async-signal-safe.
-pub(crate) fn vreg_mut(uc: &mut libc::ucontext_t, n: u8) -> Option<&mut u128> {
+/// Sets SIMD register `n` to `value` in the signal frame, as a load into
+/// `Vn` does (the rest of `Zn`, if SVE state is in the frame, becomes
+/// zero). Async-signal-safe: plain loads and stores, index loops.
+pub(crate) fn set_vreg(uc: &mut libc::ucontext_t, n: u8, value: u128) {
+    if n >= 32 {
+        return;
+    }
     let reserved = (&raw mut uc.uc_mcontext)
         .cast::<u8>()
         .wrapping_add(RESERVED_OFFSET);
     let mut at = 0;
-    while at + 8 <= RESERVED_SIZE {
+    while at + 16 <= RESERVED_SIZE {
         // SAFETY: records lie inside `__reserved`, each starting with
         // (magic, size) u32s; the walk stops at its end or a zero record.
         let (magic, size) = unsafe {
@@ -172,17 +180,36 @@ pub(crate) fn vreg_mut(uc: &mut libc::ucontext_t, n: u8) -> Option<&mut u128> {
                 reserved.add(at + 4).cast::<u32>().read() as usize,
             )
         };
-        if magic == FPSIMD_MAGIC && n < 32 {
-            // fpsimd_context: head (8), fpsr (4), fpcr (4), vregs[32].
-            // SAFETY: inside the record; 16-aligned (records are).
-            return Some(unsafe { &mut *reserved.add(at + 16 + 16 * n as usize).cast::<u128>() });
+        if magic == 0 || size == 0 || at + size > RESERVED_SIZE {
+            return;
         }
-        if magic == 0 || size == 0 {
-            return None;
+        if magic == FPSIMD_MAGIC {
+            // fpsimd_context: head (8), fpsr (4), fpcr (4), vregs[32].
+            // SAFETY: inside the record, 16-aligned (records are).
+            unsafe {
+                reserved
+                    .add(at + 16 + 16 * n as usize)
+                    .cast::<u128>()
+                    .write(value)
+            };
+        } else if magic == SVE_MAGIC && size > 16 {
+            // sve_context: head (8), vl (2), flags (2), reserved (4); then
+            // Z0..Z31 of vl bytes each.
+            // SAFETY: inside the record.
+            let vl = usize::from(unsafe { reserved.add(at + 8).cast::<u16>().read() });
+            let z = at + 16 + vl * n as usize;
+            if vl >= 16 && z + vl <= at + size {
+                // SAFETY: Zn lies inside the record (checked above).
+                unsafe {
+                    reserved.add(z).cast::<u128>().write_unaligned(value);
+                    for i in 16..vl {
+                        reserved.add(z + i).write(0);
+                    }
+                }
+            }
         }
         at += size;
     }
-    None
 }
 
 /// What a return handler sees: the function's return value registers as it

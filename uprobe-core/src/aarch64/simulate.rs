@@ -108,9 +108,7 @@ pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
                             8 => u128::from((addr as *const u64).read_volatile()),
                             _ => (addr as *const u128).read_unaligned(),
                         };
-                        if let Some(v) = super::context::vreg_mut(uc, rt) {
-                            *v = value;
-                        }
+                        super::context::set_vreg(uc, rt, value);
                     }
                 }
             }
