@@ -70,7 +70,13 @@ pub(crate) fn loaded_objects() -> Vec<Loaded> {
     let mut out: Vec<Loaded> = Vec::new();
     // SAFETY: the callback only appends to `out`, which outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut out).cast()) };
-    out.retain(|l| l.path.is_file());
+    // Opened, not `stat`ed: an emulator that maps the program's paths onto
+    // a sysroot (qemu-user's `-L`) does so for `open`, not for `statx`.
+    out.retain(|l| {
+        std::fs::File::open(&l.path)
+            .and_then(|f| f.metadata())
+            .is_ok_and(|m| m.is_file())
+    });
     out
 }
 

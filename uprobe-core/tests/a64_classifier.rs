@@ -100,8 +100,14 @@ fn check(word: u32, counts: &mut [u64; 3]) {
             // raise SIGILL there, reported at the probed address, as they
             // would unprobed.
             if let Some(i) = decoded {
-                assert!(!pc_relative(&i), "{word:#010x}: out of line, but `{i}` is PC-relative");
-                assert!(!simulated(&i, word), "{word:#010x}: `{i}` should be simulated");
+                assert!(
+                    !pc_relative(&i),
+                    "{word:#010x}: out of line, but `{i}` is PC-relative"
+                );
+                assert!(
+                    !simulated(&i, word),
+                    "{word:#010x}: `{i}` should be simulated"
+                );
                 assert!(!refused_class(&i), "{word:#010x}: `{i}` should be refused");
             }
         }

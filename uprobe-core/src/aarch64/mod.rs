@@ -35,9 +35,12 @@ pub(crate) fn breakpoint_address(info: &libc::siginfo_t, uc: &libc::ucontext_t) 
 /// Async-signal-safe.
 ///
 /// # Safety
-/// `addr` is mapped code, 4-byte aligned.
+/// `addr` is mapped code (an unaligned address is no instruction: `false`).
 pub(crate) unsafe fn is_breakpoint_at(addr: usize) -> bool {
-    // SAFETY: the caller's contract.
+    if !addr.is_multiple_of(4) {
+        return false;
+    }
+    // SAFETY: the caller's contract; aligned.
     let insn = unsafe { core::ptr::read_volatile(addr as *const u32) };
     insn & 0xffe0_001f == 0xd420_0000
 }
