@@ -23,9 +23,9 @@
 //! # fn main() {}
 //! ```
 //!
-//! **Status**: entry and return probes on x86-64. aarch64 is being built
-//! (see the workspace's issues); on other architectures the crate builds
-//! with its error type only.
+//! **Status**: entry and return probes on x86-64 and aarch64 (see
+//! [below](#aarch64) for what differs); on other architectures the crate
+//! builds with its error type only.
 //!
 //! # Attaching
 //! [`Uprobe::function`] (the executable, then every loaded library),
@@ -110,6 +110,37 @@
 //!   correctly); the trampoline preserves the general registers, the
 //!   flags and `xmm0`-`xmm15`, not the upper halves of `ymm`/`zmm` or the
 //!   x87 stack (the engine's code does not touch them).
+//!
+//! # aarch64
+//! The breakpoint is `BRK #5` written over the 4-byte instruction with one
+//! aligned store, then `DC CVAU` / `DSB ISH` / `IC IVAU` / `DSB ISH` /
+//! `ISB` as `CTR_EL0` requires and `membarrier(SYNC_CORE)` for the other
+//! threads. Position-dependent instructions are **simulated** on the
+//! signal frame (`b`, `bl`, `b.cond`, `cbz`/`cbnz`, `tbz`/`tbnz`,
+//! `adr`/`adrp`, `br`/`blr`/`ret`, literal loads including the SIMD forms,
+//! `nop`, `bti`), leaving PSTATE.BTYPE as the branch would (`br`: 0b01,
+//! the value every landing pad that accepts 0b11 accepts too). Everything
+//! else that is safe runs **out of line** (`paciasp`, `stp x29, x30, [sp,
+//! #-16]!`, loads and stores, `mrs`, ...) from a slot that ends in `B` back
+//! when it lies within 128 MB of the code, or in a second `BRK` (signals
+//! deferred meanwhile) anywhere. **Refused**: exclusive loads and stores
+//! (and `casp`, which shares their encoding class), exception-generating
+//! instructions, system register writes and system instructions. Return
+//! probes hijack the link register at entry; the trampoline returns with
+//! `ret`. Pages mapped with `PROT_BTI` stay guarded when patched (the
+//! flag is read from `smaps`; under qemu-user, whose `smaps` does not show
+//! it, a patched guarded page loses its guard).
+//!
+//! **Concurrent modification.** The architecture guarantees concurrent
+//! modification and execution only when both the old and the new
+//! instruction are among `B`, `BL`, `BRK`, `NOP`, `ISB`, `SVC`, `HVC`,
+//! `SMC`; a `BRK` over an arbitrary instruction is outside that list. The
+//! engine does what the kernel's own uprobes do on arm64: one single-copy
+//! atomic 32-bit store, cache maintenance, and a `SYNC_CORE` barrier before
+//! `attach` returns, so a thread fetches the old or the new instruction,
+//! never a mix; this is safe on real cores in practice, and it is what the
+//! tests exercise (attach and detach while other threads run the code,
+//! under qemu-user, which notices stores to code it has translated).
 //!
 //! # What handlers may do
 //! They run **inside the signal handler, on the interrupted thread's

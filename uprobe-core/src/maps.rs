@@ -1,6 +1,8 @@
 //! The process's memory map (`/proc/self/maps`) and writing to code.
 
-/// One mapping: `[start, end)` and its protection (`PROT_*` bits).
+/// One mapping: `[start, end)` and its protection (`PROT_*` bits, with
+/// `PROT_BTI` for a BTI-guarded arm64 mapping, so that patching it keeps
+/// it guarded).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Mapping {
     pub(crate) start: usize,
@@ -11,7 +13,7 @@ pub(crate) struct Mapping {
 /// The mapping that contains `addr`, if any.
 pub(crate) fn mapping_of(addr: usize) -> Option<Mapping> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines().find_map(|line| {
+    let mut found = maps.lines().find_map(|line| {
         let mut fields = line.split_whitespace();
         let (range, perms) = (fields.next()?, fields.next()?);
         let (start, end) = range.split_once('-')?;
@@ -29,7 +31,29 @@ pub(crate) fn mapping_of(addr: usize) -> Option<Mapping> {
                 | bit(1, b'w', libc::PROT_WRITE)
                 | bit(2, b'x', libc::PROT_EXEC),
         })
-    })
+    })?;
+    if cfg!(target_arch = "aarch64") && bti_guarded(found.start) {
+        found.prot |= PROT_BTI;
+    }
+    Some(found)
+}
+
+/// arm64's `PROT_BTI`.
+const PROT_BTI: i32 = 0x10;
+
+/// Whether the mapping starting at `start` is BTI-guarded (`bt` among its
+/// `VmFlags` in `/proc/self/smaps`). qemu-user's `smaps` does not show the
+/// flag: there a guarded page that is patched loses its guard.
+fn bti_guarded(start: usize) -> bool {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return false;
+    };
+    let header = format!("{start:x}-");
+    smaps
+        .lines()
+        .skip_while(|l| !l.starts_with(&header))
+        .find_map(|l| l.strip_prefix("VmFlags:"))
+        .is_some_and(|flags| flags.split_whitespace().any(|f| f == "bt"))
 }
 
 /// Writes `bytes` (one byte on x86-64, one aligned 4-byte instruction on

@@ -1,0 +1,481 @@
+//! aarch64 return probes: values, sessions, recursion and tail calls,
+//! limits, `longjmp`, unwinding, thread exit, detach while pending, fork,
+//! and functions that start with `paciasp` / `bti c` (pointer
+//! authentication and branch target identification).
+#![cfg(target_arch = "aarch64")]
+#![allow(clippy::float_cmp)] // exact values
+
+mod common;
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use common::{call, fn_addr, probe_at};
+use uprobe_core::bench_only::pending_returns;
+
+macro_rules! add1 {
+    ($name:literal) => {
+        concat!(
+            ".globl ",
+            $name,
+            "\n",
+            $name,
+            ":\n",
+            "add x0, x0, #1\n",
+            "ret\n"
+        )
+    };
+}
+
+/// sum(n) = n + sum(n - 1), sum(0) = 0, with a frame record.
+macro_rules! sum {
+    ($name:literal) => {
+        concat!(
+            ".globl ",
+            $name,
+            "\n",
+            $name,
+            ":\n",
+            "cbz x0, 2f\n",
+            "stp x29, x30, [sp, #-32]!\n",
+            "str x0, [sp, #16]\n",
+            "sub x0, x0, #1\n",
+            "bl ",
+            $name,
+            "\n",
+            "ldr x1, [sp, #16]\n",
+            "add x0, x0, x1\n",
+            "ldp x29, x30, [sp], #32\n",
+            "ret\n",
+            "2:\n",
+            "ret\n",
+        )
+    };
+}
+
+core::arch::global_asm!(
+    ".text",
+    add1!("q_add1_values"),
+    add1!("q_add1_tail"),
+    add1!("q_add1_escape"),
+    sum!("q_sum_order"),
+    sum!("q_sum_limits"),
+    // tail(x) = add1(x + 10): a tail call (b), LR untouched.
+    ".globl q_tail",
+    "q_tail:",
+    "add x0, x0, #10",
+    "b q_add1_tail",
+    // A function as Debian 13 builds them: PAC-signed return address,
+    // a BTI landing pad.
+    ".globl q_pac",
+    "q_pac:",
+    "hint #25", // paciasp
+    "stp x29, x30, [sp, #-16]!",
+    "add x0, x0, #3",
+    "ldp x29, x30, [sp], #16",
+    "hint #29", // autiasp
+    "ret",
+    ".globl q_bti",
+    "q_bti:",
+    "hint #34", // bti c
+    "add x0, x0, #4",
+    "ret",
+    // outer(buf) calls inner(buf), which escapes to buf.
+    ".globl q_outer",
+    "q_outer:",
+    "stp x29, x30, [sp, #-16]!",
+    "bl q_inner",
+    "ldp x29, x30, [sp], #16",
+    "ret",
+    ".globl q_inner",
+    "q_inner:",
+    "stp x29, x30, [sp, #-16]!",
+    "bl q_escape",
+    "brk #1",
+    // escape_point(buf, f): saves x19-x30 and sp in buf, calls f(buf);
+    // 0 if f returned, 1 if something escaped to buf.
+    ".globl q_escape_point",
+    "q_escape_point:",
+    "stp x19, x20, [x0, #0]",
+    "stp x21, x22, [x0, #16]",
+    "stp x23, x24, [x0, #32]",
+    "stp x25, x26, [x0, #48]",
+    "stp x27, x28, [x0, #64]",
+    "stp x29, x30, [x0, #80]",
+    "mov x2, sp",
+    "str x2, [x0, #96]",
+    "stp x29, x30, [sp, #-16]!",
+    "blr x1",
+    "ldp x29, x30, [sp], #16",
+    "mov x0, #0",
+    "ret",
+    ".globl q_escape",
+    "q_escape:",
+    "ldp x19, x20, [x0, #0]",
+    "ldp x21, x22, [x0, #16]",
+    "ldp x23, x24, [x0, #32]",
+    "ldp x25, x26, [x0, #48]",
+    "ldp x27, x28, [x0, #64]",
+    "ldp x29, x30, [x0, #80]",
+    "ldr x2, [x0, #96]",
+    "mov sp, x2",
+    "mov x0, #1",
+    "ret",
+    // dies(x): the thread exits (exit(2)) inside.
+    ".globl q_dies",
+    "q_dies:",
+    "stp x29, x30, [sp, #-16]!",
+    "mov x0, #0",
+    "mov x8, #93",
+    "svc #0",
+    "brk #1",
+);
+
+unsafe extern "C" {
+    fn q_add1_values(x: u64) -> u64;
+    fn q_add1_tail(x: u64) -> u64;
+    fn q_add1_escape(x: u64) -> u64;
+    fn q_sum_order(n: u64) -> u64;
+    fn q_sum_limits(n: u64) -> u64;
+    fn q_tail(x: u64) -> u64;
+    fn q_pac(x: u64) -> u64;
+    fn q_bti(x: u64) -> u64;
+    fn q_outer(buf: *mut [u64; 13]);
+    fn q_inner(buf: *mut [u64; 13]);
+    fn q_escape_point(buf: *mut [u64; 13], f: unsafe extern "C" fn(*mut [u64; 13])) -> u64;
+    fn q_dies(x: u64) -> u64;
+}
+
+fn nz(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).unwrap()
+}
+
+fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn integer_returns_and_session_cookies() {
+    static RET: AtomicU64 = AtomicU64::new(0);
+    static COOKIE: AtomicU64 = AtomicU64::new(0);
+    let probe = probe_at(fn_addr(q_add1_values))
+        .on_entry(|cx| cx.set_cookie(cx.arg(0).unwrap().wrapping_mul(3)))
+        .on_return(|cx| {
+            RET.store(cx.return_value(), SeqCst);
+            COOKIE.store(cx.cookie(), SeqCst);
+        })
+        .attach()
+        .unwrap();
+    for x in [0u64, 5, 41, u64::MAX - 1] {
+        assert_eq!(call(q_add1_values, x), x + 1);
+        assert_eq!(RET.load(SeqCst), x + 1);
+        assert_eq!(COOKIE.load(SeqCst), x.wrapping_mul(3));
+    }
+    assert_eq!((probe.returns(), probe.missed_returns()), (4, 0));
+    assert_eq!(pending_returns(), 0);
+}
+
+#[inline(never)]
+extern "C" fn scaled(x: f64, factor: f64) -> f64 {
+    std::hint::black_box(x * factor)
+}
+
+#[test]
+fn floating_point_returns() {
+    static BITS: AtomicU64 = AtomicU64::new(0);
+    // SAFETY: a function's address starts an instruction.
+    let probe = unsafe { uprobe_core::Uprobe::address(scaled as *const () as usize) }
+        .on_return(|cx| {
+            BITS.store(cx.float_return().to_bits(), SeqCst);
+            if cx.float_return() == 1.5 {
+                cx.set_float_return(-1.0);
+            }
+        })
+        .attach()
+        .unwrap();
+    assert_eq!(scaled(std::hint::black_box(2.5), 4.0), 10.0);
+    assert_eq!(f64::from_bits(BITS.load(SeqCst)), 10.0);
+    assert_eq!(scaled(std::hint::black_box(0.5), 3.0), -1.0);
+    assert_eq!(probe.returns(), 2);
+}
+
+#[test]
+fn recursion_and_tail_calls() {
+    static SEEN: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+    let sum = probe_at(fn_addr(q_sum_order))
+        .on_return(|cx| SEEN.lock().unwrap().push(cx.return_value()))
+        .attach()
+        .unwrap();
+    assert_eq!(call(q_sum_order, 5), 15);
+    assert_eq!(*SEEN.lock().unwrap(), [0, 1, 3, 6, 10, 15]);
+    assert_eq!(sum.returns(), 6);
+
+    let probes = uprobe_core::Uprobe::attach_all([
+        probe_at(fn_addr(q_tail)).on_return(|_| {}),
+        probe_at(fn_addr(q_add1_tail)).on_return(|_| {}),
+    ])
+    .unwrap();
+    assert_eq!(call(q_tail, 1), 12);
+    assert_eq!((probes[0].returns(), probes[1].returns()), (1, 1));
+    assert_eq!(pending_returns(), 0);
+}
+
+#[test]
+fn depth_and_in_flight_limits() {
+    let deep = probe_at(fn_addr(q_sum_limits))
+        .on_return(|_| {})
+        .attach()
+        .unwrap();
+    assert_eq!(call(q_sum_limits, 100), 5050);
+    assert_eq!((deep.returns(), deep.missed_returns()), (64, 37));
+    drop(deep);
+    let limited = probe_at(fn_addr(q_sum_limits))
+        .on_return(|_| {})
+        .max_active(nz(2))
+        .attach()
+        .unwrap();
+    assert_eq!(call(q_sum_limits, 4), 10);
+    assert_eq!((limited.returns(), limited.missed_returns()), (2, 3));
+    assert_eq!(limited.in_flight(), Some(0));
+}
+
+#[test]
+fn pointer_authentication_and_bti_entries() {
+    static RETS: AtomicU64 = AtomicU64::new(0);
+    let probes = uprobe_core::Uprobe::attach_all([
+        probe_at(fn_addr(q_pac))
+            .on_entry(|cx| assert_eq!(cx.arg(0), Some(10)))
+            .on_return(|cx| {
+                RETS.fetch_add(cx.return_value(), SeqCst);
+            }),
+        probe_at(fn_addr(q_bti)).on_return(|cx| {
+            RETS.fetch_add(cx.return_value(), SeqCst);
+        }),
+    ])
+    .unwrap();
+    // Under CI's emulator the CPU model must implement what is tested.
+    if std::env::var_os("QEMU_CPU").is_some() {
+        // SAFETY: getauxval has no preconditions.
+        let (hwcap, hwcap2) = unsafe {
+            (
+                libc::getauxval(libc::AT_HWCAP),
+                libc::getauxval(libc::AT_HWCAP2),
+            )
+        };
+        assert!(
+            hwcap >> 30 & 1 == 1,
+            "the CPU model has no pointer authentication"
+        );
+        assert!(hwcap2 >> 17 & 1 == 1, "the CPU model has no BTI");
+    }
+    // paciasp runs out of line and signs the hijacked return address;
+    // autiasp authenticates it; ret goes through the trampoline.
+    assert_eq!(call(q_pac, 10), 13);
+    assert_eq!(call(q_bti, 10), 14);
+    assert_eq!(RETS.load(SeqCst), 27);
+    assert_eq!((probes[0].hits(), probes[1].returns()), (1, 1));
+}
+
+#[test]
+fn longjmp_across_probed_frames() {
+    let probes = uprobe_core::Uprobe::attach_all([
+        probe_at(q_outer as *const () as usize).on_return(|_| {}),
+        probe_at(q_inner as *const () as usize).on_return(|_| {}),
+        probe_at(fn_addr(q_add1_escape)).on_return(|_| {}),
+    ])
+    .unwrap();
+    let mut buf = [0u64; 13];
+    // SAFETY: the asm pair saves and restores what AAPCS64 preserves; the
+    // frames it skips are asm frames without destructors.
+    assert_eq!(unsafe { q_escape_point(&raw mut buf, q_outer) }, 1);
+    assert_eq!(pending_returns(), 2);
+    // SAFETY: as above.
+    assert_eq!(unsafe { q_escape_point(&raw mut buf, q_outer) }, 1);
+    assert_eq!(pending_returns(), 2);
+    assert_eq!(probes[0].missed_returns() + probes[1].missed_returns(), 2);
+    // SAFETY: add1 ignores that its argument is the buffer.
+    let f: unsafe extern "C" fn(*mut [u64; 13]) =
+        unsafe { core::mem::transmute(q_add1_escape as *const ()) };
+    // SAFETY: as above.
+    assert_eq!(unsafe { q_escape_point(&raw mut buf, f) }, 0);
+    assert_eq!(pending_returns(), 0);
+    assert_eq!(probes[0].missed_returns() + probes[1].missed_returns(), 4);
+    assert_eq!(probes[2].returns(), 1);
+}
+
+#[inline(never)]
+fn panics_on_seven(x: u64) -> u64 {
+    assert!(std::hint::black_box(x) != 7, "seven");
+    x * 2
+}
+
+#[test]
+fn a_panic_unwinds_through_a_hijacked_frame() {
+    let f: fn(u64) -> u64 = panics_on_seven;
+    // SAFETY: a function's address starts an instruction.
+    let probe = unsafe { uprobe_core::Uprobe::address(f as *const () as usize) }
+        .on_return(|_| {})
+        .attach()
+        .unwrap();
+    assert_eq!(f(3), 6);
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let caught = std::panic::catch_unwind(|| f(std::hint::black_box(7)));
+    std::panic::set_hook(hook);
+    assert!(caught.is_err());
+    assert_eq!(pending_returns(), 1);
+    assert_eq!(f(4), 8);
+    assert_eq!(pending_returns(), 0);
+    assert_eq!((probe.returns(), probe.missed_returns()), (2, 1));
+}
+
+#[test]
+fn detach_while_a_return_is_pending_on_another_thread() {
+    static INSIDE: AtomicBool = AtomicBool::new(false);
+    static RELEASE: AtomicBool = AtomicBool::new(false);
+
+    #[inline(never)]
+    extern "C" fn blocks(x: u64) -> u64 {
+        INSIDE.store(true, SeqCst);
+        while !RELEASE.load(SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        x + 100
+    }
+
+    let ran = std::sync::Arc::new(AtomicU64::new(0));
+    let ran2 = std::sync::Arc::clone(&ran);
+    // SAFETY: a function's address starts an instruction.
+    let probe = unsafe { uprobe_core::Uprobe::address(blocks as *const () as usize) }
+        .on_return(move |_| {
+            ran2.fetch_add(1, SeqCst);
+        })
+        .attach()
+        .unwrap();
+    let caller = std::thread::spawn(|| blocks(std::hint::black_box(1)));
+    eventually("the caller is inside", || INSIDE.load(SeqCst));
+    std::thread::sleep(Duration::from_millis(300));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(probe.detach()).unwrap());
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("detach waited for the pending return")
+        .unwrap();
+    RELEASE.store(true, SeqCst);
+    assert_eq!(caller.join().unwrap(), 101);
+    assert_eq!(ran.load(SeqCst), 0, "a return handler ran after detach");
+}
+
+#[test]
+fn a_thread_that_exits_with_returns_pending_releases_them() {
+    extern "C" fn thread_main(_: *mut libc::c_void) -> *mut libc::c_void {
+        // SAFETY: q_dies ends this thread inside, with exit(2).
+        unsafe { q_dies(0) };
+        unreachable!()
+    }
+    let probe = probe_at(fn_addr(q_dies))
+        .on_return(|_| {})
+        .max_active(nz(4))
+        .attach()
+        .unwrap();
+    for _ in 0..3 {
+        // SAFETY: a plain pthread running a C-ABI function; joined below.
+        unsafe {
+            let mut t: libc::pthread_t = core::mem::zeroed();
+            assert_eq!(
+                libc::pthread_create(
+                    &raw mut t,
+                    core::ptr::null(),
+                    thread_main,
+                    core::ptr::null_mut()
+                ),
+                0
+            );
+            assert_eq!(libc::pthread_join(t, core::ptr::null_mut()), 0);
+        }
+    }
+    assert_eq!(probe.hits(), 3);
+    eventually("the dead threads' returns are released", || {
+        probe.in_flight() == Some(0)
+    });
+}
+
+#[test]
+fn a_fork_child_with_pending_returns_continues() {
+    static RETURNS: AtomicU64 = AtomicU64::new(0);
+
+    #[inline(never)]
+    extern "C" fn forks() -> i64 {
+        // SAFETY: the child only returns, checks atomics and calls _exit.
+        i64::from(unsafe { libc::fork() })
+    }
+
+    // SAFETY: a function's address starts an instruction.
+    let probe = unsafe { uprobe_core::Uprobe::address(forks as *const () as usize) }
+        .on_return(|_| {
+            RETURNS.fetch_add(1, SeqCst);
+        })
+        .attach()
+        .unwrap();
+    let pid = std::hint::black_box(forks());
+    if pid == 0 {
+        let ok = RETURNS.load(SeqCst) == 1 && pending_returns() == 0;
+        // SAFETY: _exit ends the child at once.
+        unsafe { libc::_exit(if ok { 0 } else { 3 }) };
+    }
+    let mut status = 0;
+    assert_eq!(
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid as i32, &raw mut status, 0) },
+        pid as i32
+    );
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    assert_eq!(probe.returns(), 1);
+}
+
+/// A function on a BTI-guarded page (`PROT_BTI`), entered by `blr` as
+/// any call through a pointer: its `bti c` is simulated, its return goes
+/// through the trampoline (which returns with `ret`), and the page stays
+/// guarded where the kernel shows it.
+#[test]
+fn a_function_on_a_bti_guarded_page() {
+    const PROT_BTI: i32 = 0x10;
+    let code: [u32; 3] = [
+        0xd503_245f, // bti c
+        0x9100_1000, // add x0, x0, #4
+        0xd65f_03c0, // ret
+    ];
+    // SAFETY: a fresh anonymous page, written, then made executable and
+    // guarded; never unmapped (the engine may keep a slot for it).
+    let f: unsafe extern "C" fn(u64) -> u64 = unsafe {
+        let p = libc::mmap(
+            core::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        core::ptr::copy_nonoverlapping(code.as_ptr(), p.cast(), code.len());
+        core::arch::asm!("dc cvau, {0}", "dsb ish", "ic ivau, {0}", "dsb ish", "isb", in(reg) p);
+        assert_eq!(
+            libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_EXEC | PROT_BTI),
+            0
+        );
+        core::mem::transmute(p)
+    };
+    static RET: AtomicU64 = AtomicU64::new(0);
+    let probe = probe_at(f as *const () as usize)
+        .on_return(|cx| RET.store(cx.return_value(), SeqCst))
+        .attach()
+        .unwrap();
+    assert_eq!(call(f, 38), 42);
+    assert_eq!((probe.hits(), RET.load(SeqCst)), (1, 42));
+    drop(probe);
+    assert_eq!(call(f, 1), 5);
+}
