@@ -212,85 +212,147 @@ impl Progress {
     }
 }
 
+/// The implementations of `sc` that `selection` names (all of them for
+/// `None`), in the scenario's order; an unknown name is an error.
+pub fn select_impls<'a>(
+    sc: &'a Scenario,
+    selection: Option<&[String]>,
+) -> Result<Vec<&'a str>, String> {
+    let Some(sel) = selection else {
+        return Ok(sc.impls.to_vec());
+    };
+    for s in sel {
+        if !sc.impls.contains(&s.as_str()) {
+            return Err(format!(
+                "scenario {} has no implementation {s:?} (it has: {})",
+                sc.name,
+                sc.impls.join(", ")
+            ));
+        }
+    }
+    Ok(sc
+        .impls
+        .iter()
+        .copied()
+        .filter(|i| sel.iter().any(|s| s == i))
+        .collect())
+}
+
 /// Runs every selected implementation of `sc` at every thread count,
 /// interleaved run by run, and returns the rows plus the skip reasons.
-pub fn run_scenario(sc: &Scenario, opts: &Options) -> Result<(Vec<Row>, Vec<String>), String> {
-    let impls: Vec<&str> = match &opts.impls {
-        None => sc.impls.to_vec(),
-        Some(sel) => {
-            for s in sel {
-                if !sc.impls.contains(&s.as_str()) {
-                    return Err(format!(
-                        "scenario {} has no implementation {s:?} (it has: {})",
-                        sc.name,
-                        sc.impls.join(", ")
-                    ));
-                }
-            }
-            sc.impls
-                .iter()
-                .copied()
-                .filter(|i| sel.iter().any(|s| s == i))
-                .collect()
-        }
-    };
+pub fn run_scenario(sc: &Scenario, opts: &Options) -> Result<Outcomes, String> {
+    let impls = select_impls(sc, opts.impls.as_deref())?;
+    let mut results = run_plan(&[(sc, impls)], opts)?;
+    Ok(results.remove(0))
+}
+
+/// Runs several scenarios (each with its implementations) in one
+/// interleaved pass: every run goes through every scenario, thread count
+/// and implementation before the next run starts, so a noisy moment
+/// spreads over all of them. Returns, per scenario, its rows and skip
+/// reasons. `opts.impls` is not used (the plan names the implementations).
+pub fn run_plan(plan: &[(&Scenario, Vec<&str>)], opts: &Options) -> Result<Vec<Outcomes>, String> {
     let cpus = allowed_cpus();
-    let steps = opts.runs * opts.threads.len() * impls.len();
+    let per_run: usize = plan.iter().map(|(_, impls)| impls.len()).sum();
+    let steps = opts.runs * opts.threads.len() * per_run;
     let mut progress = Progress {
         total: steps,
         done: 0,
         enabled: opts.duration.as_secs_f64() * steps as f64 > 3.0,
     };
-    // (row name, threads) -> per-run totals, in first-seen order.
-    let mut samples: Vec<((String, usize), Vec<f64>)> = Vec::new();
-    let mut skipped: Vec<String> = Vec::new();
+    // Per scenario: (row name, threads) -> per-run totals, in first-seen
+    // order; and the skip reasons.
+    let mut samples: Vec<Samples> = plan.iter().map(|_| Vec::new()).collect();
+    let mut skipped: Vec<Vec<String>> = plan.iter().map(|_| Vec::new()).collect();
     for _run in 0..opts.runs {
-        for &threads in &opts.threads {
-            for imp in &impls {
-                progress.step(&format!("{}/{imp} ({threads} threads)", sc.name));
-                let w = match (sc.build)(imp, threads) {
-                    Ok(w) => w,
-                    Err(why) => {
-                        let line = format!("{}/{imp} ({threads} threads): skipped: {why}", sc.name);
-                        if !skipped.contains(&line) {
-                            skipped.push(line);
-                        }
-                        continue;
-                    }
-                };
-                let results = measure(&*w, threads, &cpus, opts.duration);
-                let op_counts: Vec<u64> = results.iter().map(|r| r.0).collect();
-                w.verify(&op_counts).map_err(|e| {
-                    format!(
-                        "{}/{imp} ({threads} threads) failed its check: {e}",
-                        sc.name
-                    )
-                })?;
-                let mut per_role: Vec<(&'static str, f64)> = Vec::new();
-                for (tid, (_, rate)) in results.iter().enumerate() {
-                    let role = w.role(tid);
-                    match per_role.iter_mut().find(|(r, _)| *r == role) {
-                        Some((_, total)) => *total += rate,
-                        None => per_role.push((role, *rate)),
-                    }
-                }
-                for (role, rate) in per_role {
-                    let name = if role.is_empty() {
-                        (*imp).to_string()
-                    } else {
-                        format!("{imp}:{role}")
-                    };
-                    let key = (name, threads);
-                    match samples.iter_mut().find(|(k, _)| *k == key) {
-                        Some((_, v)) => v.push(rate / 1e6),
-                        None => samples.push((key, vec![rate / 1e6])),
-                    }
+        for (i, (sc, impls)) in plan.iter().enumerate() {
+            for &threads in &opts.threads {
+                for imp in impls {
+                    progress.step(&format!("{}/{imp} ({threads} threads)", sc.name));
+                    measure_one(sc, imp, threads, &cpus, opts.duration, &mut samples[i]).or_else(
+                        |skip| match skip {
+                            Outcome::Skipped(line) => {
+                                if !skipped[i].contains(&line) {
+                                    skipped[i].push(line);
+                                }
+                                Ok(())
+                            }
+                            Outcome::Failed(e) => Err(e),
+                        },
+                    )?;
                 }
             }
         }
     }
     progress.finish();
-    Ok((rows_from(sc.name, &samples), skipped))
+    Ok(plan
+        .iter()
+        .zip(samples)
+        .zip(skipped)
+        .map(|(((sc, _), samples), skipped)| (rows_from(sc.name, &samples), skipped))
+        .collect())
+}
+
+/// What a scenario produced: its rows, and the lines saying which
+/// implementations were skipped and why.
+pub type Outcomes = (Vec<Row>, Vec<String>);
+
+/// Per-run totals of one scenario's rows.
+type Samples = Vec<((String, usize), Vec<f64>)>;
+
+/// Why a measurement produced no sample.
+enum Outcome {
+    /// The implementation cannot run here (the reason, as a line).
+    Skipped(String),
+    /// It ran and failed its check: the whole run fails.
+    Failed(String),
+}
+
+/// Builds and measures one (implementation, thread count), adding its
+/// rows' totals to `samples`.
+fn measure_one(
+    sc: &Scenario,
+    imp: &str,
+    threads: usize,
+    cpus: &[usize],
+    duration: Duration,
+    samples: &mut Samples,
+) -> Result<(), Outcome> {
+    let w = (sc.build)(imp, threads).map_err(|why| {
+        Outcome::Skipped(format!(
+            "{}/{imp} ({threads} threads): skipped: {why}",
+            sc.name
+        ))
+    })?;
+    let results = measure(&*w, threads, cpus, duration);
+    let op_counts: Vec<u64> = results.iter().map(|r| r.0).collect();
+    w.verify(&op_counts).map_err(|e| {
+        Outcome::Failed(format!(
+            "{}/{imp} ({threads} threads) failed its check: {e}",
+            sc.name
+        ))
+    })?;
+    let mut per_role: Vec<(&'static str, f64)> = Vec::new();
+    for (tid, (_, rate)) in results.iter().enumerate() {
+        let role = w.role(tid);
+        match per_role.iter_mut().find(|(r, _)| *r == role) {
+            Some((_, total)) => *total += rate,
+            None => per_role.push((role, *rate)),
+        }
+    }
+    for (role, rate) in per_role {
+        let name = if role.is_empty() {
+            imp.to_string()
+        } else {
+            format!("{imp}:{role}")
+        };
+        let key = (name, threads);
+        match samples.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(rate / 1e6),
+            None => samples.push((key, vec![rate / 1e6])),
+        }
+    }
+    Ok(())
 }
 
 /// Medians per (row, threads), grouped by row as the seeds' tables are.

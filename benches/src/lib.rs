@@ -6,8 +6,12 @@
 //! time, interleaving implementations run by run so a noisy machine's drift
 //! hits all of them alike, and reports medians in the kernel selftests'
 //! format (`SCENARIO/IMPL ( N cpus): TOTAL ± STDDEV M/s ( PER_CPU M/s/cpu)`).
+//! [`seeds`] runs every seed's comparison in one interleaved pass and
+//! [`chart`] draws each seed's table as an SVG chart.
 // Throughput statistics convert operation counts to f64 on purpose.
 #![allow(missing_docs, clippy::missing_panics_doc, clippy::cast_precision_loss)]
 
+pub mod chart;
 pub mod harness;
 pub mod scenarios;
+pub mod seeds;

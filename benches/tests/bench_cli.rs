@@ -104,6 +104,11 @@ fn bad_input_is_refused_with_a_reason() {
             "no implementation \"nope\"",
         ),
         (&["counter", "--bogus"][..], "unknown option"),
+        (
+            &["seeds", "--impl", "lease"][..],
+            "seeds: --impl and --json",
+        ),
+        (&["counter", "--out", "x"][..], "--out is for `seeds`"),
     ] {
         let out = bench().args(args).output().unwrap();
         assert!(!out.status.success(), "{args:?} accepted");
@@ -113,4 +118,67 @@ fn bad_input_is_refused_with_a_reason() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// `bench seeds` with tiny durations: every seed's table is printed (with
+/// the before row marked and ratios on the others), the rows are written
+/// as JSON and each seed gets a chart with its labels.
+#[test]
+fn seeds_prints_every_table_and_writes_rows_and_charts() {
+    let dir = std::env::temp_dir().join(format!("bench-seeds-{}", std::process::id()));
+    let out = bench()
+        .args([
+            "seeds",
+            "--threads",
+            "1",
+            "--duration-ms",
+            "5",
+            "--runs",
+            "1",
+            "--out",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for seed in benches::seeds::SEEDS {
+        let header = format!("## seed {}: {}", seed.id, seed.patch);
+        assert!(stdout.contains(&header), "missing table {}", seed.id);
+        let svg = std::fs::read_to_string(dir.join(format!("seed-{}.svg", seed.id)))
+            .unwrap_or_else(|e| panic!("seed {} chart: {e}", seed.id));
+        assert!(svg.starts_with("<svg"), "seed {}: not an SVG", seed.id);
+        for label in [seed.id, "threads", "million ops/s", "CPUs"] {
+            assert!(
+                svg.contains(label),
+                "seed {} chart lacks {label:?}",
+                seed.id
+            );
+        }
+    }
+    assert!(stdout.contains("(before)"));
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("M/s/cpu)") && l.contains("x "))
+    );
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(dir.join("rows.json")).unwrap()).unwrap();
+    assert!(!rows.is_empty());
+    for seed in benches::seeds::SEEDS {
+        for part in seed.parts {
+            if benches::scenarios::find(part.scenario).is_some() {
+                assert!(
+                    rows.iter().any(|r| r["scenario"] == part.scenario),
+                    "no rows for {}",
+                    part.scenario
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

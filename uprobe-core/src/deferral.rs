@@ -14,6 +14,8 @@
 //! signal kills the process).
 
 use core::cell::Cell;
+#[cfg(feature = "bench-variants")]
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use sigpending::TaskFlags;
 
@@ -35,9 +37,11 @@ const fn empty_set() -> libc::sigset_t {
 /// At the first trap: defer asynchronous signals until [`restore`].
 /// Async-signal-safe.
 pub(crate) fn defer(uc: &mut libc::ucontext_t) {
-    FLAGS.with(|f| {
-        f.set(ASYNC_SIGNALS);
-        f.deny(ASYNC_SIGNALS);
+    under_process_lock(|| {
+        FLAGS.with(|f| {
+            f.set(ASYNC_SIGNALS);
+            f.deny(ASYNC_SIGNALS);
+        });
     });
     SAVED_MASK.with(|saved| copy_set(saved.as_ptr(), &raw const uc.uc_sigmask));
     // Written word by word, not with sigfillset/sigdelset: those are libc
@@ -53,9 +57,46 @@ pub(crate) fn defer(uc: &mut libc::ucontext_t) {
 /// At the slot's trap (or a fault in it): give the thread its signal mask
 /// back, if [`defer`] took it. Async-signal-safe.
 pub(crate) fn restore(uc: &mut libc::ucontext_t) {
-    if FLAGS.with(TaskFlags::restore) & ASYNC_SIGNALS != 0 {
+    if under_process_lock(|| FLAGS.with(TaskFlags::restore)) & ASYNC_SIGNALS != 0 {
         SAVED_MASK.with(|saved| copy_set(&raw mut uc.uc_sigmask, saved.as_ptr()));
     }
+}
+
+/// Whether the flag operations run under one process-wide lock, as the
+/// kernel's did under `siglock` before seed 000 (a benchmark switch).
+#[cfg(feature = "bench-variants")]
+static LOCKED: AtomicBool = AtomicBool::new(false);
+/// That lock (a spinlock: it is taken in the trap handler).
+#[cfg(feature = "bench-variants")]
+static PROCESS_LOCK: AtomicBool = AtomicBool::new(false);
+
+/// Makes the deferral bookkeeping take a process-wide lock (the seed's
+/// "before"), for `bench`. Only while no probe is hit: a thread interrupted
+/// while holding the lock by a signal whose handler hits a trap-ended slot
+/// would wait for itself (as the kernel avoids by disabling interrupts).
+#[cfg(feature = "bench-variants")]
+pub(crate) fn set_locked(on: bool) {
+    LOCKED.store(on, Ordering::Relaxed);
+}
+
+/// Runs `f` (without the `bench-variants` feature: just runs it).
+#[cfg(not(feature = "bench-variants"))]
+fn under_process_lock<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// Runs `f` under the process-wide lock if the switch asks for it.
+#[cfg(feature = "bench-variants")]
+fn under_process_lock<R>(f: impl FnOnce() -> R) -> R {
+    if !LOCKED.load(Ordering::Relaxed) {
+        return f();
+    }
+    while PROCESS_LOCK.swap(true, Ordering::Acquire) {
+        core::hint::spin_loop();
+    }
+    let r = f();
+    PROCESS_LOCK.store(false, Ordering::Release);
+    r
 }
 
 /// Words in a `sigset_t`.

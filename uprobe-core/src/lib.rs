@@ -205,7 +205,11 @@ pub use error::AttachError;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub use probe::{Probe, Uprobe};
 
-/// Switches for the workspace's benchmarks; not part of the stable API.
+/// Switches for the workspace's benchmarks and tests; not part of the
+/// stable API. The switches that select a "before" variant of a
+/// mechanism (`set_*`, `force_trap_back_slots`) exist only with the
+/// `bench-variants` feature; without it each mechanism is a constant, so
+/// the default build pays nothing for them.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[doc(hidden)]
 pub mod bench_only {
@@ -214,12 +218,13 @@ pub mod bench_only {
     #[cfg(target_arch = "aarch64")]
     pub use crate::arch::{Class, classify};
     pub use crate::lookup::Lookup;
-    pub use crate::returns::ReturnHold;
+    pub use crate::returns::{Pinning, ReturnHold};
 
     /// Chooses how the trap handler protects its table lookup. Only call
     /// it while no probe is attached (it is not synchronised with hits
     /// in flight). With a lock, a handler may wait for attach/detach: the
     /// SRCU default never does.
+    #[cfg(feature = "bench-variants")]
     pub fn set_lookup(lookup: Lookup) {
         crate::lookup::set_mode(lookup);
     }
@@ -227,8 +232,26 @@ pub mod bench_only {
     /// Chooses how pending returns keep their probe alive: an SRCU lease
     /// (the default, seed 002) or a reference count per pending return
     /// (the kernel before it). Only call it while no return is pending.
+    #[cfg(feature = "bench-variants")]
     pub fn set_return_hold(hold: ReturnHold) {
         crate::returns::set_hold(hold);
+    }
+
+    /// Chooses how an in-flight charge ([`Uprobe::max_active`](crate::Uprobe::max_active))
+    /// keeps its probe alive: a reference taken by the account on 0 -> 1
+    /// (the default, seed 003) or one per charge (the kernel before it).
+    /// Applies to probes attached from now on.
+    #[cfg(feature = "bench-variants")]
+    pub fn set_in_flight_pinning(pinning: Pinning) {
+        crate::returns::set_pinning(pinning);
+    }
+
+    /// Makes the signal deferral of trap-ended slots take one process-wide
+    /// lock around its flag operations (the kernel's `siglock` before seed
+    /// 000) instead of none. Only while no probe is hit.
+    #[cfg(feature = "bench-variants")]
+    pub fn set_locked_deferral(on: bool) {
+        crate::deferral::set_locked(on);
     }
 
     /// The calling thread's pending returns (for tests).
@@ -240,6 +263,7 @@ pub mod bench_only {
 
     /// The lookup in use.
     #[must_use]
+    #[cfg(feature = "bench-variants")]
     pub fn lookup() -> Lookup {
         crate::lookup::mode()
     }
@@ -248,6 +272,7 @@ pub mod bench_only {
     /// traps per hit, asynchronous signals deferred in between) instead
     /// of a jump back: the path used where no slot can be had near the
     /// code, forced everywhere to measure it.
+    #[cfg(feature = "bench-variants")]
     pub fn force_trap_back_slots(on: bool) {
         crate::xol::force_trap_back(on);
     }

@@ -12,6 +12,7 @@
 //! period before freeing.
 
 use core::cell::Cell;
+#[cfg(feature = "bench-variants")]
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use percpu_rwsem::PercpuRwSem;
@@ -31,6 +32,9 @@ pub enum Lookup {
     RwLock,
 }
 
+/// The switch (benchmark builds only: without the `bench-variants`
+/// feature the lookup is SRCU, a constant).
+#[cfg(feature = "bench-variants")]
 static MODE: AtomicU8 = AtomicU8::new(0);
 static RWSEM: PercpuRwSem<()> = PercpuRwSem::new(());
 static RWLOCK: std::sync::RwLock<()> = std::sync::RwLock::new(());
@@ -41,6 +45,12 @@ std::thread_local! {
     static WRITING: Cell<bool> = const { Cell::new(false) };
 }
 
+#[cfg(not(feature = "bench-variants"))]
+pub(crate) fn mode() -> Lookup {
+    Lookup::Srcu
+}
+
+#[cfg(feature = "bench-variants")]
 pub(crate) fn mode() -> Lookup {
     match MODE.load(Ordering::Relaxed) {
         1 => Lookup::PercpuRwsem,
@@ -49,6 +59,7 @@ pub(crate) fn mode() -> Lookup {
     }
 }
 
+#[cfg(feature = "bench-variants")]
 pub(crate) fn set_mode(m: Lookup) {
     MODE.store(
         match m {

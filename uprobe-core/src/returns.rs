@@ -37,7 +37,9 @@
 
 use core::cell::Cell;
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+#[cfg(feature = "bench-variants")]
+use std::sync::atomic::AtomicU8;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -135,12 +137,53 @@ pub enum ReturnHold {
     Refcount,
 }
 
+#[cfg(feature = "bench-variants")]
 static HOLD: AtomicU8 = AtomicU8::new(0);
 
+/// How an in-flight charge keeps the probe's counters alive (a benchmark
+/// switch: seed 003's after and before).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pinning {
+    /// The account pins them while it is non-zero (the default).
+    OnTransition,
+    /// Each charge takes a reference and its uncharge drops it (`get_uid`
+    /// / `free_uid` per signal, before the seed).
+    PerReturn,
+}
+
+#[cfg(feature = "bench-variants")]
+static PINNING: AtomicU8 = AtomicU8::new(0);
+
+#[cfg(feature = "bench-variants")]
+pub(crate) fn set_pinning(p: Pinning) {
+    PINNING.store(u8::from(p == Pinning::PerReturn), Ordering::Relaxed);
+}
+
+#[cfg(not(feature = "bench-variants"))]
+fn pinning() -> Pinning {
+    Pinning::OnTransition
+}
+
+#[cfg(feature = "bench-variants")]
+fn pinning() -> Pinning {
+    if PINNING.load(Ordering::Relaxed) == 0 {
+        Pinning::OnTransition
+    } else {
+        Pinning::PerReturn
+    }
+}
+
+#[cfg(feature = "bench-variants")]
 pub(crate) fn set_hold(hold: ReturnHold) {
     HOLD.store(u8::from(hold == ReturnHold::Refcount), Ordering::Relaxed);
 }
 
+#[cfg(not(feature = "bench-variants"))]
+pub(crate) fn hold_mode() -> ReturnHold {
+    ReturnHold::Lease
+}
+
+#[cfg(feature = "bench-variants")]
 pub(crate) fn hold_mode() -> ReturnHold {
     if HOLD.load(Ordering::Relaxed) == 0 {
         ReturnHold::Lease
@@ -167,6 +210,8 @@ struct Instance {
     slot: Cell<usize>,
     cookie: Cell<u64>,
     charged: Cell<bool>,
+    /// The charge took a reference on the counters (`Pinning::PerReturn`).
+    pinned: Cell<bool>,
 }
 
 /// One thread's pending returns.
@@ -288,10 +333,21 @@ pub(crate) unsafe fn prepare(
     } else {
         false
     };
+    let pinned = charged && pinning() == Pinning::PerReturn;
+    if pinned {
+        // SAFETY: `probe` holds the counters; this count is dropped when
+        // the charge is.
+        unsafe { Arc::increment_strong_count(Arc::as_ptr(&probe.counters)) };
+    }
     let uncharge = || {
         if let Some(account) = probe.in_flight.as_ref().filter(|_| charged) {
             // SAFETY: charged just above and forgotten.
             unsafe { account.uncharge_unchecked() };
+        }
+        if pinned {
+            // SAFETY: taken above; `probe` still holds the counters, so
+            // this is never the last count.
+            unsafe { Arc::decrement_strong_count(Arc::as_ptr(&probe.counters)) };
         }
     };
     let hold = match hold_mode() {
@@ -329,6 +385,7 @@ pub(crate) unsafe fn prepare(
     inst.slot.set(sp);
     inst.cookie.set(cookie);
     inst.charged.set(charged);
+    inst.pinned.set(pinned);
     tr.depth.set(depth + 1);
 }
 
@@ -361,6 +418,11 @@ impl ThreadReturns {
             if let Some(account) = part.in_flight.as_ref().filter(|_| inst.charged.get()) {
                 // SAFETY: charged in `prepare` and forgotten there.
                 unsafe { account.uncharge_unchecked() };
+            }
+            if inst.pinned.get() {
+                // SAFETY: the count `prepare` took; `part` holds the
+                // counters, so this is never the last count.
+                unsafe { Arc::decrement_strong_count(Arc::as_ptr(&part.counters)) };
             }
         };
         let Some(leases) = LEASES.get() else { return };

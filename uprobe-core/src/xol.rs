@@ -22,7 +22,9 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+#[cfg(feature = "bench-variants")]
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use pcpu_freelist::FreeList;
 
@@ -119,10 +121,12 @@ static SLOTS: Mutex<Option<Slots>> = Mutex::new(None);
 
 /// The slot ending preferred for new slots (the bench-only switch):
 /// `false` for `JumpBack`, `true` to force `TrapBack`.
+#[cfg(feature = "bench-variants")]
 static FORCE_TRAP_BACK: AtomicBool = AtomicBool::new(false);
 
 /// Makes new slots end in a trap (two traps per hit) instead of a jump
 /// back, to measure that path. Probes attached before keep their slots.
+#[cfg(feature = "bench-variants")]
 pub(crate) fn force_trap_back(on: bool) {
     FORCE_TRAP_BACK.store(on, Ordering::Relaxed);
 }
@@ -143,7 +147,11 @@ pub(crate) fn slot_for(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let slots = guard.get_or_insert_with(Slots::default);
-    let preferred = if FORCE_TRAP_BACK.load(Ordering::Relaxed) {
+    #[cfg(feature = "bench-variants")]
+    let forced = FORCE_TRAP_BACK.load(Ordering::Relaxed);
+    #[cfg(not(feature = "bench-variants"))]
+    let forced = false;
+    let preferred = if forced {
         SlotEnd::TrapBack
     } else {
         SlotEnd::JumpBack

@@ -114,6 +114,7 @@ fn entry_handlers_read_and_write_registers() {
 }
 
 #[test]
+#[cfg(feature = "bench-variants")]
 fn slots_that_end_in_a_second_trap() {
     uprobe_core::bench_only::force_trap_back_slots(true);
     let probe = probe_at(fn_addr(e_trapback)).attach().unwrap();

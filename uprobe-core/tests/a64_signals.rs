@@ -11,6 +11,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 
 use common::{call, fn_addr, probe_at};
+#[cfg(feature = "bench-variants")]
 use uprobe_core::bench_only::{force_trap_back_slots, in_xol_slot};
 
 core::arch::global_asm!(
@@ -71,6 +72,7 @@ fn install(
 }
 
 #[test]
+#[cfg(feature = "bench-variants")]
 fn trap_ended_slots_defer_asynchronous_signals() {
     force_trap_back_slots(true);
     let probe = probe_at(g_load as *const () as usize).attach().unwrap();

@@ -1,7 +1,9 @@
 //! The benchmark's alternative table locks (`percpu-rwsem`, `RwLock`) keep the
 //! engine correct: attach/detach under concurrent callers in each mode.
 //! Its own binary: the mode is process-wide.
-#![cfg(target_arch = "x86_64")]
+// The switches exist with the `bench-variants` feature (enabled in the
+// workspace by the benches package).
+#![cfg(all(target_arch = "x86_64", feature = "bench-variants"))]
 
 mod common;
 

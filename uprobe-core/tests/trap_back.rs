@@ -2,7 +2,9 @@
 //! the bench-only switch): results identical, and asynchronous signals are
 //! deferred while a thread is inside a slot, then delivered, never lost.
 //! Its own binary: the switch and the SIGUSR1 handler are process-wide.
-#![cfg(target_arch = "x86_64")]
+// The switches exist with the `bench-variants` feature (enabled in the
+// workspace by the benches package).
+#![cfg(all(target_arch = "x86_64", feature = "bench-variants"))]
 
 mod common;
 

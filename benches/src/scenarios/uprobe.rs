@@ -68,11 +68,11 @@ const IMPLS: &[&str] = &["uprobe-core", "kernel", "none"];
 
 pub const NOP: Scenario = Scenario {
     name: "uprobe-nop",
-    about: "call a function whose first instruction (a one-byte nop) is probed, one counting consumer; uprobe-core-rwsem / -rwlock: the table lookup under percpu-rwsem (seed 001) or a RwLock instead of SRCU",
+    about: "call a function whose first instruction (a one-byte nop) is probed, one counting consumer; uprobe-core+percpu-rwsem / +rwlock: the table lookup under percpu-rwsem (seed 001) or a RwLock instead of SRCU",
     impls: &[
         "uprobe-core",
-        "uprobe-core-rwsem",
-        "uprobe-core-rwlock",
+        "uprobe-core+percpu-rwsem",
+        "uprobe-core+rwlock",
         "kernel",
         "none",
     ],
@@ -95,8 +95,14 @@ pub const RET: Scenario = Scenario {
 
 pub const RIPREL: Scenario = Scenario {
     name: "uprobe-riprel",
-    about: "call a function starting with a RIP-relative load, probed (the kernel single-steps it; the engine runs it out of line, in a slot that jumps back, or -2trap: ends in a second trap, signals deferred)",
-    impls: &["uprobe-core", "uprobe-core-2trap", "kernel", "none"],
+    about: "call a function starting with a RIP-relative load, probed (the kernel single-steps it; the engine runs it out of line, in a slot that jumps back, or +twotrap: ends in a second trap, signals deferred lock-free, or +twotrap+locked: under a process-wide lock, seed 000's before)",
+    impls: &[
+        "uprobe-core",
+        "uprobe-core+twotrap",
+        "uprobe-core+twotrap+locked",
+        "kernel",
+        "none",
+    ],
     build: build_riprel,
 };
 
@@ -150,16 +156,17 @@ fn build(
     ours: unsafe extern "C" fn(),
     kernels: unsafe extern "C" fn(),
 ) -> Result<Box<dyn Workload>, String> {
-    use uprobe_core::bench_only::{Lookup, force_trap_back_slots, set_lookup};
+    use uprobe_core::bench_only::{Lookup, force_trap_back_slots, set_locked_deferral, set_lookup};
     // Set before every build (no probe is attached between builds).
-    force_trap_back_slots(imp == "uprobe-core-2trap");
+    force_trap_back_slots(imp.starts_with("uprobe-core+twotrap"));
+    set_locked_deferral(imp == "uprobe-core+twotrap+locked");
     set_lookup(match imp {
-        "uprobe-core-rwsem" => Lookup::PercpuRwsem,
-        "uprobe-core-rwlock" => Lookup::RwLock,
+        "uprobe-core+percpu-rwsem" => Lookup::PercpuRwsem,
+        "uprobe-core+rwlock" => Lookup::RwLock,
         _ => Lookup::Srcu,
     });
     Ok(match imp {
-        "uprobe-core" | "uprobe-core-rwsem" | "uprobe-core-rwlock" | "uprobe-core-2trap" => {
+        _ if imp.starts_with("uprobe-core") => {
             HITS.store(0, Relaxed);
             // SAFETY: a function's address starts an instruction.
             let probe = unsafe { uprobe_core::Uprobe::address(ours as *const () as usize) }

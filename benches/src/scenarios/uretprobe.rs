@@ -1,14 +1,18 @@
 //! `uretprobe-nop`: a call to a function whose return is probed, with the
 //! engine's return probe (`uprobe-core`: an entry trap, then the plain-code
-//! return trampoline), a kernel uretprobe (`kernel`, on its own copy of the
-//! function), and unprobed (`none`). `uretprobe-lifetime`: the engine's
+//! return trampoline, with an in-flight limit whose account pins the probe
+//! on 0 -> 1 only; `uprobe-core+get-put`: a reference per pending return
+//! instead, seed 003's before), a kernel uretprobe (`kernel`, on its own
+//! copy of the function), and unprobed (`none`). `uretprobe-lifetime`: the engine's
 //! return probe with each pending return holding an SRCU lease on the
 //! probe (`lease`, seed 002) or a reference count (`refcount`, the kernel
 //! before the seed).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use uprobe_core::bench_only::{ReturnHold, set_return_hold};
+use std::num::NonZeroUsize;
+
+use uprobe_core::bench_only::{Pinning, ReturnHold, set_in_flight_pinning, set_return_hold};
 
 use super::uprobe::{Calls, KernelUprobe};
 use crate::harness::{Scenario, Workload};
@@ -33,8 +37,8 @@ unsafe extern "C" {
 
 pub const NOP: Scenario = Scenario {
     name: "uretprobe-nop",
-    about: "call a function (nop; ret) with a return probe, one counting return handler",
-    impls: &["uprobe-core", "kernel", "none"],
+    about: "call a function (nop; ret) with a return probe, one counting return handler, an in-flight limit (uprobe-core: its account pins the probe on 0 -> 1, seed 003; +get-put: a reference per pending return)",
+    impls: &["uprobe-core", "uprobe-core+get-put", "kernel", "none"],
     build: build_nop,
 };
 
@@ -55,6 +59,8 @@ fn engine_probe() -> Result<Box<dyn Workload>, String> {
         .on_return(|_| {
             RETURNS.fetch_add(1, Relaxed);
         })
+        // Never reached: the account counts, it does not refuse.
+        .max_active(NonZeroUsize::new(1 << 20).expect("non-zero"))
         .attach()
         .map_err(|e| e.to_string())?;
     Ok(Box::new(Calls {
@@ -76,8 +82,13 @@ fn engine_probe() -> Result<Box<dyn Workload>, String> {
 
 fn build_nop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     set_return_hold(ReturnHold::Lease);
+    set_in_flight_pinning(if imp == "uprobe-core+get-put" {
+        Pinning::PerReturn
+    } else {
+        Pinning::OnTransition
+    });
     match imp {
-        "uprobe-core" => engine_probe(),
+        "uprobe-core" | "uprobe-core+get-put" => engine_probe(),
         "kernel" => Ok(Box::new(Calls {
             target: bench_k_rnop,
             guard: KernelUprobe::attach(bench_k_rnop as *const () as usize, true)?,
@@ -96,6 +107,7 @@ fn build_nop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
 }
 
 fn build_lifetime(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    set_in_flight_pinning(Pinning::OnTransition);
     // Set before every build: no return is pending between builds.
     set_return_hold(match imp {
         "lease" => ReturnHold::Lease,
