@@ -156,15 +156,23 @@ pub(crate) fn slot_for(
     } else {
         SlotEnd::JumpBack
     };
-    for end in [preferred, SlotEnd::TrapBack] {
-        if let Some(&slot) = slots.by_key.get(&(addr, bytes.to_vec(), end)) {
-            return Ok((slot, end));
-        }
+    if let Some(&slot) = slots.by_key.get(&(addr, bytes.to_vec(), preferred)) {
+        return Ok((slot, preferred));
     }
     let (slot, end) = match take_slot(slots, addr, true) {
         Ok(slot) => (slot, preferred),
-        Err(e) if needs_near => return Err(e),
-        Err(_) => (take_slot(slots, addr, false)?, SlotEnd::TrapBack),
+        Err(e) => {
+            // Nothing within reach: a trap-ended slot made before for this
+            // key, or a new one anywhere, if the instruction does not
+            // address relative to the PC.
+            if let Some(&slot) = slots.by_key.get(&(addr, bytes.to_vec(), SlotEnd::TrapBack)) {
+                return Ok((slot, SlotEnd::TrapBack));
+            }
+            if needs_near {
+                return Err(e);
+            }
+            (take_slot(slots, addr, false)?, SlotEnd::TrapBack)
+        }
     };
     let code = relocate(slot, end)?;
     if code.len() > SLOT_SIZE {
