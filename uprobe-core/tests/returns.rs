@@ -1,7 +1,7 @@
 //! Return probes: values seen at return, sessions, recursion and tail
 //! calls, the depth and in-flight limits, frames left by `longjmp` and by
 //! unwinding, and detaching while a return is pending.
-#![cfg(target_arch = "x86_64")]
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 // The float values compared are exact (small integers and halves).
 #![allow(clippy::float_cmp)]
 
@@ -16,117 +16,248 @@ use common::{call, fn_addr, probe_at};
 use uprobe_core::bench_only::pending_returns;
 
 // Each test probes functions of its own (tests of one binary may run in
-// parallel threads, and a probe's handlers run for every caller).
+// parallel threads, and a probe's handlers run for every caller). The same
+// functions, under the same names, for each architecture.
 
-/// add1(x) = x + 1, under the name `$name`.
-macro_rules! add1 {
-    ($name:literal) => {
-        concat!(
-            ".globl ",
-            $name,
-            "\n",
-            $name,
-            ":\n",
-            "lea rax, [rdi + 1]\n",
-            "ret\n"
-        )
-    };
+#[cfg(target_arch = "x86_64")]
+mod fixtures {
+    /// add1(x) = x + 1, under the name `$name`.
+    macro_rules! add1 {
+        ($name:literal) => {
+            concat!(
+                ".globl ",
+                $name,
+                "\n",
+                $name,
+                ":\n",
+                "lea rax, [rdi + 1]\n",
+                "ret\n"
+            )
+        };
+    }
+
+    /// sum(n) = n + sum(n - 1), sum(0) = 0: real recursion, under `$name`.
+    macro_rules! sum {
+        ($name:literal) => {
+            concat!(
+                ".globl ",
+                $name,
+                "\n",
+                $name,
+                ":\n",
+                "test rdi, rdi\n",
+                "jz 2f\n",
+                "push rdi\n",
+                "dec rdi\n",
+                "call ",
+                $name,
+                "\n",
+                "pop rdi\n",
+                "add rax, rdi\n",
+                "ret\n",
+                "2:\n",
+                "xor eax, eax\n",
+                "ret\n",
+            )
+        };
+    }
+
+    core::arch::global_asm!(
+        ".text",
+        add1!("r_add1_values"),
+        add1!("r_add1_tail"),
+        add1!("r_add1_skip"),
+        add1!("r_add1_escape"),
+        sum!("r_sum_change"),
+        sum!("r_sum_order"),
+        sum!("r_sum_limits"),
+        // tail(x) = add1(x + 10), a tail call
+        ".globl r_tail",
+        "r_tail:",
+        "lea rdi, [rdi + 10]",
+        "jmp r_add1_tail",
+        // outer(buf) calls inner(buf), which escapes to `buf` (longjmp)
+        ".globl r_outer",
+        "r_outer:",
+        "push rbx",
+        "call r_inner",
+        "pop rbx",
+        "ret",
+        ".globl r_inner",
+        "r_inner:",
+        "sub rsp, 8",
+        "call r_escape",
+        "ud2",
+        // escape_point(buf, f): saves the callee-saved registers, the stack
+        // pointer and the return address in `buf`, calls f(buf); returns 0 if
+        // f returned, 1 if something escaped to `buf`.
+        ".globl r_escape_point",
+        "r_escape_point:",
+        "mov [rdi], rbx",
+        "mov [rdi + 8], rbp",
+        "mov [rdi + 16], r12",
+        "mov [rdi + 24], r13",
+        "mov [rdi + 32], r14",
+        "mov [rdi + 40], r15",
+        "lea rax, [rsp + 8]",
+        "mov [rdi + 48], rax",
+        "mov rax, [rsp]",
+        "mov [rdi + 56], rax",
+        "sub rsp, 8",
+        "call rsi",
+        "add rsp, 8",
+        "xor eax, eax",
+        "ret",
+        // escape(buf): back to the escape point, returning 1 there
+        ".globl r_escape",
+        "r_escape:",
+        "mov rbx, [rdi]",
+        "mov rbp, [rdi + 8]",
+        "mov r12, [rdi + 16]",
+        "mov r13, [rdi + 24]",
+        "mov r14, [rdi + 32]",
+        "mov r15, [rdi + 40]",
+        "mov rsp, [rdi + 48]",
+        "mov eax, 1",
+        "jmp qword ptr [rdi + 56]",
+        // dies(x): the thread exits (exit(2), not exit_group) inside
+        ".globl r_dies",
+        "r_dies:",
+        "push rbx",
+        "xor edi, edi",
+        "mov eax, 60",
+        "syscall",
+        "ud2",
+    );
 }
 
-/// sum(n) = n + sum(n - 1), sum(0) = 0: real recursion, under `$name`.
-macro_rules! sum {
-    ($name:literal) => {
-        concat!(
-            ".globl ",
-            $name,
-            "\n",
-            $name,
-            ":\n",
-            "test rdi, rdi\n",
-            "jz 2f\n",
-            "push rdi\n",
-            "dec rdi\n",
-            "call ",
-            $name,
-            "\n",
-            "pop rdi\n",
-            "add rax, rdi\n",
-            "ret\n",
-            "2:\n",
-            "xor eax, eax\n",
-            "ret\n",
-        )
-    };
+#[cfg(target_arch = "aarch64")]
+mod fixtures {
+    /// add1(x) = x + 1, under the name `$name`.
+    macro_rules! add1 {
+        ($name:literal) => {
+            concat!(
+                ".globl ",
+                $name,
+                "\n",
+                $name,
+                ":\n",
+                "add x0, x0, #1\n",
+                "ret\n"
+            )
+        };
+    }
+
+    /// sum(n) = n + sum(n - 1), sum(0) = 0, with a frame record.
+    macro_rules! sum {
+        ($name:literal) => {
+            concat!(
+                ".globl ",
+                $name,
+                "\n",
+                $name,
+                ":\n",
+                "cbz x0, 2f\n",
+                "stp x29, x30, [sp, #-32]!\n",
+                "str x0, [sp, #16]\n",
+                "sub x0, x0, #1\n",
+                "bl ",
+                $name,
+                "\n",
+                "ldr x1, [sp, #16]\n",
+                "add x0, x0, x1\n",
+                "ldp x29, x30, [sp], #32\n",
+                "ret\n",
+                "2:\n",
+                "ret\n",
+            )
+        };
+    }
+
+    core::arch::global_asm!(
+        ".text",
+        add1!("r_add1_values"),
+        add1!("r_add1_tail"),
+        add1!("r_add1_skip"),
+        add1!("r_add1_escape"),
+        sum!("r_sum_change"),
+        sum!("r_sum_order"),
+        sum!("r_sum_limits"),
+        // tail(x) = add1(x + 10): a tail call (b), LR untouched.
+        ".globl r_tail",
+        "r_tail:",
+        "add x0, x0, #10",
+        "b r_add1_tail",
+        // A function as Debian 13 builds them: PAC-signed return address,
+        // a BTI landing pad.
+        ".globl r_pac",
+        "r_pac:",
+        "hint #25", // paciasp
+        "stp x29, x30, [sp, #-16]!",
+        "add x0, x0, #3",
+        "ldp x29, x30, [sp], #16",
+        "hint #29", // autiasp
+        "ret",
+        ".globl r_bti",
+        "r_bti:",
+        "hint #34", // bti c
+        "add x0, x0, #4",
+        "ret",
+        // outer(buf) calls inner(buf), which escapes to buf.
+        ".globl r_outer",
+        "r_outer:",
+        "stp x29, x30, [sp, #-16]!",
+        "bl r_inner",
+        "ldp x29, x30, [sp], #16",
+        "ret",
+        ".globl r_inner",
+        "r_inner:",
+        "stp x29, x30, [sp, #-16]!",
+        "bl r_escape",
+        "brk #1",
+        // escape_point(buf, f): saves x19-x30 and sp in buf, calls f(buf);
+        // 0 if f returned, 1 if something escaped to buf.
+        ".globl r_escape_point",
+        "r_escape_point:",
+        "stp x19, x20, [x0, #0]",
+        "stp x21, x22, [x0, #16]",
+        "stp x23, x24, [x0, #32]",
+        "stp x25, x26, [x0, #48]",
+        "stp x27, x28, [x0, #64]",
+        "stp x29, x30, [x0, #80]",
+        "mov x2, sp",
+        "str x2, [x0, #96]",
+        "stp x29, x30, [sp, #-16]!",
+        "blr x1",
+        "ldp x29, x30, [sp], #16",
+        "mov x0, #0",
+        "ret",
+        ".globl r_escape",
+        "r_escape:",
+        "ldp x19, x20, [x0, #0]",
+        "ldp x21, x22, [x0, #16]",
+        "ldp x23, x24, [x0, #32]",
+        "ldp x25, x26, [x0, #48]",
+        "ldp x27, x28, [x0, #64]",
+        "ldp x29, x30, [x0, #80]",
+        "ldr x2, [x0, #96]",
+        "mov sp, x2",
+        "mov x0, #1",
+        "ret",
+        // dies(x): the thread exits (exit(2)) inside.
+        ".globl r_dies",
+        "r_dies:",
+        "stp x29, x30, [sp, #-16]!",
+        "mov x0, #0",
+        "mov x8, #93",
+        "svc #0",
+        "brk #1",
+    );
 }
 
-core::arch::global_asm!(
-    ".text",
-    add1!("r_add1_values"),
-    add1!("r_add1_tail"),
-    add1!("r_add1_skip"),
-    add1!("r_add1_escape"),
-    add1!("r_add1_panic"),
-    sum!("r_sum_change"),
-    sum!("r_sum_order"),
-    sum!("r_sum_limits"),
-    // tail(x) = add1(x + 10), a tail call
-    ".globl r_tail",
-    "r_tail:",
-    "lea rdi, [rdi + 10]",
-    "jmp r_add1_tail",
-    // outer(buf) calls inner(buf), which escapes to `buf` (longjmp)
-    ".globl r_outer",
-    "r_outer:",
-    "push rbx",
-    "call r_inner",
-    "pop rbx",
-    "ret",
-    ".globl r_inner",
-    "r_inner:",
-    "sub rsp, 8",
-    "call r_escape",
-    "ud2",
-    // escape_point(buf, f): saves the callee-saved registers, the stack
-    // pointer and the return address in `buf`, calls f(buf); returns 0 if
-    // f returned, 1 if something escaped to `buf`.
-    ".globl r_escape_point",
-    "r_escape_point:",
-    "mov [rdi], rbx",
-    "mov [rdi + 8], rbp",
-    "mov [rdi + 16], r12",
-    "mov [rdi + 24], r13",
-    "mov [rdi + 32], r14",
-    "mov [rdi + 40], r15",
-    "lea rax, [rsp + 8]",
-    "mov [rdi + 48], rax",
-    "mov rax, [rsp]",
-    "mov [rdi + 56], rax",
-    "sub rsp, 8",
-    "call rsi",
-    "add rsp, 8",
-    "xor eax, eax",
-    "ret",
-    // escape(buf): back to the escape point, returning 1 there
-    ".globl r_escape",
-    "r_escape:",
-    "mov rbx, [rdi]",
-    "mov rbp, [rdi + 8]",
-    "mov r12, [rdi + 16]",
-    "mov r13, [rdi + 24]",
-    "mov r14, [rdi + 32]",
-    "mov r15, [rdi + 40]",
-    "mov rsp, [rdi + 48]",
-    "mov eax, 1",
-    "jmp qword ptr [rdi + 56]",
-    // dies(x): the thread exits (exit(2), not exit_group) inside
-    ".globl r_dies",
-    "r_dies:",
-    "push rbx",
-    "xor edi, edi",
-    "mov eax, 60",
-    "syscall",
-    "ud2",
-);
+/// What `r_escape_point` saves (the callee-saved registers, the stack
+/// pointer, the way back).
+type EscapeBuf = [u64; 16];
 
 unsafe extern "C" {
     fn r_add1_values(x: u64) -> u64;
@@ -137,8 +268,9 @@ unsafe extern "C" {
     fn r_sum_order(n: u64) -> u64;
     fn r_sum_limits(n: u64) -> u64;
     fn r_tail(x: u64) -> u64;
-    fn r_outer(buf: *mut [u64; 8]);
-    fn r_escape_point(buf: *mut [u64; 8], f: unsafe extern "C" fn(*mut [u64; 8])) -> u64;
+    fn r_outer(buf: *mut EscapeBuf);
+    fn r_inner();
+    fn r_escape_point(buf: *mut EscapeBuf, f: unsafe extern "C" fn(*mut EscapeBuf)) -> u64;
     fn r_dies(x: u64) -> u64;
 }
 
@@ -314,10 +446,10 @@ fn longjmp_across_probed_frames() {
         probe_at(r_outer as *const () as usize).on_return(|_| {}),
         probe_at(fn_addr(r_add1_escape)).on_return(|_| {}),
         // SAFETY: inner is an asm function of this file.
-        unsafe { uprobe_core::Uprobe::address(inner_addr()) }.on_return(|_| {}),
+        unsafe { uprobe_core::Uprobe::address(r_inner as *const () as usize) }.on_return(|_| {}),
     ])
     .unwrap();
-    let mut buf = [0u64; 8];
+    let mut buf = [0u64; 16];
     // SAFETY: the asm pair saves and restores exactly what the C ABI
     // preserves; the frames it skips are asm frames without destructors.
     let escaped = unsafe { r_escape_point(&raw mut buf, r_outer) };
@@ -334,20 +466,13 @@ fn longjmp_across_probed_frames() {
     // A probed call at the level of the abandoned frames drops them, and
     // its own return is handled.
     // SAFETY: add1 ignores the buffer (it returns its address + 1).
-    let f: unsafe extern "C" fn(*mut [u64; 8]) =
+    let f: unsafe extern "C" fn(*mut EscapeBuf) =
         unsafe { core::mem::transmute(r_add1_escape as *const ()) };
     // SAFETY: as above.
     assert_eq!(unsafe { r_escape_point(&raw mut buf, f) }, 0);
     assert_eq!(pending_returns(), 0);
     assert_eq!(probes[0].missed_returns() + probes[2].missed_returns(), 4);
     assert_eq!((probes[1].returns(), probes[0].returns()), (1, 0));
-}
-
-fn inner_addr() -> usize {
-    unsafe extern "C" {
-        fn r_inner();
-    }
-    r_inner as *const () as usize
 }
 
 #[inline(never)]
@@ -515,4 +640,93 @@ fn a_fork_child_with_pending_returns_continues() {
     );
     assert_eq!(RETURNS.load(SeqCst), 1);
     assert_eq!(probe.returns(), 1);
+}
+
+/// Functions as Debian 13 builds them, for the aarch64 tests below.
+#[cfg(target_arch = "aarch64")]
+unsafe extern "C" {
+    fn r_pac(x: u64) -> u64;
+    fn r_bti(x: u64) -> u64;
+}
+
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn pointer_authentication_and_bti_entries() {
+    static RETS: AtomicU64 = AtomicU64::new(0);
+    let probes = uprobe_core::Uprobe::attach_all([
+        probe_at(fn_addr(r_pac))
+            .on_entry(|cx| assert_eq!(cx.arg(0), Some(10)))
+            .on_return(|cx| {
+                RETS.fetch_add(cx.return_value(), SeqCst);
+            }),
+        probe_at(fn_addr(r_bti)).on_return(|cx| {
+            RETS.fetch_add(cx.return_value(), SeqCst);
+        }),
+    ])
+    .unwrap();
+    // Under CI's emulator the CPU model must implement what is tested.
+    if std::env::var_os("QEMU_CPU").is_some() {
+        // SAFETY: getauxval has no preconditions.
+        let (hwcap, hwcap2) = unsafe {
+            (
+                libc::getauxval(libc::AT_HWCAP),
+                libc::getauxval(libc::AT_HWCAP2),
+            )
+        };
+        assert!(
+            hwcap >> 30 & 1 == 1,
+            "the CPU model has no pointer authentication"
+        );
+        assert!(hwcap2 >> 17 & 1 == 1, "the CPU model has no BTI");
+    }
+    // paciasp runs out of line and signs the hijacked return address;
+    // autiasp authenticates it; ret goes through the trampoline.
+    assert_eq!(call(r_pac, 10), 13);
+    assert_eq!(call(r_bti, 10), 14);
+    assert_eq!(RETS.load(SeqCst), 27);
+    assert_eq!((probes[0].hits(), probes[1].returns()), (1, 1));
+}
+
+#[cfg(target_arch = "aarch64")]
+/// A function on a BTI-guarded page (`PROT_BTI`), entered by `blr` as
+/// any call through a pointer: its `bti c` is simulated, its return goes
+/// through the trampoline (which returns with `ret`), and the page stays
+/// guarded where the kernel shows it.
+#[test]
+fn a_function_on_a_bti_guarded_page() {
+    const PROT_BTI: i32 = 0x10;
+    let code: [u32; 3] = [
+        0xd503_245f, // bti c
+        0x9100_1000, // add x0, x0, #4
+        0xd65f_03c0, // ret
+    ];
+    // SAFETY: a fresh anonymous page, written, then made executable and
+    // guarded; never unmapped (the engine may keep a slot for it).
+    let f: unsafe extern "C" fn(u64) -> u64 = unsafe {
+        let p = libc::mmap(
+            core::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        core::ptr::copy_nonoverlapping(code.as_ptr(), p.cast(), code.len());
+        core::arch::asm!("dc cvau, {0}", "dsb ish", "ic ivau, {0}", "dsb ish", "isb", in(reg) p);
+        assert_eq!(
+            libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_EXEC | PROT_BTI),
+            0
+        );
+        core::mem::transmute(p)
+    };
+    static RET: AtomicU64 = AtomicU64::new(0);
+    let probe = probe_at(f as *const () as usize)
+        .on_return(|cx| RET.store(cx.return_value(), SeqCst))
+        .attach()
+        .unwrap();
+    assert_eq!(call(f, 38), 42);
+    assert_eq!((probe.hits(), RET.load(SeqCst)), (1, 42));
+    drop(probe);
+    assert_eq!(call(f, 1), 5);
 }
