@@ -1,7 +1,7 @@
 //! A fault raised by an instruction running out of line reaches the
 //! program's own handler at the probed address, as if the probe were not
 //! there. Its own binary: it installs a process-wide SIGSEGV handler.
-#![cfg(target_arch = "x86_64")]
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 mod common;
 
@@ -9,14 +9,17 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use common::{call, fn_addr, probe_at};
 
+// Loads through its argument: faults on a null pointer.
+#[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
     ".text",
-    // Loads through its argument: faults on a null pointer.
     ".globl z_deref",
     "z_deref:",
     "mov rax, [rdi]",
-    "ret",
+    "ret"
 );
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(".text", ".globl z_deref", "z_deref:", "ldr x0, [x0]", "ret");
 
 unsafe extern "C" {
     fn z_deref(p: u64) -> u64;
@@ -28,11 +31,20 @@ static FAULT_IP: AtomicUsize = AtomicUsize::new(0);
 extern "C" fn on_segv(_: libc::c_int, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: SA_SIGINFO handlers get the interrupted context.
     let uc = unsafe { &mut *ctx.cast::<libc::ucontext_t>() };
-    let rip = uc.uc_mcontext.gregs[libc::REG_RIP as usize];
-    FAULT_IP.store(rip as usize, SeqCst);
-    // Skip the 3-byte load, returning a marker, as a JIT's handler might.
-    uc.uc_mcontext.gregs[libc::REG_RIP as usize] = rip + 3;
-    uc.uc_mcontext.gregs[libc::REG_RAX as usize] = 0xdead;
+    // Skip the load, returning a marker, as a JIT's handler might.
+    #[cfg(target_arch = "x86_64")]
+    {
+        let rip = uc.uc_mcontext.gregs[libc::REG_RIP as usize];
+        FAULT_IP.store(rip as usize, SeqCst);
+        uc.uc_mcontext.gregs[libc::REG_RIP as usize] = rip + 3;
+        uc.uc_mcontext.gregs[libc::REG_RAX as usize] = 0xdead;
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        FAULT_IP.store(uc.uc_mcontext.pc as usize, SeqCst);
+        uc.uc_mcontext.pc += 4;
+        uc.uc_mcontext.regs[0] = 0xdead;
+    }
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Probes on code other threads are running: attach and detach while
 //! threads call the function, probing the process's own `malloc`, and a
 //! child after `fork`.
-#![cfg(target_arch = "x86_64")]
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 mod common;
 
@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use common::{call, fn_addr, probe_at};
 
+// hot(x) = x + 1 through a frame, fork(x) = x + 2 after a nop.
+#[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
     ".text",
     ".globl l_hot",
@@ -21,6 +23,22 @@ core::arch::global_asm!(
     "l_fork:",
     "nop",
     "lea rax, [rdi + 2]",
+    "ret",
+);
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(
+    ".text",
+    ".globl l_hot",
+    "l_hot:",
+    "stp x29, x30, [sp, #-16]!",
+    "mov x29, sp",
+    "add x0, x0, #1",
+    "ldp x29, x30, [sp], #16",
+    "ret",
+    ".globl l_fork",
+    "l_fork:",
+    "nop",
+    "add x0, x0, #2",
     "ret",
 );
 
@@ -39,7 +57,7 @@ fn attach_and_detach_while_threads_run_the_code() {
 }
 
 /// The process's own `malloc` (which starts with `push r12` in Debian's
-/// glibc): every allocation of the probed thread is seen, with its size,
+/// x86-64 glibc): every allocation of the probed thread is seen, with its size,
 /// and nothing deadlocks although the engine itself never allocates in the
 /// handler.
 #[test]

@@ -642,7 +642,7 @@ fn a_fork_child_with_pending_returns_continues() {
     assert_eq!(probe.returns(), 1);
 }
 
-/// Functions as Debian 13 builds them, for the aarch64 tests below.
+// Functions as Debian 13 builds them, for the aarch64 tests below.
 #[cfg(target_arch = "aarch64")]
 unsafe extern "C" {
     fn r_pac(x: u64) -> u64;

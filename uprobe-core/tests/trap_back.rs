@@ -4,7 +4,10 @@
 //! Its own binary: the switch and the SIGUSR1 handler are process-wide.
 // The switches exist with the `bench-variants` feature (enabled in the
 // workspace by the benches package).
-#![cfg(all(target_arch = "x86_64", feature = "bench-variants"))]
+#![cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    feature = "bench-variants"
+))]
 
 mod common;
 
@@ -13,6 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use common::{call, fn_addr, probe_at};
 use uprobe_core::bench_only::{force_trap_back_slots, in_xol_slot};
 
+// load(x) = x + 500 (a load from data), add(x) = x + 3.
+#[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
     ".data",
     ".balign 8",
@@ -30,6 +35,29 @@ core::arch::global_asm!(
     "mov rax, rdi",
     "ret",
 );
+// On aarch64 the first instruction of each must run out of line (a
+// literal load would be simulated): the address is formed first, the load
+// from it is probed.
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(
+    ".data",
+    ".balign 8",
+    "tb_data:",
+    ".quad 500",
+    ".text",
+    ".globl tb_load",
+    "tb_load:",
+    "eor x1, x1, x1",
+    "adrp x1, tb_data",
+    "add x1, x1, :lo12:tb_data",
+    "ldr x1, [x1]",
+    "add x0, x0, x1",
+    "ret",
+    ".globl tb_add",
+    "tb_add:",
+    "add x0, x0, #3",
+    "ret",
+);
 
 unsafe extern "C" {
     fn tb_load(x: u64) -> u64;
@@ -42,8 +70,11 @@ static IN_SLOT: AtomicU64 = AtomicU64::new(0);
 extern "C" fn on_usr1(_: libc::c_int, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: SA_SIGINFO handlers get the interrupted context.
     let uc = unsafe { &*ctx.cast::<libc::ucontext_t>() };
-    let rip = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
-    if in_xol_slot(rip) {
+    #[cfg(target_arch = "x86_64")]
+    let pc = uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
+    #[cfg(target_arch = "aarch64")]
+    let pc = uc.uc_mcontext.pc as usize;
+    if in_xol_slot(pc) {
         IN_SLOT.fetch_add(1, SeqCst);
     }
     DELIVERED.fetch_add(1, SeqCst);
