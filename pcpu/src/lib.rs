@@ -16,7 +16,9 @@
 //!   [`PerCpuCounter`] and [`PerCpuStack`] are built on them;
 //! - [`fence`] pairs a compiler-only fence on the hot side with
 //!   `membarrier()` on the cold side (asymmetric fences);
-//! - [`sync`] is the loom shim the whole workspace model-checks with.
+//! - [`sync`] is the loom shim the whole workspace model-checks with;
+//!   [`owed`] is the lock-free list on which signal handlers leave work
+//!   for ordinary context.
 //!
 //! # Async-signal safety
 //! Each item says whether it may be called from a signal handler. In short:
@@ -39,6 +41,7 @@ mod cpu;
 pub mod fence;
 #[cfg(loom)]
 pub mod loom_cpu;
+pub mod owed;
 mod per_cpu;
 pub mod rseq;
 mod stack;

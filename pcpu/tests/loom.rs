@@ -137,3 +137,61 @@ fn asymmetric_fence_forbids_store_buffering() {
         );
     });
 }
+
+/// An object for the owed-list model: its count and link, and how many
+/// units were handed over for it.
+struct Debtor {
+    owed: AtomicUsize,
+    next: loom::sync::atomic::AtomicPtr<Debtor>,
+}
+
+impl pcpu::owed::Owing for Debtor {
+    fn owed(&self) -> &AtomicUsize {
+        &self.owed
+    }
+    fn next_owed(&self) -> &loom::sync::atomic::AtomicPtr<Self> {
+        &self.next
+    }
+}
+
+/// Two threads owe units of two objects while a third drains: every unit
+/// is handed over exactly once and to the right object, whatever the
+/// interleaving of a first `owe`'s listing, a later one's count and the
+/// drain's swap (the drain walks two objects while one is listed again).
+#[test]
+fn owed_units_are_drained_exactly_once() {
+    loom::model(|| {
+        let debtor = || Debtor {
+            owed: AtomicUsize::new(0),
+            next: loom::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+        };
+        let objects: &'static [Debtor; 2] = Box::leak(Box::new([debtor(), debtor()]));
+        let head: &'static loom::sync::atomic::AtomicPtr<Debtor> = Box::leak(Box::new(
+            loom::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+        ));
+        let tally = |counts: &mut [usize; 2], ptr: *mut Debtor, units: usize| {
+            let i = usize::from(!std::ptr::eq(ptr, &objects[0]));
+            counts[i] += units;
+        };
+        let a = &raw const objects[0];
+        let b = &raw const objects[1];
+        let (a, b) = (a as usize, b as usize);
+        let ower = thread::spawn(move || {
+            // SAFETY: the objects are leaked: valid for ever.
+            unsafe { pcpu::owed::owe(head, a as *const Debtor, || {}) };
+        });
+        // SAFETY: as above.
+        unsafe { pcpu::owed::owe(head, b as *const Debtor, || {}) };
+        let drainer = thread::spawn(move || {
+            let mut counts = [0usize; 2];
+            pcpu::owed::drain(head, |p, n| tally(&mut counts, p, n));
+            counts
+        });
+        // SAFETY: as above.
+        unsafe { pcpu::owed::owe(head, a as *const Debtor, || {}) };
+        ower.join().unwrap();
+        let mut counts = drainer.join().unwrap();
+        pcpu::owed::drain(head, |p, n| tally(&mut counts, p, n));
+        assert_eq!(counts, [2, 1], "a unit was lost or handed over twice");
+    });
+}
