@@ -26,7 +26,8 @@ use core::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
-use crate::arch::{BREAKPOINT, Emulation, EntryContext, analyze, apply};
+use crate::arch::{BREAKPOINT, Emulation, analyze, apply};
+use crate::context::EntryContext;
 use crate::maps::{Mapping, mapping_of, write_code};
 use crate::{AttachError, error::os_error};
 

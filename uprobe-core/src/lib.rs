@@ -172,6 +172,8 @@
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod checks;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod context;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod deferral;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod engine;
@@ -200,7 +202,9 @@ mod aarch64;
 use aarch64 as arch;
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-pub use arch::{EntryContext, Reg, ReturnContext};
+pub use arch::Reg;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub use context::{EntryContext, ReturnContext};
 pub use error::AttachError;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub use probe::{Probe, Uprobe};

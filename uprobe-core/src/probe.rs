@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::AttachError;
-use crate::arch::{EntryContext, ReturnContext};
+use crate::context::{EntryContext, ReturnContext};
 use crate::engine::{self, Consumer};
 use crate::returns::{ReturnHandler, ReturnProbe};
 use crate::symbols::{self, Function};

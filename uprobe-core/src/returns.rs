@@ -48,7 +48,8 @@ use sigpending::{Account, Owner, Release};
 use srcu::{LeaseBlock, LeaseSet, RawLease, Srcu, SrcuCell, Strong};
 
 use crate::AttachError;
-use crate::arch::{ReturnContext, trampoline};
+use crate::arch::trampoline;
+use crate::context::ReturnContext;
 use crate::return_stubs;
 
 /// Pending returns a thread may have (the kernel's `max_uretprobe_depth`);

@@ -1,5 +1,5 @@
-//! `EntryContext` and `ReturnContext` on aarch64: the interrupted thread's
-//! registers, as a handler sees them.
+//! aarch64 registers as handlers see them: [`Reg`], and the register
+//! accessors of [`EntryContext`] and [`ReturnContext`].
 
 /// A general-purpose register (`X(0)` to `X(30)`; `X(31)` reads as zero
 /// and ignores writes, as `xzr`), the stack pointer, the program counter
@@ -47,42 +47,9 @@ fn set(m: &mut libc::mcontext_t, reg: Reg, value: u64) {
     }
 }
 
-/// What an entry handler sees: the registers of the thread that hit the
-/// probe, as they were just before the probed instruction, borrowed from
-/// the signal frame (writes take effect when the handler returns).
-///
-/// The handler runs **inside the SIGTRAP handler**, on the interrupted
-/// thread's stack: it must be async-signal-safe (no allocation, no locks
-/// the interrupted code may hold, no printing through `std`'s locked
-/// stdout). A probe hit from inside a handler runs no handler (it counts
-/// as missed).
-pub struct EntryContext<'a> {
-    uc: &'a mut libc::ucontext_t,
-    addr: usize,
-    pub(crate) ip_changed: bool,
-    pub(crate) remove: bool,
-    pub(crate) cookie: u64,
-    pub(crate) skip_return: bool,
-}
+use crate::context::{EntryContext, ReturnContext};
 
-impl<'a> EntryContext<'a> {
-    pub(crate) fn new(uc: &'a mut libc::ucontext_t, addr: usize) -> Self {
-        Self {
-            uc,
-            addr,
-            ip_changed: false,
-            remove: false,
-            cookie: 0,
-            skip_return: false,
-        }
-    }
-
-    /// The probed address.
-    #[must_use]
-    pub fn probe_addr(&self) -> usize {
-        self.addr
-    }
-
+impl EntryContext<'_> {
     /// A register's value (for `Pc`: the probed address).
     #[must_use]
     pub fn reg(&self, reg: Reg) -> u64 {
@@ -104,40 +71,6 @@ impl<'a> EntryContext<'a> {
     #[must_use]
     pub fn arg(&self, n: usize) -> Option<u64> {
         (n < ARGS).then(|| self.uc.uc_mcontext.regs[n])
-    }
-
-    /// The thread that hit the probe (its kernel thread id).
-    #[must_use]
-    pub fn tid(&self) -> i32 {
-        crate::engine::current_tid()
-    }
-
-    /// Stores `cookie` for this call's return handler (a session: a probe
-    /// with both handlers), which reads it with
-    /// [`ReturnContext::cookie`]; 0 if never set.
-    pub fn set_cookie(&mut self, cookie: u64) {
-        self.cookie = cookie;
-    }
-
-    /// Does not track this call's return: the return handler will not run
-    /// for it.
-    pub fn skip_return(&mut self) {
-        self.skip_return = true;
-    }
-
-    /// Stops this handler from running on later hits (its probe stays
-    /// attached until detached or dropped).
-    pub fn remove_me(&mut self) {
-        self.remove = true;
-    }
-}
-
-impl core::fmt::Debug for EntryContext<'_> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("EntryContext")
-            .field("probe_addr", &format_args!("{:#x}", self.addr))
-            .field("sp", &format_args!("{:#x}", self.reg(Reg::Sp)))
-            .finish_non_exhaustive()
     }
 }
 
@@ -212,35 +145,7 @@ pub(crate) fn set_vreg(uc: &mut libc::ucontext_t, n: u8, value: u128) {
     }
 }
 
-/// What a return handler sees: the function's return value registers as it
-/// returned them (writes take effect when the handler returns: the caller
-/// sees them), and where the call came from. Same rules as entry handlers
-/// (async-signal-safe code only).
-pub struct ReturnContext<'a> {
-    regs: &'a mut super::trampoline::SavedRegs,
-    simd: &'a mut super::trampoline::SavedSimd,
-    func: usize,
-    ret: usize,
-    cookie: u64,
-}
-
-impl<'a> ReturnContext<'a> {
-    pub(crate) fn new(
-        regs: &'a mut super::trampoline::SavedRegs,
-        simd: &'a mut super::trampoline::SavedSimd,
-        func: usize,
-        ret: usize,
-        cookie: u64,
-    ) -> Self {
-        Self {
-            regs,
-            simd,
-            func,
-            ret,
-            cookie,
-        }
-    }
-
+impl ReturnContext<'_> {
     /// The integer return value (`x0`).
     #[must_use]
     pub fn return_value(&self) -> u64 {
@@ -258,62 +163,15 @@ impl<'a> ReturnContext<'a> {
         self.regs.x[0] = value;
     }
 
-    /// The floating-point return value (`d0`, as an `f64`).
-    #[must_use]
-    pub fn float_return(&self) -> f64 {
-        f64::from_bits(self.float_return_bits() as u64)
-    }
-
     /// All 128 bits of `v0`.
     #[must_use]
     pub fn float_return_bits(&self) -> u128 {
-        self.simd.low[0]
+        self.vector.low[0]
     }
 
     /// Replaces the floating-point return value (`d0`; the rest of `v0`
     /// is zeroed, as a scalar write does).
     pub fn set_float_return(&mut self, value: f64) {
-        self.simd.low[0] = u128::from(value.to_bits());
-    }
-
-    /// The probed function's entry address.
-    #[must_use]
-    pub fn func_addr(&self) -> usize {
-        self.func
-    }
-
-    /// The address the function returns to (in its caller).
-    #[must_use]
-    pub fn return_addr(&self) -> usize {
-        self.ret
-    }
-
-    /// The caller's stack pointer once the function has returned.
-    #[must_use]
-    pub fn sp(&self) -> usize {
-        self.regs.caller_sp()
-    }
-
-    /// What this call's entry handler stored with
-    /// [`EntryContext::set_cookie`] (0 if nothing).
-    #[must_use]
-    pub fn cookie(&self) -> u64 {
-        self.cookie
-    }
-
-    /// The thread that returned (its kernel thread id).
-    #[must_use]
-    pub fn tid(&self) -> i32 {
-        crate::engine::current_tid()
-    }
-}
-
-impl core::fmt::Debug for ReturnContext<'_> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("ReturnContext")
-            .field("func", &format_args!("{:#x}", self.func))
-            .field("return_addr", &format_args!("{:#x}", self.ret))
-            .field("x0", &format_args!("{:#x}", self.regs.x[0]))
-            .finish_non_exhaustive()
+        self.vector.low[0] = u128::from(value.to_bits());
     }
 }

@@ -7,8 +7,8 @@ mod simulate;
 pub(crate) mod trampoline;
 pub(crate) mod xol;
 
+pub use context::Reg;
 pub(crate) use context::return_address_at;
-pub use context::{EntryContext, Reg, ReturnContext};
 pub use insn::{Class, classify};
 pub(crate) use insn::{Emulation, analyze, is_boundary};
 pub(crate) use simulate::apply;

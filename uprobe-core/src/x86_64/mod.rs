@@ -7,8 +7,8 @@ mod insn;
 pub(crate) mod trampoline;
 pub(crate) mod xol;
 
+pub use context::Reg;
 pub(crate) use context::return_address_at;
-pub use context::{EntryContext, Reg, ReturnContext};
 pub(crate) use emulate::apply;
 pub(crate) use insn::{Emulation, analyze, is_boundary};
 

@@ -1,0 +1,160 @@
+//! What handlers see: [`EntryContext`] (the registers at a probe hit) and
+//! [`ReturnContext`] (the return value registers at a probed function's
+//! return). The structures and what they share are here; each arch module
+//! adds the register accessors (`reg`, `set_reg`, `arg`, the return value
+//! registers).
+
+/// What an entry handler sees: the registers of the thread that hit the
+/// probe, as they were just before the probed instruction, borrowed from
+/// the signal frame (writes take effect when the handler returns).
+///
+/// The handler runs **inside the SIGTRAP handler**, on the interrupted
+/// thread's stack, with that thread's signal mask plus nothing blocked
+/// (`SA_NODEFER`): it must be async-signal-safe (no allocation, no locks the
+/// interrupted code may hold, no printing through `std`'s locked stdout).
+/// A probe hit from inside a handler runs no handler (it counts as missed).
+/// Every method is async-signal-safe.
+pub struct EntryContext<'a> {
+    pub(crate) uc: &'a mut libc::ucontext_t,
+    pub(crate) addr: usize,
+    pub(crate) ip_changed: bool,
+    pub(crate) remove: bool,
+    pub(crate) cookie: u64,
+    pub(crate) skip_return: bool,
+}
+
+impl<'a> EntryContext<'a> {
+    pub(crate) fn new(uc: &'a mut libc::ucontext_t, addr: usize) -> Self {
+        Self {
+            uc,
+            addr,
+            ip_changed: false,
+            remove: false,
+            cookie: 0,
+            skip_return: false,
+        }
+    }
+
+    /// The probed address.
+    #[must_use]
+    pub fn probe_addr(&self) -> usize {
+        self.addr
+    }
+
+    /// The thread that hit the probe (its kernel thread id).
+    #[must_use]
+    pub fn tid(&self) -> i32 {
+        crate::engine::current_tid()
+    }
+
+    /// Stores `cookie` for this call's return handler (a session: a probe
+    /// with both handlers), which reads it with
+    /// [`ReturnContext::cookie`]; 0 if never set.
+    pub fn set_cookie(&mut self, cookie: u64) {
+        self.cookie = cookie;
+    }
+
+    /// Does not track this call's return: the return handler will not run
+    /// for it (the kernel's session entry handler returning 1).
+    pub fn skip_return(&mut self) {
+        self.skip_return = true;
+    }
+
+    /// Stops this handler from running on later hits (its probe stays
+    /// attached until detached or dropped).
+    pub fn remove_me(&mut self) {
+        self.remove = true;
+    }
+}
+
+impl core::fmt::Debug for EntryContext<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("EntryContext")
+            .field("probe_addr", &format_args!("{:#x}", self.addr))
+            .field("pc", &format_args!("{:#x}", crate::arch::pc(self.uc)))
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a return handler sees: the function's return value registers as it
+/// returned them (writes take effect when the handler returns: the caller
+/// sees them), and where the call came from.
+///
+/// Runs in the return trampoline, on the thread's stack, in the middle of
+/// whatever the thread was doing: the same rules as for entry handlers
+/// apply (async-signal-safe code only; a probed function called from here
+/// runs no handler). Every method is async-signal-safe.
+pub struct ReturnContext<'a> {
+    pub(crate) regs: &'a mut crate::arch::trampoline::SavedRegs,
+    pub(crate) vector: &'a mut crate::arch::trampoline::SavedVector,
+    func: usize,
+    ret: usize,
+    cookie: u64,
+}
+
+impl<'a> ReturnContext<'a> {
+    pub(crate) fn new(
+        regs: &'a mut crate::arch::trampoline::SavedRegs,
+        vector: &'a mut crate::arch::trampoline::SavedVector,
+        func: usize,
+        ret: usize,
+        cookie: u64,
+    ) -> Self {
+        Self {
+            regs,
+            vector,
+            func,
+            ret,
+            cookie,
+        }
+    }
+
+    /// The floating-point return value (the first vector register's low
+    /// 64 bits as an `f64`; for an `f32` return use
+    /// [`float_return_bits`](Self::float_return_bits)).
+    #[must_use]
+    pub fn float_return(&self) -> f64 {
+        f64::from_bits(self.float_return_bits() as u64)
+    }
+
+    /// The probed function's entry address.
+    #[must_use]
+    pub fn func_addr(&self) -> usize {
+        self.func
+    }
+
+    /// The address the function returns to (in its caller).
+    #[must_use]
+    pub fn return_addr(&self) -> usize {
+        self.ret
+    }
+
+    /// The caller's stack pointer once the function has returned.
+    #[must_use]
+    pub fn sp(&self) -> usize {
+        self.regs.caller_sp()
+    }
+
+    /// What this call's entry handler stored with
+    /// [`EntryContext::set_cookie`] (0 if nothing).
+    #[must_use]
+    pub fn cookie(&self) -> u64 {
+        self.cookie
+    }
+
+    /// The thread that returned (its kernel thread id).
+    #[must_use]
+    pub fn tid(&self) -> i32 {
+        crate::engine::current_tid()
+    }
+}
+
+impl core::fmt::Debug for ReturnContext<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ReturnContext")
+            .field("func", &format_args!("{:#x}", self.func))
+            .field("return_addr", &format_args!("{:#x}", self.ret))
+            .field("return_value", &format_args!("{:#x}", self.return_value()))
+            .finish_non_exhaustive()
+    }
+}
