@@ -107,7 +107,18 @@ fn trap_ended_slots_run_right_and_defer_signals() {
     }
     let probe = probe_at(fn_addr(tb_load)).attach().unwrap();
     let stop = AtomicBool::new(false);
+    let calls = AtomicU64::new(0);
     let (tx, rx) = std::sync::mpsc::channel();
+    // Waits (bounded) until the target has made `n` more calls: signals
+    // are sent while it runs, however slowly (qemu, a loaded machine).
+    let progress = |n: u64| {
+        let target = calls.load(SeqCst) + n;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while calls.load(SeqCst) < target {
+            assert!(std::time::Instant::now() < deadline, "the caller stopped");
+            std::thread::yield_now();
+        }
+    };
     std::thread::scope(|s| {
         s.spawn(|| {
             // SAFETY: pthread_self has no preconditions.
@@ -115,18 +126,24 @@ fn trap_ended_slots_run_right_and_defer_signals() {
             let mut x = 0;
             while !stop.load(SeqCst) {
                 assert_eq!(call(tb_load, x), 500 + x);
+                calls.fetch_add(1, SeqCst);
                 x = (x + 1) % 1000;
             }
         });
+        let _stop = common::StopOnDrop(&stop);
         let target = rx.recv().unwrap();
-        for _ in 0..20_000 {
+        progress(10);
+        for i in 0..20_000 {
             // SAFETY: the target thread runs until `stop`.
             unsafe { libc::pthread_kill(target, libc::SIGUSR1) };
             std::thread::yield_now();
+            if i % 1000 == 999 {
+                progress(1);
+            }
         }
-        stop.store(true, SeqCst);
+        progress(10);
     });
-    assert!(probe.hits() > 0);
+    assert!(probe.hits() >= 30);
     assert!(DELIVERED.load(SeqCst) > 0, "signals were lost");
     assert_eq!(
         IN_SLOT.load(SeqCst),

@@ -81,8 +81,9 @@ pub fn churn_under_callers(
     });
 }
 
-/// Sets its flag when dropped (also while unwinding).
-struct StopOnDrop<'a>(&'a AtomicBool);
+/// Sets its flag when dropped (also while unwinding): stops helper threads
+/// when an assertion fails, so the test fails instead of hanging.
+pub struct StopOnDrop<'a>(pub &'a AtomicBool);
 
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
