@@ -8,19 +8,20 @@
 //! allocates and never takes a lock the interrupted code might hold, and no
 //! consumer runs after its detach returned.
 //!
-//! **Order of a hit** (x86-64): `int3` traps with RIP = address + 1; the
-//! handler looks the address up; if a site is found it runs the consumers
-//! (unless the thread is already inside the engine: then the hit is
-//! counted as missed), then emulates the displaced instruction on the
-//! signal frame, unless a consumer moved RIP. If no site is found and the
-//! byte is still `int3`, the trap is someone else's and goes to the
-//! previous handler; if the byte is no longer `int3`, a detach won the race
-//! and the thread restarts at the address.
+//! **Order of a hit**: the breakpoint traps (x86-64: `int3`, RIP = address
+//! + 1; aarch64: `BRK #5`, PC = address); the handler looks the address
+//! up; if a site is found it runs the consumers (unless the thread is
+//! already inside the engine: then the hit is counted as missed), prepares
+//! their returns, then emulates or simulates the displaced instruction on
+//! the signal frame (or sends the thread to its out-of-line slot), unless
+//! a consumer moved the PC. If no site is found and a breakpoint is still
+//! there, the trap is someone else's and goes to the previous handler; if
+//! not, a detach won the race and the thread restarts at the address.
 //!
 //! **Order of an attach**: analyse the instruction, publish the site in
-//! the table, then write `int3` (so a thread that traps always finds the
-//! analysis); detach restores the byte first, then unpublishes, then waits
-//! for a grace period before freeing.
+//! the table, then write the breakpoint (so a thread that traps always
+//! finds the analysis); detach restores the instruction first, then
+//! unpublishes, then waits for a grace period before freeing.
 
 use core::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};

@@ -41,11 +41,11 @@
 //! Refused at attach, with a typed [`AttachError`]: addresses outside
 //! executable mappings, inside an instruction, inside an rseq critical
 //! section (the kernel would move a trapping thread to the abort handler),
-//! over someone else's `int3`; instructions from the kernel's refusal
+//! over someone else's breakpoint; instructions from the kernel's refusal
 //! tables (and transactional memory, far branches); and any attach while a
 //! thread of the process blocks SIGTRAP.
 //!
-//! # How a hit works
+//! # How a hit works (x86-64; aarch64 [below](#aarch64))
 //! `attach` decodes the instruction (iced-x86), publishes its analysis in a
 //! probe table, then writes `int3` over its first byte (execute permission
 //! kept, then `membarrier(SYNC_CORE)`). A thread that executes it traps;
@@ -102,14 +102,17 @@
 //!   keeps the forking thread's pending returns.
 //! - **Refused**: a return handler on a probe that is not at a function's
 //!   first instruction ([`AttachError::ReturnProbeNotAtEntry`]), and any
-//!   return probe while the thread runs with an x86 shadow stack
-//!   ([`AttachError::ShadowStack`]: a hijacked return would fault).
+//!   return probe while the thread runs with an x86 shadow stack or an
+//!   arm64 guarded control stack ([`AttachError::ShadowStack`]: a hijacked
+//!   return would fault).
 //! - **Limits**: a return probe hit on a signal alternate stack placed
 //!   above the thread's stack can make older pending returns look
 //!   abandoned (their handlers then do not run; the program still returns
-//!   correctly); the trampoline preserves the general registers, the
-//!   flags and `xmm0`-`xmm15`, not the upper halves of `ymm`/`zmm` or the
-//!   x87 stack (the engine's code does not touch them).
+//!   correctly); the trampoline preserves the caller-saved general
+//!   registers, the flags and the caller-saved vector registers (x86-64:
+//!   `xmm0`-`xmm15`; aarch64: `q0`-`q7`, `q16`-`q31`, but x16, which it
+//!   uses as a veneer may), not the upper halves of `ymm`/`zmm`/SVE `z`
+//!   registers or the x87 stack (the engine's code does not touch them).
 //!
 //! # aarch64
 //! The breakpoint is `BRK #5` written over the 4-byte instruction with one
@@ -167,8 +170,8 @@
 #![cfg_attr(not(test), warn(missing_docs))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-// The engine is x86-64 only so far; elsewhere the crate builds with just
-// its error type.
+// The engine runs on x86-64 and aarch64; elsewhere the crate builds with
+// just its error type.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod checks;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
