@@ -8,8 +8,8 @@
 //! allocates and never takes a lock the interrupted code might hold, and no
 //! consumer runs after its detach returned.
 //!
-//! **Order of a hit**: the breakpoint traps (x86-64: `int3`, RIP = address
-//! + 1; aarch64: `BRK #5`, PC = address); the handler looks the address
+//! **Order of a hit**: the breakpoint traps (x86-64: `int3`, with RIP just
+//! past it; aarch64: `BRK #5`, with PC at it); the handler looks the address
 //! up; if a site is found it runs the consumers (unless the thread is
 //! already inside the engine: then the hit is counted as missed), prepares
 //! their returns, then emulates or simulates the displaced instruction on
