@@ -324,6 +324,18 @@ pub(crate) unsafe fn prepare(
         missed();
         return;
     }
+    // The original return address: the stub's, if this is a chained
+    // return (the slot already holds a stub), else a new stub will go in.
+    // Found first: nothing is charged or held yet if there is none.
+    let (original, stub) = if let Some(original) = return_stubs::target_of(ret) {
+        (original, None)
+    } else {
+        let Some(stub) = return_stubs::stub_for(ret) else {
+            missed();
+            return;
+        };
+        (ret, Some(stub))
+    };
     let charged = if let Some(account) = &probe.in_flight {
         let Ok(charge) = account.charge() else {
             missed();
@@ -340,17 +352,6 @@ pub(crate) unsafe fn prepare(
         // the charge is.
         unsafe { Arc::increment_strong_count(Arc::as_ptr(&probe.counters)) };
     }
-    let uncharge = || {
-        if let Some(account) = probe.in_flight.as_ref().filter(|_| charged) {
-            // SAFETY: charged just above and forgotten.
-            unsafe { account.uncharge_unchecked() };
-        }
-        if pinned {
-            // SAFETY: taken above; `probe` still holds the counters, so
-            // this is never the last count.
-            unsafe { Arc::decrement_strong_count(Arc::as_ptr(&probe.counters)) };
-        }
-    };
     let hold = match hold_mode() {
         ReturnHold::Lease => tr
             .block
@@ -361,24 +362,13 @@ pub(crate) unsafe fn prepare(
     };
     let Some(hold) = hold else {
         // Detached meanwhile (or a full block, which the depth rules out).
-        uncharge();
+        uncharge(probe.in_flight.as_ref(), &probe.counters, charged, pinned);
         return;
     };
-    // The original return address: the stub's, if this is a chained
-    // return (the slot already holds a stub), else a new stub goes in.
-    let original = if let Some(original) = return_stubs::target_of(ret) {
-        original
-    } else {
-        let Some(stub) = return_stubs::stub_for(ret) else {
-            release(tr, hold);
-            uncharge();
-            missed();
-            return;
-        };
+    if let Some(stub) = stub {
         // SAFETY: the caller's contract.
         unsafe { ret_at.write(stub) };
-        ret
-    };
+    }
     let inst = &tr.instances[depth];
     inst.hold.set(Some(hold));
     inst.func.set(func);
@@ -415,16 +405,13 @@ impl ThreadReturns {
         let Some(hold) = inst.hold.take() else {
             return;
         };
-        let uncharge = |part: &ReturnPart| {
-            if let Some(account) = part.in_flight.as_ref().filter(|_| inst.charged.get()) {
-                // SAFETY: charged in `prepare` and forgotten there.
-                unsafe { account.uncharge_unchecked() };
-            }
-            if inst.pinned.get() {
-                // SAFETY: the count `prepare` took; `part` holds the
-                // counters, so this is never the last count.
-                unsafe { Arc::decrement_strong_count(Arc::as_ptr(&part.counters)) };
-            }
+        let undo_charge = |part: &ReturnPart| {
+            uncharge(
+                part.in_flight.as_ref(),
+                &part.counters,
+                inst.charged.get(),
+                inst.pinned.get(),
+            );
         };
         let Some(leases) = LEASES.get() else { return };
         match hold {
@@ -433,13 +420,13 @@ impl ThreadReturns {
                 let lease = unsafe { self.block.from_raw(raw) };
                 if let Some(held) = lease.consume() {
                     with(&held, inst);
-                    uncharge(&held);
+                    undo_charge(&held);
                     leases.release(held);
                 }
             }
             Hold::Reference(part) => {
                 with(&part, inst);
-                uncharge(&part);
+                undo_charge(&part);
                 drop_reference(leases, part);
             }
         }
@@ -462,17 +449,24 @@ fn drop_reference(leases: &LeaseSet<'static, ReturnPart>, part: Strong<ReturnPar
     }
 }
 
-/// Releases a hold that never made it onto the stack.
-fn release(tr: &ThreadReturns, hold: Hold) {
-    let Some(leases) = LEASES.get() else { return };
-    match hold {
-        Hold::Lease(raw) => {
-            // SAFETY: `raw` came from this block, once.
-            if let Some(held) = unsafe { tr.block.from_raw(raw) }.consume() {
-                leases.release(held);
-            }
-        }
-        Hold::Reference(part) => drop_reference(leases, part),
+/// Undoes what `prepare` charged for one return: the in-flight charge
+/// (if `charged`) and the reference taken with it (if `pinned`). The
+/// caller holds the counters through the probe or its return part, so
+/// nothing is freed here: async-signal-safe.
+fn uncharge(
+    in_flight: Option<&Arc<Account>>,
+    counters: &Arc<ReturnCounters>,
+    charged: bool,
+    pinned: bool,
+) {
+    if let Some(account) = in_flight.filter(|_| charged) {
+        // SAFETY: charged in `prepare` and forgotten there, once.
+        unsafe { account.uncharge_unchecked() };
+    }
+    if pinned {
+        // SAFETY: the count `prepare` took; the caller's hold on the
+        // counters keeps this from being the last one.
+        unsafe { Arc::decrement_strong_count(Arc::as_ptr(counters)) };
     }
 }
 
