@@ -102,13 +102,26 @@ fn map_region() -> Result<usize, AttachError> {
 }
 
 /// `.eh_frame` data for the stub region: one CIE, one FDE covering the
-/// region, a terminator. In every stub, CFA = sp and the return address
-/// is `TARGETS[(pc - first stub) / STUB_SIZE]`, read by a DWARF
-/// expression (the stub's "caller" is the original caller; no register is
-/// saved). `pc` is the return address register's value in the stub's
-/// frame: the stub's address, or an address inside it.
+/// region, a terminator. In every stub, CFA = sp + 8, the caller's sp is
+/// the stub's own (CFA - 8), and the return address is
+/// `TARGETS[(pc - first stub) / STUB_SIZE]`, read by a DWARF expression
+/// (the stub's "caller" is the original caller; no register is saved).
+/// `pc` is the return address register's value in the stub's frame: the
+/// stub's address, or an address inside it.
+///
+/// **Why not CFA = sp.** The stub frame has no size of its own, but an
+/// unwinder tells frames apart by their CFA: libgcc's second phase finds
+/// the frame that catches by comparing each frame's CFA with the one the
+/// first phase recorded. With CFA = sp the stub and its caller would have
+/// the same identity, so when the caller itself catches (a
+/// `catch_unwind` inlined into the caller, as release builds do) the
+/// stub frame is taken for the handler, it has no personality, and
+/// libgcc aborts. A CFA 8 bytes above and an explicit rule for the sp
+/// keep the two apart while the caller still resumes with the sp it had
+/// after the call.
 fn unwind_info(base: usize) -> Vec<u8> {
     const DW_CFA_DEF_CFA: u8 = 0x0c;
+    const DW_CFA_VAL_OFFSET: u8 = 0x14;
     const DW_CFA_VAL_EXPRESSION: u8 = 0x16;
     const DW_OP_BREG0: u8 = 0x70;
     const DW_OP_CONST8U: u8 = 0x0e;
@@ -145,7 +158,9 @@ fn unwind_info(base: usize) -> Vec<u8> {
     fde.extend_from_slice(&(base as u64).to_le_bytes());
     fde.extend_from_slice(&(REGION_SIZE as u64).to_le_bytes());
     fde.push(0);
-    fde.extend_from_slice(&[DW_CFA_DEF_CFA, SP_COLUMN, 0]);
+    // CFA = sp + 8; the caller's sp = CFA + 1 * (data alignment -8).
+    fde.extend_from_slice(&[DW_CFA_DEF_CFA, SP_COLUMN, 8]);
+    fde.extend_from_slice(&[DW_CFA_VAL_OFFSET, SP_COLUMN, 1]);
     fde.extend_from_slice(&[DW_CFA_VAL_EXPRESSION, RA_COLUMN, expr.len() as u8]);
     fde.extend_from_slice(&expr);
     push_record(&mut out, &fde);

@@ -503,6 +503,79 @@ fn a_panic_unwinds_through_a_hijacked_frame() {
     assert_eq!((probe.returns(), probe.missed_returns()), (2, 1));
 }
 
+/// The canonical frame addresses of the frames above the caller, as the
+/// unwinder walks them (innermost first).
+#[inline(never)]
+fn unwinder_frames(_x: u64) -> u64 {
+    unsafe extern "C" {
+        fn _Unwind_Backtrace(
+            trace: extern "C" fn(*mut core::ffi::c_void, *mut core::ffi::c_void) -> i32,
+            arg: *mut core::ffi::c_void,
+        ) -> i32;
+        fn _Unwind_GetCFA(ctx: *mut core::ffi::c_void) -> usize;
+    }
+    extern "C" fn each(ctx: *mut core::ffi::c_void, arg: *mut core::ffi::c_void) -> i32 {
+        // SAFETY: `arg` is the vector below; `ctx` is the unwinder's.
+        unsafe { (*arg.cast::<Vec<usize>>()).push(_Unwind_GetCFA(ctx)) };
+        0
+    }
+    let mut cfas: Vec<usize> = Vec::with_capacity(256);
+    // SAFETY: the callback only pushes to `cfas`, within its capacity.
+    unsafe { _Unwind_Backtrace(each, (&raw mut cfas).cast()) };
+    let frames = cfas.len() as u64;
+    let strictly_rising = cfas.windows(2).all(|w| w[0] < w[1]);
+    std::hint::black_box(frames) * 2 + u64::from(strictly_rising)
+}
+
+#[test]
+fn every_frame_through_a_hijacked_return_has_its_own_identity() {
+    // An unwinder tells frames apart by their CFA (libgcc's second phase
+    // stops at the frame whose CFA the first phase recorded): the stub
+    // frame must not share its caller's, or a panic caught right in the
+    // stub's caller aborts the process.
+    let f: fn(u64) -> u64 = unwinder_frames;
+    let plain = f(0);
+    assert_eq!(plain & 1, 1, "frames without a probe: CFAs rise");
+    // SAFETY: a function's address starts an instruction.
+    let probe = unsafe { uprobe_core::Uprobe::address(f as *const () as usize) }
+        .on_return(|_| {})
+        .attach()
+        .unwrap();
+    let hijacked = f(0);
+    assert_eq!(hijacked & 1, 1, "a frame through the stub shares its CFA");
+    assert_eq!(
+        hijacked >> 1,
+        (plain >> 1) + 1,
+        "the stub is one frame more"
+    );
+    assert_eq!(probe.returns(), 1);
+}
+
+/// Panics below a hijacked frame and catches it in the stub's own caller
+/// (a C-ABI function that unwinds).
+#[inline(never)]
+extern "C-unwind" fn c_unwind_panics_on_seven(x: u64) -> u64 {
+    assert!(std::hint::black_box(x) != 7, "seven");
+    x * 2
+}
+
+#[test]
+fn a_panic_through_a_hijacked_c_unwind_frame_is_caught_by_its_caller() {
+    let f: extern "C-unwind" fn(u64) -> u64 = c_unwind_panics_on_seven;
+    // SAFETY: a function's address starts an instruction.
+    let probe = unsafe { uprobe_core::Uprobe::address(f as *const () as usize) }
+        .on_return(|_| {})
+        .attach()
+        .unwrap();
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let caught = std::panic::catch_unwind(|| f(std::hint::black_box(7)));
+    std::panic::set_hook(hook);
+    assert!(caught.is_err());
+    assert_eq!(f(5), 10);
+    assert_eq!(probe.returns(), 1);
+}
+
 #[test]
 fn detach_while_a_return_is_pending_on_another_thread() {
     static INSIDE: AtomicBool = AtomicBool::new(false);
