@@ -82,6 +82,8 @@ std::thread_local! {
 /// Traps nested deeper than this mean the handler's own path calls the
 /// probed function on every level (a bug: it must not copy through
 /// `memcpy`, say): abort with a message instead of overflowing the stack.
+/// The program's own signal handlers cannot deepen it: asynchronous
+/// signals are blocked while the handler runs (see `install`).
 const MAX_DEPTH: u32 = 8;
 
 fn slot_of(addr: usize) -> usize {
@@ -146,7 +148,17 @@ fn install() -> Result<(), AttachError> {
             let mut sa: libc::sigaction = core::mem::zeroed();
             sa.sa_sigaction = on_sigtrap as *const () as libc::sighandler_t;
             sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_RESTART;
-            libc::sigemptyset(&raw mut sa.sa_mask);
+            // Asynchronous signals wait until the handler is done (the
+            // kernel restores the thread's own mask at sigreturn), so a
+            // program's signal handlers never nest inside the engine's:
+            // only the engine's own recursion through probed code can
+            // deepen it, which is what the depth guard looks for. The
+            // synchronous ones stay open (a trap or fault raised while
+            // blocked kills the process).
+            libc::sigfillset(&raw mut sa.sa_mask);
+            for sig in SYNCHRONOUS {
+                libc::sigdelset(&raw mut sa.sa_mask, sig);
+            }
             let prev = (*PREVIOUS.0.get()).as_mut_ptr();
             if libc::sigaction(libc::SIGTRAP, &raw const sa, prev) != 0 {
                 FAILED.store(true, Ordering::Relaxed);
@@ -161,6 +173,17 @@ fn install() -> Result<(), AttachError> {
 
 /// The synchronous signals an out-of-line instruction can raise.
 const FAULTS: [libc::c_int; 4] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL];
+
+/// The signals the kernel raises for the instruction a thread runs: never
+/// blocked in the engine's handler.
+const SYNCHRONOUS: [libc::c_int; 6] = [
+    libc::SIGTRAP,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGSYS,
+];
 
 /// The handlers installed for [`FAULTS`] before ours, in that order.
 struct PreviousFaults(core::cell::UnsafeCell<[core::mem::MaybeUninit<libc::sigaction>; 4]>);

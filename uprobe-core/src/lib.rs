@@ -54,7 +54,10 @@
 //! installed before it) looks the address up inside an SRCU read section
 //! (no lock, no allocation), runs the consumers' handlers with the
 //! thread's registers ([`EntryContext`]), then does what the instruction
-//! would have done:
+//! would have done. While it runs, the thread's asynchronous signals are
+//! blocked (they are delivered as soon as it returns), so the program's
+//! own signal handlers, nested ones included, never run inside the
+//! engine's and may call probed code themselves:
 //! - **emulated** on the signal frame: every `nop` form, `endbr64`, `push
 //!   reg`, `jmp`/`call`/`jcc` with relative targets, `call`/`jmp` through
 //!   a register or memory, `loop`/`jrcxz`, `ret`;
