@@ -86,6 +86,25 @@ pub enum AttachError {
     /// The thread runs with a shadow stack (x86 CET): a hijacked return
     /// address would fault, so return probes are refused.
     ShadowStack,
+    /// [`Uprobe::offset`](crate::Uprobe::offset) asked for a byte past the
+    /// end of the function the probe was made for (or past the end of the
+    /// address space).
+    OffsetOutsideFunction {
+        /// The function (or `"address"` for a probe made from one).
+        function: String,
+        /// The offset asked for.
+        offset: usize,
+        /// The function's size in bytes.
+        size: usize,
+    },
+    /// The function's symbol has no size, so nothing says where it ends:
+    /// an offset into it could land in the next function.
+    UnknownFunctionExtent {
+        /// The function.
+        function: String,
+        /// The offset asked for.
+        offset: usize,
+    },
     /// This architecture has no engine yet.
     UnsupportedArch,
     /// A system call failed while installing the handler or patching.
@@ -145,6 +164,18 @@ impl core::fmt::Display for AttachError {
             ),
             Self::ShadowStack => f.write_str(
                 "this thread runs with a shadow stack: a hijacked return address would fault, so return probes are refused"
+            ),
+            Self::OffsetOutsideFunction {
+                function,
+                offset,
+                size,
+            } => write!(
+                f,
+                "offset {offset:#x} is outside {function}, which is {size:#x} bytes long"
+            ),
+            Self::UnknownFunctionExtent { function, offset } => write!(
+                f,
+                "offset {offset:#x} into {function}: its symbol has no size, so the offset could lie in another function"
             ),
             Self::UnsupportedArch => f.write_str("no probe engine for this architecture yet"),
             Self::Os { what, errno } => write!(

@@ -38,6 +38,9 @@ pub struct Uprobe {
     /// The function the address was found in, for the boundary check at
     /// attach (`None`: unchecked, from [`Uprobe::address`]).
     function: Option<Function>,
+    /// Why the builder already knows the probe cannot attach (a bad
+    /// [`offset`](Self::offset)): returned by `attach`.
+    invalid: Option<AttachError>,
 }
 
 impl Uprobe {
@@ -59,6 +62,7 @@ impl Uprobe {
             max_active: None,
             only_tid: 0,
             function: None,
+            invalid: None,
         }
     }
 
@@ -109,13 +113,33 @@ impl Uprobe {
     }
 
     /// Moves the probe `offset` bytes into the function it was made for
-    /// (checked at attach to start an instruction).
+    /// (checked at attach to start an instruction). An offset at or past
+    /// the function's end, or into a function whose symbol has no size,
+    /// makes `attach` fail ([`AttachError::OffsetOutsideFunction`],
+    /// [`AttachError::UnknownFunctionExtent`]); from
+    /// [`address`](Self::address), the offset is added to the address
+    /// (and must not overflow it).
     #[must_use]
     pub fn offset(mut self, offset: usize) -> Self {
-        if let Some(f) = &self.function {
-            self.addr = f.start + offset;
-        } else {
-            self.addr += offset;
+        let outside = |function: &str, size| AttachError::OffsetOutsideFunction {
+            function: function.to_string(),
+            offset,
+            size,
+        };
+        match &self.function {
+            Some(f) if offset == 0 => self.addr = f.start,
+            Some(f) if f.size == 0 => {
+                self.invalid = Some(AttachError::UnknownFunctionExtent {
+                    function: f.name.clone(),
+                    offset,
+                });
+            }
+            Some(f) if offset >= f.size => self.invalid = Some(outside(&f.name, f.size)),
+            Some(f) => self.addr = f.start + offset,
+            None => match self.addr.checked_add(offset) {
+                Some(addr) => self.addr = addr,
+                None => self.invalid = Some(outside("address", usize::MAX - self.addr)),
+            },
         }
         self
     }
@@ -128,6 +152,7 @@ impl Uprobe {
             max_active: None,
             only_tid: 0,
             function: Some(function),
+            invalid: None,
         }
     }
 
@@ -140,6 +165,9 @@ impl Uprobe {
     /// The boundary check for probes made from a symbol (and, for return
     /// probes, the entry check).
     fn check_boundary(&self) -> Result<(), AttachError> {
+        if let Some(e) = &self.invalid {
+            return Err(e.clone());
+        }
         let Some(f) = &self.function else {
             return Ok(());
         };

@@ -20,10 +20,18 @@ core::arch::global_asm!(
     "lea rax, [rdi + 1]",
     "ret",
     ".size s_func, . - s_func",
+    // A function symbol without a size (hand-written asm often has none).
+    ".globl s_nosize",
+    ".type s_nosize, @function",
+    "s_nosize:",
+    "nop",
+    "lea rax, [rdi + 2]",
+    "ret",
 );
 
 unsafe extern "C" {
     fn s_func(x: u64) -> u64;
+    fn s_nosize(x: u64) -> u64;
 }
 
 fn tid() -> i32 {
@@ -58,11 +66,56 @@ fn offsets_must_start_an_instruction() {
         .unwrap();
     assert_eq!(call(s_func, 1), 2);
     assert_eq!(on_ret.hits(), 1);
-    let past_the_end = Uprobe::function("s_func").unwrap().offset(6).attach();
+}
+
+#[test]
+fn offsets_outside_the_function_are_refused() {
+    let past_end = Uprobe::function("s_func").unwrap().offset(6).attach();
+    assert_eq!(
+        past_end.unwrap_err(),
+        AttachError::OffsetOutsideFunction {
+            function: "s_func".into(),
+            offset: 6,
+            size: 6
+        }
+    );
+    let huge = Uprobe::function("s_func")
+        .unwrap()
+        .offset(usize::MAX)
+        .attach();
     assert!(matches!(
-        past_the_end,
-        Err(AttachError::NotInstructionBoundary { .. })
+        huge.unwrap_err(),
+        AttachError::OffsetOutsideFunction {
+            offset: usize::MAX,
+            ..
+        }
     ));
+    // SAFETY: refused before anything is written.
+    let wraps = unsafe { Uprobe::address(usize::MAX - 1) }
+        .offset(10)
+        .attach();
+    assert!(matches!(
+        wraps.unwrap_err(),
+        AttachError::OffsetOutsideFunction { offset: 10, .. }
+    ));
+    // No size: an offset could be anywhere, even in the next function.
+    let probe = Uprobe::function("s_nosize").unwrap();
+    assert_eq!(probe.addr(), fn_addr(s_nosize));
+    assert_eq!(
+        probe.offset(1).attach().unwrap_err(),
+        AttachError::UnknownFunctionExtent {
+            function: "s_nosize".into(),
+            offset: 1
+        }
+    );
+    // Its entry is still fine.
+    let entry = Uprobe::function("s_nosize")
+        .unwrap()
+        .offset(0)
+        .attach()
+        .unwrap();
+    assert_eq!(call(s_nosize, 1), 3);
+    assert_eq!(entry.hits(), 1);
 }
 
 #[test]
