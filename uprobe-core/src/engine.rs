@@ -494,8 +494,10 @@ unsafe fn attach_one(
     if !blocking.is_empty() {
         return Err(AttachError::TrapBlocked { tids: blocking });
     }
-    let len = (map.end - addr).min(crate::arch::MAX_INSN_LEN);
-    // SAFETY: `[addr, addr + len)` lies in a readable executable mapping.
+    // An instruction may straddle two mappings of one code segment.
+    let code_end = crate::maps::code_end(addr).unwrap_or(map.end);
+    let len = (code_end - addr).min(crate::arch::MAX_INSN_LEN);
+    // SAFETY: `[addr, addr + len)` lies in readable executable mappings.
     let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, len) };
     // SAFETY: as above.
     if len < BREAKPOINT.len() || unsafe { crate::arch::is_breakpoint_at(addr) } {

@@ -10,32 +10,104 @@ pub(crate) struct Mapping {
     pub(crate) prot: i32,
 }
 
+/// One line of `/proc/self/maps`.
+#[derive(Clone, Debug)]
+struct Entry {
+    start: usize,
+    end: usize,
+    /// `PROT_*` bits.
+    prot: i32,
+    /// The file offset of `start`.
+    offset: u64,
+    /// The file, or the pseudo-name (`[stack]`, `[heap]`, ...), if any.
+    name: Option<String>,
+}
+
+impl Entry {
+    fn exec(&self) -> bool {
+        self.prot & libc::PROT_EXEC != 0
+    }
+
+    /// The file it maps (a pseudo-name like `[heap]` is not a file).
+    fn path(&self) -> Option<std::path::PathBuf> {
+        self.name
+            .as_deref()
+            .filter(|n| n.starts_with('/'))
+            .map(Into::into)
+    }
+}
+
+/// The process's memory map, read from `/proc/self/maps` (the one parser
+/// of it in the crate). Not async-signal-safe.
+fn entries() -> Vec<Entry> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
+    maps.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<Entry> {
+    let mut f = line.split_whitespace();
+    let (start, end) = f.next()?.split_once('-')?;
+    let perms = f.next()?.as_bytes();
+    let offset = u64::from_str_radix(f.next()?, 16).ok()?;
+    let bit = |i: usize, c: u8, p: i32| if perms.get(i) == Some(&c) { p } else { 0 };
+    Some(Entry {
+        start: usize::from_str_radix(start, 16).ok()?,
+        end: usize::from_str_radix(end, 16).ok()?,
+        prot: bit(0, b'r', libc::PROT_READ)
+            | bit(1, b'w', libc::PROT_WRITE)
+            | bit(2, b'x', libc::PROT_EXEC),
+        offset,
+        name: name_field(line),
+    })
+}
+
+/// The sixth field to the end of the line (a path may contain spaces).
+fn name_field(line: &str) -> Option<String> {
+    let mut rest = line;
+    for _ in 0..5 {
+        rest = rest.trim_start();
+        rest = &rest[rest.find(char::is_whitespace)?..];
+    }
+    let name = rest.trim();
+    (!name.is_empty()).then(|| name.to_string())
+}
+
 /// The mapping that contains `addr`, if any.
 pub(crate) fn mapping_of(addr: usize) -> Option<Mapping> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let mut found = maps.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        let (range, perms) = (fields.next()?, fields.next()?);
-        let (start, end) = range.split_once('-')?;
-        let start = usize::from_str_radix(start, 16).ok()?;
-        let end = usize::from_str_radix(end, 16).ok()?;
-        if !(start..end).contains(&addr) {
-            return None;
-        }
-        let perms = perms.as_bytes();
-        let bit = |i: usize, c: u8, p: i32| if perms.get(i) == Some(&c) { p } else { 0 };
-        Some(Mapping {
-            start,
-            end,
-            prot: bit(0, b'r', libc::PROT_READ)
-                | bit(1, b'w', libc::PROT_WRITE)
-                | bit(2, b'x', libc::PROT_EXEC),
-        })
-    })?;
+    let e = entries()
+        .into_iter()
+        .find(|e| (e.start..e.end).contains(&addr))?;
+    let mut found = Mapping {
+        start: e.start,
+        end: e.end,
+        prot: e.prot,
+    };
     if cfg!(target_arch = "aarch64") && bti_guarded(found.start) {
         found.prot |= PROT_BTI;
     }
     Some(found)
+}
+
+/// Where the executable code that contains `addr` ends: the end of its
+/// mapping, or of the run of executable mappings that directly follow it
+/// (patching a page splits its segment's mapping in two, and an
+/// instruction may straddle the cut). `None` if `addr` is not in
+/// executable code.
+pub(crate) fn code_end(addr: usize) -> Option<usize> {
+    let all = entries();
+    let i = all
+        .iter()
+        .position(|e| e.exec() && (e.start..e.end).contains(&addr))?;
+    let mut end = all[i].end;
+    for e in &all[i + 1..] {
+        if e.start != end || !e.exec() {
+            break;
+        }
+        end = e.end;
+    }
+    Some(end)
 }
 
 /// arm64's `PROT_BTI`.
@@ -111,25 +183,12 @@ pub(crate) unsafe fn write_code(
 /// and the `brk` heap may still grow into (a mapping placed there would
 /// make a deep recursion fault, or `malloc` fall back to `mmap`).
 pub(crate) fn taken_ranges() -> Vec<(usize, usize)> {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return Vec::new();
-    };
     let mut taken = Vec::new();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let Some((start, end)) = f.next().and_then(|r| r.split_once('-')) else {
-            continue;
-        };
-        let (Ok(start), Ok(end)) = (
-            usize::from_str_radix(start, 16),
-            usize::from_str_radix(end, 16),
-        ) else {
-            continue;
-        };
-        taken.push((start, end));
-        match f.nth(4) {
-            Some("[stack]") => taken.push((start.saturating_sub(stack_room()), start)),
-            Some("[heap]") => taken.push((end, end.saturating_add(HEAP_ROOM))),
+    for e in entries() {
+        taken.push((e.start, e.end));
+        match e.name.as_deref() {
+            Some("[stack]") => taken.push((e.start.saturating_sub(stack_room()), e.start)),
+            Some("[heap]") => taken.push((e.end, e.end.saturating_add(HEAP_ROOM))),
             _ => {}
         }
     }
@@ -163,10 +222,10 @@ fn stack_room() -> usize {
 
 /// The file mapped at `addr`, if any.
 pub(crate) fn path_of(addr: usize) -> Option<std::path::PathBuf> {
-    file_mappings()
+    entries()
         .into_iter()
-        .find(|m| (m.start..m.end).contains(&addr))
-        .map(|m| m.path)
+        .find(|e| (e.start..e.end).contains(&addr))?
+        .path()
 }
 
 /// Where byte `offset` of file `path` is mapped executable in this process,
@@ -174,50 +233,18 @@ pub(crate) fn path_of(addr: usize) -> Option<std::path::PathBuf> {
 /// mapped twice, once read-only; code is what probes want.)
 pub(crate) fn address_of_file_offset(path: &std::path::Path, offset: u64) -> Option<usize> {
     let want = std::fs::canonicalize(path).ok()?;
-    file_mappings().into_iter().find_map(|m| {
-        let len = (m.end - m.start) as u64;
-        (m.exec && m.path == want && (m.offset..m.offset + len).contains(&offset))
-            .then(|| m.start + (offset - m.offset) as usize)
+    entries().into_iter().find_map(|e| {
+        let len = (e.end - e.start) as u64;
+        (e.exec() && e.path()? == want && (e.offset..e.offset + len).contains(&offset))
+            .then(|| e.start + (offset - e.offset) as usize)
     })
 }
 
 /// The file and the byte of it that executable address `addr` was mapped
 /// from, if any (the inverse of [`address_of_file_offset`]).
 pub(crate) fn file_offset_of(addr: usize) -> Option<(std::path::PathBuf, u64)> {
-    file_mappings()
+    let e = entries()
         .into_iter()
-        .find(|m| m.exec && (m.start..m.end).contains(&addr))
-        .map(|m| (m.path, m.offset + (addr - m.start) as u64))
-}
-
-struct FileMapping {
-    start: usize,
-    end: usize,
-    exec: bool,
-    offset: u64,
-    path: std::path::PathBuf,
-}
-
-fn file_mappings() -> Vec<FileMapping> {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return Vec::new();
-    };
-    maps.lines()
-        .filter_map(|line| {
-            let mut f = line.split_whitespace();
-            let (start, end) = f.next()?.split_once('-')?;
-            let perms = f.next()?;
-            let offset = u64::from_str_radix(f.next()?, 16).ok()?;
-            let _dev = f.next()?;
-            let _inode = f.next()?;
-            let path = f.next().filter(|p| p.starts_with('/'))?;
-            Some(FileMapping {
-                start: usize::from_str_radix(start, 16).ok()?,
-                end: usize::from_str_radix(end, 16).ok()?,
-                exec: perms.as_bytes().get(2) == Some(&b'x'),
-                offset,
-                path: path.into(),
-            })
-        })
-        .collect()
+        .find(|e| e.exec() && (e.start..e.end).contains(&addr))?;
+    Some((e.path()?, e.offset + (addr - e.start) as u64))
 }

@@ -181,14 +181,14 @@ impl Uprobe {
             });
         }
         let inside = self.addr > f.start && (f.size == 0 || self.addr < f.start + f.size);
-        let end = crate::maps::mapping_of(f.start).map_or(f.start, |m| m.end);
+        let end = crate::maps::code_end(f.start).unwrap_or(f.start);
         let code_end = if f.size == 0 {
             end
         } else {
             (f.start + f.size).min(end)
         };
         let on_boundary = inside && {
-            // SAFETY: `[f.start, code_end)` lies in the function's mapping.
+            // SAFETY: `[f.start, code_end)` lies in executable mappings.
             let code =
                 unsafe { core::slice::from_raw_parts(f.start as *const u8, code_end - f.start) };
             crate::arch::is_boundary(f.start, self.addr, code)

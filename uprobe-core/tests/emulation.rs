@@ -97,6 +97,16 @@ core::arch::global_asm!(
     ".globl t_ret16_insn",
     "t_ret16_insn:",
     "ret 16",
+    // cs nop word [rax + rax] (the 10-byte padding compilers emit), then
+    // a segment-prefixed nop of another length; rax = rdi + 9
+    ".globl t_cs_nop",
+    "t_cs_nop:",
+    ".byte 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00",
+    ".globl t_cs_nop_short",
+    "t_cs_nop_short:",
+    ".byte 0x2e, 0x0f, 0x1f, 0x40, 0x00",
+    "lea rax, [rdi + 9]",
+    "ret",
     // refused (never called): hlt first
     ".globl t_hlt",
     "t_hlt:",
@@ -126,6 +136,8 @@ unsafe extern "C" {
     static t_ret16_insn: u8;
     fn t_hlt(x: u64) -> u64;
     fn t_int3(x: u64) -> u64;
+    fn t_cs_nop(x: u64) -> u64;
+    static t_cs_nop_short: u8;
 }
 
 #[test]
@@ -135,6 +147,12 @@ fn every_emulated_class_behaves_as_unprobed() {
     }
     same_with_probe(t_jcc, (&raw const t_jcc_branch) as usize, HitsPerCall::One);
     same_with_probe(t_ret, (&raw const t_ret_insn) as usize, HitsPerCall::One);
+    same_with_probe(t_cs_nop, fn_addr(t_cs_nop), HitsPerCall::One);
+    same_with_probe(
+        t_cs_nop,
+        (&raw const t_cs_nop_short) as usize,
+        HitsPerCall::One,
+    );
     same_with_probe(
         t_ret16_caller,
         (&raw const t_ret16_insn) as usize,
@@ -256,6 +274,45 @@ fn refusals_name_the_instruction_and_the_reason() {
             addr: fn_addr(t_int3)
         }
     );
+}
+
+/// An instruction that straddles two mappings of one code segment (the
+/// kernel splits a segment's mapping where a page was patched) decodes
+/// whole: the bytes on the next mapping are code too.
+#[test]
+fn an_instruction_across_two_code_mappings() {
+    const PAGE: usize = 4096;
+    // SAFETY: a fresh anonymous mapping of two pages.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    let base = base as usize;
+    // mov rax, 42 (7 bytes) starting 3 bytes before the second page; ret.
+    let f = base + PAGE - 3;
+    let code = [0x48, 0xc7, 0xc0, 0x2a, 0x00, 0x00, 0x00, 0xc3];
+    // SAFETY: inside the mapping, which is writable.
+    unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), f as *mut u8, code.len()) };
+    // The first page read-execute only: two mappings now.
+    // SAFETY: our own mapping's first page.
+    let split = unsafe { libc::mprotect(base as *mut _, PAGE, libc::PROT_READ | libc::PROT_EXEC) };
+    assert_eq!(split, 0);
+    // SAFETY: the code above: one instruction, then ret.
+    let g: unsafe extern "C" fn(u64) -> u64 = unsafe { std::mem::transmute(f) };
+    let probe = probe_at(f)
+        .attach()
+        .unwrap_or_else(|e| panic!("refused across the mapping boundary: {e}"));
+    assert_eq!(call(g, 0), 42);
+    assert_eq!(probe.hits(), 1);
+    probe.detach().unwrap();
+    assert_eq!(call(g, 0), 42);
 }
 
 /// A breakpoint inside a restartable sequence could never be handled (the

@@ -269,9 +269,12 @@ fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'static str>
     if prefixes.contains(&0xf0) {
         return Err("lock-prefixed instructions are refused (as by kernel uprobes)");
     }
-    if prefixes
-        .iter()
-        .any(|b| matches!(b, 0x26 | 0x2e | 0x36 | 0x3e))
+    // A segment prefix on a nop (`cs nop word [rax + rax]`, the common
+    // padding) changes nothing: it is emulated like any nop.
+    if insn.mnemonic() != Mnemonic::Nop
+        && prefixes
+            .iter()
+            .any(|b| matches!(b, 0x26 | 0x2e | 0x36 | 0x3e))
     {
         return Err("ES/CS/SS/DS segment prefixes are refused (as by kernel uprobes)");
     }
@@ -463,6 +466,21 @@ mod tests {
     }
 
     #[test]
+    fn segment_prefixed_nops_are_nops() {
+        for nop in [
+            &[0x2e, 0x90][..],
+            &[0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0],
+            &[0x3e, 0x0f, 0x1f, 0x00],
+        ] {
+            assert!(
+                matches!(emu(nop), Ok(Emulation::Nop { .. })),
+                "{nop:x?}: {:?}",
+                emu(nop)
+            );
+        }
+    }
+
+    #[test]
     fn refuses_with_the_instruction_and_a_reason() {
         let Err(AttachError::Unsupported { insn, why, .. }) = emu(&[0x0f, 0x05]) else {
             panic!("syscall is refused");
@@ -471,7 +489,7 @@ mod tests {
         assert!(why.contains("kernel uprobes"), "{why}");
         for refused in [
             &[0xf0, 0xff, 0x00][..],   // lock inc dword [rax]
-            &[0x2e, 0x90],             // cs-prefixed
+            &[0x2e, 0x8b, 0x00],       // mov eax, cs:[rax]
             &[0xf4],                   // hlt
             &[0xfa],                   // cli
             &[0x0f],                   // cut off
