@@ -54,8 +54,7 @@ fn scan_sigtrap_blockers() -> Vec<i32> {
 
 /// The `SigBlk` mask (signals 1 to 64) of a task's `status` file.
 fn blocked_mask(status: &std::path::Path) -> Option<u64> {
-    std::fs::read_to_string(status)
-        .ok()?
+    crate::maps::read_proc(status.to_str()?)?
         .lines()
         .find_map(|l| l.strip_prefix("SigBlk:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
@@ -70,19 +69,48 @@ fn proc_shows_real_masks() -> bool {
     std::fs::read_link("/proc/self/exe").ok() == std::fs::read_link(task).ok()
 }
 
-/// Refuses `addr` if it lies in a restartable sequence's critical section
-/// (any `__rseq_cs` descriptor of any loaded object): on signal delivery
-/// the kernel moves the instruction pointer of a thread inside one to the
-/// section's abort handler, so a trap there could never be handled.
-pub(crate) fn refuse_rseq_critical_section(addr: usize) -> Result<(), AttachError> {
-    for l in crate::symbols::loaded_objects() {
-        for (start, end) in rseq_sections(&l) {
-            if (start..end).contains(&addr) {
-                return Err(AttachError::RseqCriticalSection { addr, start, end });
-            }
+/// The restartable sequences' critical sections of every loaded object
+/// (their `__rseq_cs` descriptors), gathered once for a batch of attaches.
+pub(crate) struct RseqSections(Vec<(usize, usize)>);
+
+impl RseqSections {
+    /// The sections of the objects loaded now: read again only when an
+    /// object was loaded or unloaded since the last time (the dynamic
+    /// linker's load and unload counts say so).
+    pub(crate) fn read() -> Self {
+        type Cached = Option<((u64, u64), Vec<(usize, usize)>)>;
+        static CACHE: Mutex<Cached> = Mutex::new(None);
+        let generation = crate::symbols::load_generation();
+        let mut cache = CACHE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((seen, sections)) = cache.as_ref()
+            && Some(*seen) == generation
+        {
+            return Self(sections.clone());
+        }
+        let sections: Vec<(usize, usize)> = crate::symbols::loaded_objects()
+            .iter()
+            .flat_map(rseq_sections)
+            .collect();
+        *cache = generation.map(|g| (g, sections.clone()));
+        Self(sections)
+    }
+
+    /// Refuses `addr` if it lies in a critical section: on signal
+    /// delivery the kernel moves the instruction pointer of a thread
+    /// inside one to the section's abort handler, so a trap there could
+    /// never be handled.
+    pub(crate) fn refuse(&self, addr: usize) -> Result<(), AttachError> {
+        match self
+            .0
+            .iter()
+            .find(|(start, end)| (*start..*end).contains(&addr))
+        {
+            Some(&(start, end)) => Err(AttachError::RseqCriticalSection { addr, start, end }),
+            None => Ok(()),
         }
     }
-    Ok(())
 }
 
 /// The critical sections `[start, end)` of loaded object `l`, read once

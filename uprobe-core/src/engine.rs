@@ -1,10 +1,10 @@
 //! The trap engine: the probe table, the SIGTRAP handler, attach and detach.
 //!
-//! **Table.** Probed sites live in a fixed open-addressing table of
-//! pointers, read by the handler inside an SRCU read section (`srcu`:
+//! **Table.** Probed sites live in a growable open-addressing table
+//! (`table`), read by the handler inside an SRCU read section (`srcu`:
 //! per-CPU counts, no lock, no allocation) and changed only by attach and
-//! detach, which serialise on a mutex and free a site or a consumer list
-//! only after an SRCU grace period. So a handler never parks, never
+//! detach, which serialise on a mutex and free a site, a consumer list or
+//! an outgrown table only after an SRCU grace period. So a handler never parks, never
 //! allocates and never takes a lock the interrupted code might hold, and no
 //! consumer runs after its detach returned.
 //!
@@ -29,13 +29,8 @@ use std::sync::{Arc, Mutex, Once};
 
 use crate::arch::{BREAKPOINT, Emulation, analyze, apply};
 use crate::context::EntryContext;
-use crate::maps::{Mapping, mapping_of, write_code};
+use crate::maps::{Mapping, Patch, Snapshot, write_patches};
 use crate::{AttachError, error::os_error};
-
-/// Sites the table can hold (distinct probed addresses).
-pub(crate) const MAX_SITES: usize = 4096;
-/// A removed entry: lookups continue past it.
-const TOMBSTONE: *mut Site = core::ptr::dangling_mut::<Site>();
 
 /// The handler of one consumer.
 pub(crate) type Handler = Box<dyn Fn(&mut EntryContext<'_>) + Send + Sync>;
@@ -61,10 +56,18 @@ pub(crate) struct Site {
     consumers: AtomicPtr<Vec<Arc<Consumer>>>,
     /// Hits that ran no handler (the thread was already in the engine).
     missed: AtomicU64,
+    /// Whether the breakpoint is in the code (false once every probe was
+    /// disarmed because the program replaced the SIGTRAP handler).
+    /// Writer only.
+    armed: AtomicBool,
 }
 
-static TABLE: [AtomicPtr<Site>; MAX_SITES] =
-    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_SITES];
+impl Site {
+    /// The probed address.
+    pub(crate) fn addr(&self) -> usize {
+        self.addr
+    }
+}
 /// Guards the table and the sites' consumer lists against readers: every
 /// unpublished site or list is freed only after a grace period of it.
 pub(crate) static DOMAIN: srcu::Srcu = srcu::Srcu::new();
@@ -86,39 +89,10 @@ std::thread_local! {
 /// signals are blocked while the handler runs (see `install`).
 const MAX_DEPTH: u32 = 8;
 
-fn slot_of(addr: usize) -> usize {
-    // Fibonacci hashing; code addresses differ in their low bits.
-    (addr.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) % MAX_SITES
-}
-
 /// The site at `addr`, if any; call inside a read section (or holding
 /// `WRITER`). Async-signal-safe.
 fn lookup(addr: usize) -> Option<&'static Site> {
-    find(addr).map(|(_, site)| site)
-}
-
-/// The table slot holding the site at `addr`, and the site. A plain index
-/// loop: it runs in the trap handler (see `xol::origin_word`).
-/// Async-signal-safe.
-fn find(addr: usize) -> Option<(usize, &'static Site)> {
-    let start = slot_of(addr);
-    for i in 0..MAX_SITES {
-        let slot = (start + i) % MAX_SITES;
-        let p = TABLE[slot].load(Ordering::Acquire);
-        if p.is_null() {
-            return None;
-        }
-        if p != TOMBSTONE {
-            // SAFETY: published sites are freed only after being replaced
-            // by a tombstone and a grace period; the caller is in a read
-            // section or holds the writer lock.
-            let site = unsafe { &*p };
-            if site.addr == addr {
-                return Some((slot, site));
-            }
-        }
-    }
-    None
+    crate::table::find(addr).map(|(_, site)| site)
 }
 
 /// The calling thread's kernel id. Async-signal-safe.
@@ -415,6 +389,7 @@ fn pass_on(
 enum Garbage {
     List(*mut Vec<Arc<Consumer>>),
     Site(*mut Site),
+    Table(*mut crate::table::Table),
 }
 
 /// Frees what a batch unpublished: at once if `table` keeps every reader
@@ -438,6 +413,8 @@ fn collect(garbage: Vec<Garbage>, table: &crate::lookup::WriteSide, wait: bool) 
                 // SAFETY: as above.
                 drop(unsafe { Box::from_raw(site.consumers.load(Ordering::Relaxed)) });
             }
+            // SAFETY: retired by an insert before the grace period.
+            Garbage::Table(t) => unsafe { crate::table::free(t) },
         }
     }
 }
@@ -458,18 +435,86 @@ pub(crate) unsafe fn attach_many(
     let _w = WRITER
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    check_trap_handler().map_err(|e| (0, e))?;
     let mut garbage = Vec::new();
     let mut result = Ok(());
     let table = crate::lookup::write_side();
+    let mut batch = Batch::read().map_err(|e| (0, e))?;
+    // Every site is published (its analysis in the table) before any
+    // breakpoint is written; the breakpoints then go in page by page,
+    // with one instruction-stream sync for the batch.
+    let mut attached = items.len();
     for (i, (addr, consumer)) in items.iter().enumerate() {
         // SAFETY: forwarded.
-        if let Err(e) = unsafe { attach_one(*addr, Arc::clone(consumer), &mut garbage) } {
+        let one = unsafe { attach_one(*addr, Arc::clone(consumer), &mut batch, &mut garbage) };
+        if let Err(e) = one {
             result = Err((i, e));
+            attached = i;
             break;
         }
     }
+    let patches: Vec<Patch<'_>> = batch
+        .writes
+        .iter()
+        .map(|&(_, map, addr)| Patch {
+            map,
+            addr,
+            bytes: &BREAKPOINT,
+        })
+        .collect();
+    // SAFETY: each address starts an instruction (the caller's contract),
+    // inside the mapping the snapshot showed.
+    if let Err(failed) = unsafe { write_patches(&patches) } {
+        // Undo the items from the first one whose page could not be
+        // written (the caller detaches the ones before it).
+        let (k, e) = failed.into_iter().next().expect("an error names a patch");
+        let first = batch.writes[k].0;
+        let mut last = Vec::new();
+        for (addr, consumer) in &items[first..attached] {
+            if let Some(site) = detach_one(*addr, consumer, &mut garbage) {
+                last.push(site);
+            }
+        }
+        let _ = unpublish(&last, &batch.maps, &mut garbage);
+        result = Err((first, e));
+    }
     collect(garbage, &table, false);
     result
+}
+
+/// What every attach of a batch checks against, looked at once for the
+/// batch (`WRITER` is held, so no attach of ours changes it meanwhile).
+struct Batch {
+    /// The memory map: attach writes code only inside mappings it saw,
+    /// and a mapping that went away since makes the write fail (an error,
+    /// never a write elsewhere).
+    maps: Snapshot,
+    /// The loaded objects' rseq critical sections.
+    rseq: crate::checks::RseqSections,
+    /// The breakpoints to write once every site is published: the item's
+    /// index, its mapping and address.
+    writes: Vec<(usize, Mapping, usize)>,
+    /// Addresses of `writes` (a second consumer at one of them joins the
+    /// site the batch made, whose breakpoint is not written yet).
+    pending: std::collections::HashSet<usize>,
+    /// Items looked at so far.
+    items: usize,
+}
+
+impl Batch {
+    fn read() -> Result<Self, AttachError> {
+        let blocking = crate::checks::threads_blocking_sigtrap();
+        if !blocking.is_empty() {
+            return Err(AttachError::TrapBlocked { tids: blocking });
+        }
+        Ok(Self {
+            maps: Snapshot::read(),
+            rseq: crate::checks::RseqSections::read(),
+            writes: Vec::new(),
+            pending: std::collections::HashSet::new(),
+            items: 0,
+        })
+    }
 }
 
 /// # Safety
@@ -477,25 +522,36 @@ pub(crate) unsafe fn attach_many(
 unsafe fn attach_one(
     addr: usize,
     consumer: Arc<Consumer>,
+    batch: &mut Batch,
     garbage: &mut Vec<Garbage>,
 ) -> Result<(), AttachError> {
-    if let Some(site) = lookup(addr) {
-        let mut list = current_list(site).clone();
-        list.push(consumer);
-        garbage.push(Garbage::List(publish_list(site, list)));
-        return Ok(());
-    }
-    let map = mapping_of(addr).filter(|m| m.prot & libc::PROT_EXEC != 0);
-    let Some(map) = map else {
+    let item = batch.items;
+    batch.items += 1;
+    let maps = &batch.maps;
+    let Some(map) = maps.code_mapping_of(addr) else {
         return Err(AttachError::NotCode { addr });
     };
-    crate::checks::refuse_rseq_critical_section(addr)?;
-    let blocking = crate::checks::threads_blocking_sigtrap();
-    if !blocking.is_empty() {
-        return Err(AttachError::TrapBlocked { tids: blocking });
+    if let Some((slot, site)) = crate::table::find(addr) {
+        let live = batch.pending.contains(&addr)
+            || (site.armed.load(Ordering::Relaxed)
+                // SAFETY: `addr` is in an executable mapping.
+                && unsafe { crate::arch::is_breakpoint_at(addr) });
+        if live {
+            let mut list = current_list(site).clone();
+            list.push(consumer);
+            garbage.push(Garbage::List(publish_list(site, list)));
+            return Ok(());
+        }
+        // The code the site was made for is gone (unloaded, and other
+        // code mapped at the same address since) or was disarmed: the
+        // site must not swallow this attach. Its consumers' probes detach
+        // without anything to restore.
+        crate::table::remove(slot);
+        garbage.push(Garbage::Site(core::ptr::from_ref(site).cast_mut()));
     }
+    batch.rseq.refuse(addr)?;
     // An instruction may straddle two mappings of one code segment.
-    let code_end = crate::maps::code_end(addr).unwrap_or(map.end);
+    let code_end = maps.code_end(addr).unwrap_or(map.end);
     let len = (code_end - addr).min(crate::arch::MAX_INSN_LEN);
     // SAFETY: `[addr, addr + len)` lies in readable executable mappings.
     let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, len) };
@@ -511,23 +567,14 @@ unsafe fn attach_one(
         emulation,
         consumers: AtomicPtr::new(Box::into_raw(Box::new(vec![consumer]))),
         missed: AtomicU64::new(0),
+        armed: AtomicBool::new(true),
     }));
-    let Some(slot) = free_slot(addr) else {
-        // SAFETY: never published.
-        drop(unsafe { Box::from_raw(site) });
-        return Err(AttachError::Os {
-            what: "probe table full",
-            errno: libc::ENOSPC,
-        });
-    };
-    // Publish the analysis, then write the breakpoint.
-    TABLE[slot].store(site, Ordering::Release);
-    // SAFETY: the caller's contract: an instruction's first byte.
-    if let Err(e) = unsafe { write_code(map, addr, &BREAKPOINT) } {
-        TABLE[slot].store(TOMBSTONE, Ordering::Release);
-        garbage.push(Garbage::Site(site));
-        return Err(e);
+    // Publish the analysis; the breakpoint follows (`attach_many`).
+    if let Some(old) = crate::table::insert(site) {
+        garbage.push(Garbage::Table(old));
     }
+    batch.writes.push((item, map, addr));
+    batch.pending.insert(addr);
     Ok(())
 }
 
@@ -539,54 +586,147 @@ pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), Attach
     let _w = WRITER
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // A replaced handler disarms every site; the detach itself goes on
+    // (it has nothing left to restore).
+    let _ = check_trap_handler();
     let mut garbage = Vec::new();
-    let mut first_error = None;
     let table = crate::lookup::write_side();
-    for (addr, consumer) in items {
-        if let Err(e) = detach_one(*addr, consumer, &mut garbage) {
-            first_error.get_or_insert(e);
-        }
-    }
+    let last: Vec<(usize, &Site)> = items
+        .iter()
+        .filter_map(|(addr, consumer)| detach_one(*addr, consumer, &mut garbage))
+        .collect();
+    let result = unpublish(&last, &Snapshot::read(), &mut garbage);
     let returns_detached = items.iter().any(|(_, c)| c.ret.is_some());
     collect(garbage, &table, returns_detached);
     // A fork child gets its service thread back here (it inherits none).
     let _ = crate::returns::ensure_service();
-    first_error.map_or(Ok(()), Err)
+    result
 }
 
-/// `WRITER` is held.
-fn detach_one(
+/// Removes `consumer` from the site at `addr`; returns the site (and its
+/// table slot) if that was its last consumer, to [`unpublish`]. `WRITER`
+/// is held.
+fn detach_one<'s>(
     addr: usize,
     consumer: &Arc<Consumer>,
     garbage: &mut Vec<Garbage>,
-) -> Result<(), AttachError> {
+) -> Option<(usize, &'s Site)> {
     if let Some(ret) = &consumer.ret {
         // No return handler of it runs once the grace period below is over.
         ret.detach();
     }
-    let Some((slot, site)) = find(addr) else {
-        return Ok(());
-    };
+    let (slot, site) = crate::table::find(addr)?;
+    if !current_list(site).iter().any(|c| Arc::ptr_eq(c, consumer)) {
+        // A site made anew at the address after this consumer's site went
+        // stale (its code was unloaded): nothing of it is here.
+        return None;
+    }
     let list: Vec<_> = current_list(site)
         .iter()
         .filter(|c| !Arc::ptr_eq(c, consumer))
         .cloned()
         .collect();
-    if !list.is_empty() {
-        garbage.push(Garbage::List(publish_list(site, list)));
+    if list.is_empty() {
+        return Some((slot, site));
+    }
+    garbage.push(Garbage::List(publish_list(site, list)));
+    None
+}
+
+/// Sites whose last consumer left: the original bytes back first (one
+/// batch of patches), then unpublished. A site whose bytes could not be
+/// restored keeps its breakpoint with no consumer (hits just run the
+/// instruction); the first such error is returned. `WRITER` is held.
+fn unpublish(
+    sites: &[(usize, &Site)],
+    maps: &Snapshot,
+    garbage: &mut Vec<Garbage>,
+) -> Result<(), AttachError> {
+    let mut failed = disarm(sites.iter().map(|&(_, site)| site), maps);
+    let mut first_error = None;
+    for (i, &(slot, site)) in sites.iter().enumerate() {
+        if let Some(at) = failed.iter().position(|(f, _)| *f == i) {
+            let (_, e) = failed.swap_remove(at);
+            first_error.get_or_insert(e);
+            garbage.push(Garbage::List(publish_list(site, Vec::new())));
+            continue;
+        }
+        crate::table::remove(slot);
+        garbage.push(Garbage::Site(core::ptr::from_ref(site).cast_mut()));
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Restores the original bytes of each armed site whose breakpoint is
+/// still there (code that was unmapped since, `dlclose`, or replaced by
+/// other code has nothing to restore) and marks them disarmed. Returns
+/// the sites (their indexes in the iteration) whose bytes could not be
+/// restored, still armed. `WRITER` is held.
+fn disarm<'s>(sites: impl Iterator<Item = &'s Site>, maps: &Snapshot) -> Vec<(usize, AttachError)> {
+    let mut armed = Vec::new();
+    let mut patches = Vec::new();
+    for (i, site) in sites.enumerate() {
+        if !site.armed.load(Ordering::Relaxed) {
+            continue;
+        }
+        let still_ours = maps.code_mapping_of(site.addr).is_some()
+            // SAFETY: `site.addr` is in an executable mapping.
+            && unsafe { crate::arch::is_breakpoint_at(site.addr) };
+        if still_ours {
+            patches.push(Patch {
+                map: site.map,
+                addr: site.addr,
+                bytes: &site.original,
+            });
+        }
+        armed.push((i, site, still_ours.then(|| patches.len() - 1)));
+    }
+    // SAFETY: each patch restores an instruction's own bytes over our
+    // breakpoint.
+    let failed = unsafe { write_patches(&patches) }.err().unwrap_or_default();
+    let mut not_restored = Vec::new();
+    for (i, site, patch) in armed {
+        match failed.iter().find(|(k, _)| Some(*k) == patch) {
+            Some((_, e)) => not_restored.push((i, e.clone())),
+            None => site.armed.store(false, Ordering::Relaxed),
+        }
+    }
+    not_restored
+}
+
+/// Whether the engine's SIGTRAP handler is still the installed one. If
+/// the program replaced it (`sigaction`, `signal`), a hit would reach the
+/// program's handler and resume in the middle of the probed instruction:
+/// every site is disarmed (its original bytes restored) and the error
+/// says so. `WRITER` is held.
+fn check_trap_handler() -> Result<(), AttachError> {
+    // SAFETY: a query only; `now` is written by the call.
+    let now = unsafe {
+        let mut now: libc::sigaction = core::mem::zeroed();
+        libc::sigaction(libc::SIGTRAP, core::ptr::null(), &raw mut now);
+        now.sa_sigaction
+    };
+    if now == on_sigtrap as *const () as libc::sighandler_t {
         return Ok(());
     }
-    // The last consumer: the original bytes back first, then unpublish.
-    // SAFETY: restores the instruction's own bytes.
-    if let Err(e) = unsafe { write_code(site.map, addr, &site.original) } {
-        // The breakpoint stays, with no consumer: hits just run the
-        // instruction.
-        garbage.push(Garbage::List(publish_list(site, Vec::new())));
-        return Err(e);
-    }
-    TABLE[slot].store(TOMBSTONE, Ordering::Release);
-    garbage.push(Garbage::Site(core::ptr::from_ref(site).cast_mut()));
-    Ok(())
+    let sites = crate::table::sites();
+    let was_armed = sites
+        .iter()
+        .filter(|s| s.armed.load(Ordering::Relaxed))
+        .count();
+    let not_restored = disarm(sites.into_iter(), &Snapshot::read()).len();
+    let disarmed = was_armed - not_restored;
+    Err(AttachError::TrapHandlerReplaced { disarmed })
+}
+
+/// Whether a breakpoint of the engine is in the code at `addr` (false if
+/// nothing is attached there, or every site was disarmed because the
+/// program replaced the SIGTRAP handler).
+pub(crate) fn armed(addr: usize) -> bool {
+    let _w = WRITER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    lookup(addr).is_some_and(|s| s.armed.load(Ordering::Relaxed))
 }
 
 /// Hits that ran no handler at `addr` (0 if nothing is attached there).
@@ -604,14 +744,4 @@ fn current_list(site: &Site) -> &Vec<Arc<Consumer>> {
 fn publish_list(site: &Site, list: Vec<Arc<Consumer>>) -> *mut Vec<Arc<Consumer>> {
     site.consumers
         .swap(Box::into_raw(Box::new(list)), Ordering::AcqRel)
-}
-
-/// A free (or tombstoned) slot on `addr`'s probe sequence.
-fn free_slot(addr: usize) -> Option<usize> {
-    (0..MAX_SITES)
-        .map(|i| (slot_of(addr) + i) % MAX_SITES)
-        .find(|&s| {
-            let p = TABLE[s].load(Ordering::Relaxed);
-            p.is_null() || p == TOMBSTONE
-        })
 }

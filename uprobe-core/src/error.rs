@@ -105,6 +105,15 @@ pub enum AttachError {
         /// The offset asked for.
         offset: usize,
     },
+    /// SIGTRAP's handler is no longer the engine's: the program replaced it
+    /// (`sigaction`, `signal`) after probes were attached. A hit would
+    /// reach the program's handler and resume in the middle of the probed
+    /// instruction, so every probe was disarmed (its original bytes
+    /// restored) and no probe attaches until the engine's handler is back.
+    TrapHandlerReplaced {
+        /// Probes disarmed by this check.
+        disarmed: usize,
+    },
     /// This architecture has no engine yet.
     UnsupportedArch,
     /// A system call failed while installing the handler or patching.
@@ -176,6 +185,10 @@ impl core::fmt::Display for AttachError {
             Self::UnknownFunctionExtent { function, offset } => write!(
                 f,
                 "offset {offset:#x} into {function}: its symbol has no size, so the offset could lie in another function"
+            ),
+            Self::TrapHandlerReplaced { disarmed } => write!(
+                f,
+                "the program replaced the SIGTRAP handler the probes need: {disarmed} probe(s) disarmed, and none can attach until it is restored"
             ),
             Self::UnsupportedArch => f.write_str("no probe engine for this architecture yet"),
             Self::Os { what, errno } => write!(

@@ -37,10 +37,23 @@ impl Entry {
     }
 }
 
+/// A `/proc` file, read in large chunks: procfs files report no size, so
+/// `read_to_string` starts with a 32-byte read and doubles, a dozen
+/// system calls for a file that two reads take.
+pub(crate) fn read_proc(path: &str) -> Option<String> {
+    use std::io::Read as _;
+    let mut text = String::with_capacity(16 * 1024);
+    std::fs::File::open(path)
+        .ok()?
+        .read_to_string(&mut text)
+        .ok()?;
+    Some(text)
+}
+
 /// The process's memory map, read from `/proc/self/maps` (the one parser
 /// of it in the crate). Not async-signal-safe.
 fn entries() -> Vec<Entry> {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+    let Some(maps) = read_proc("/proc/self/maps") else {
         return Vec::new();
     };
     maps.lines().filter_map(parse_line).collect()
@@ -74,40 +87,63 @@ fn name_field(line: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
-/// The mapping that contains `addr`, if any.
-pub(crate) fn mapping_of(addr: usize) -> Option<Mapping> {
-    let e = entries()
-        .into_iter()
-        .find(|e| (e.start..e.end).contains(&addr))?;
-    let mut found = Mapping {
-        start: e.start,
-        end: e.end,
-        prot: e.prot,
-    };
-    if cfg!(target_arch = "aarch64") && bti_guarded(found.start) {
-        found.prot |= PROT_BTI;
+/// The memory map as read at one moment: for a batch of look-ups that
+/// should not each read `/proc/self/maps` again.
+pub(crate) struct Snapshot(Vec<Entry>);
+
+impl Snapshot {
+    /// Reads the map now.
+    pub(crate) fn read() -> Self {
+        Self(entries())
     }
-    Some(found)
+
+    fn index_of(&self, addr: usize) -> Option<usize> {
+        // The kernel lists mappings in address order.
+        let i = self.0.partition_point(|e| e.end <= addr);
+        (i < self.0.len() && self.0[i].start <= addr).then_some(i)
+    }
+
+    /// The mapping that contains `addr`, if any.
+    pub(crate) fn mapping_of(&self, addr: usize) -> Option<Mapping> {
+        let e = &self.0[self.index_of(addr)?];
+        let mut found = Mapping {
+            start: e.start,
+            end: e.end,
+            prot: e.prot,
+        };
+        if cfg!(target_arch = "aarch64") && bti_guarded(found.start) {
+            found.prot |= PROT_BTI;
+        }
+        Some(found)
+    }
+
+    /// The executable mapping that contains `addr`, if any.
+    pub(crate) fn code_mapping_of(&self, addr: usize) -> Option<Mapping> {
+        self.mapping_of(addr)
+            .filter(|m| m.prot & libc::PROT_EXEC != 0)
+    }
+
+    /// Where the executable code that contains `addr` ends: the end of its
+    /// mapping, or of the run of executable mappings that directly follow
+    /// it (patching a page splits its segment's mapping in two, and an
+    /// instruction may straddle the cut). `None` if `addr` is not in
+    /// executable code.
+    pub(crate) fn code_end(&self, addr: usize) -> Option<usize> {
+        let i = self.index_of(addr).filter(|&i| self.0[i].exec())?;
+        let mut end = self.0[i].end;
+        for e in &self.0[i + 1..] {
+            if e.start != end || !e.exec() {
+                break;
+            }
+            end = e.end;
+        }
+        Some(end)
+    }
 }
 
-/// Where the executable code that contains `addr` ends: the end of its
-/// mapping, or of the run of executable mappings that directly follow it
-/// (patching a page splits its segment's mapping in two, and an
-/// instruction may straddle the cut). `None` if `addr` is not in
-/// executable code.
+/// [`Snapshot::code_end`] of the map as it is now.
 pub(crate) fn code_end(addr: usize) -> Option<usize> {
-    let all = entries();
-    let i = all
-        .iter()
-        .position(|e| e.exec() && (e.start..e.end).contains(&addr))?;
-    let mut end = all[i].end;
-    for e in &all[i + 1..] {
-        if e.start != end || !e.exec() {
-            break;
-        }
-        end = e.end;
-    }
-    Some(end)
+    Snapshot::read().code_end(addr)
 }
 
 /// arm64's `PROT_BTI`.
@@ -117,7 +153,7 @@ const PROT_BTI: i32 = 0x10;
 /// `VmFlags` in `/proc/self/smaps`). qemu-user's `smaps` does not show the
 /// flag: there a guarded page that is patched loses its guard.
 fn bti_guarded(start: usize) -> bool {
-    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+    let Some(smaps) = read_proc("/proc/self/smaps") else {
         return false;
     };
     let header = format!("{start:x}-");
@@ -128,55 +164,85 @@ fn bti_guarded(start: usize) -> bool {
         .is_some_and(|flags| flags.split_whitespace().any(|f| f == "bt"))
 }
 
-/// Writes `bytes` (one byte on x86-64, one aligned 4-byte instruction on
-/// aarch64: a single store either way, so a thread running the code sees
-/// the old or the new instruction, never a mix) at `addr` in mapping
-/// `map`, keeping it executable the whole time (other threads may be
-/// running the page): adds write permission, stores, makes the store
-/// visible to instruction fetch (aarch64: cache maintenance), restores the
-/// original protection, then makes every thread serialise its instruction
-/// stream before it runs the page again
-/// (`membarrier(PRIVATE_EXPEDITED_SYNC_CORE)`).
+/// One patch of code: `bytes` (one byte on x86-64, one aligned 4-byte
+/// instruction on aarch64: a single store either way, so a thread running
+/// the code sees the old or the new instruction, never a mix) at `addr`,
+/// inside mapping `map`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Patch<'a> {
+    pub(crate) map: Mapping,
+    pub(crate) addr: usize,
+    pub(crate) bytes: &'a [u8],
+}
+
+/// Writes `patches`, keeping the code executable the whole time (other
+/// threads may be running it): for each page, adds write permission,
+/// stores that page's patches, makes them visible to instruction fetch
+/// (aarch64: cache maintenance) and restores the original protection;
+/// then, once for all of them, makes every thread serialise its
+/// instruction stream before it runs the code again
+/// (`membarrier(PRIVATE_EXPEDITED_SYNC_CORE)`). A batch of patches on few
+/// pages thus costs a few system calls, not three per patch.
+///
+/// On an error, returns the patches (their indexes in `patches`, in
+/// order) of each page that could not be made writable, with the error;
+/// every patch on the other pages was written.
 ///
 /// # Safety
-/// `addr` is inside `map`, and writing `bytes` there is what the caller
-/// wants every thread to execute from now on (a breakpoint over the start
-/// of an instruction, or the instruction restored).
-pub(crate) unsafe fn write_code(
-    map: Mapping,
-    addr: usize,
-    bytes: &[u8],
-) -> Result<(), crate::AttachError> {
+/// Each `addr` is inside its `map`, and writing its `bytes` there is what
+/// the caller wants every thread to execute from now on (a breakpoint
+/// over the start of an instruction, or the instruction restored).
+pub(crate) unsafe fn write_patches(
+    patches: &[Patch<'_>],
+) -> Result<(), Vec<(usize, crate::AttachError)>> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let base = addr & !(page - 1);
-    let writable = map.prot | libc::PROT_WRITE | libc::PROT_EXEC;
-    // SAFETY: `base` is a page of a live mapping; execute stays on, so
-    // threads running it meanwhile are unaffected.
-    if unsafe { libc::mprotect(base as *mut libc::c_void, page, writable) } != 0 {
-        return Err(crate::error::os_error("mprotect (add write)"));
-    }
-    match *bytes {
-        // SAFETY: the page is writable now; one byte can never tear an
-        // instruction for a concurrent reader.
-        [b] => unsafe { core::ptr::write_volatile(addr as *mut u8, b) },
-        // SAFETY: as above; an aligned 4-byte store is single-copy atomic.
-        [a, b, c, d] if addr.is_multiple_of(4) => unsafe {
-            core::ptr::write_volatile(addr as *mut u32, u32::from_le_bytes([a, b, c, d]));
-        },
-        _ => unreachable!("code is patched one byte or one aligned word at a time"),
-    }
-    crate::arch::flush_code(addr, bytes.len());
-    // SAFETY: as above, back to the mapping's own protection.
-    if unsafe { libc::mprotect(base as *mut libc::c_void, page, map.prot) } != 0 {
-        return Err(crate::error::os_error("mprotect (restore)"));
+    let mut order: Vec<usize> = (0..patches.len()).collect();
+    order.sort_by_key(|&i| patches[i].addr);
+    let mut failed: Vec<(usize, crate::AttachError)> = Vec::new();
+    for group in order.chunk_by(|&a, &b| patches[a].addr / page == patches[b].addr / page) {
+        let first = &patches[group[0]];
+        let base = first.addr & !(page - 1);
+        let writable = first.map.prot | libc::PROT_WRITE | libc::PROT_EXEC;
+        // SAFETY: `base` is a page of a live mapping; execute stays on,
+        // so threads running it meanwhile are unaffected.
+        if unsafe { libc::mprotect(base as *mut libc::c_void, page, writable) } != 0 {
+            let e = crate::error::os_error("mprotect (add write)");
+            failed.extend(group.iter().map(|&i| (i, e.clone())));
+            continue;
+        }
+        for &i in group {
+            let Patch { addr, bytes, .. } = patches[i];
+            match *bytes {
+                // SAFETY: the page is writable now; one byte can never
+                // tear an instruction for a concurrent reader.
+                [b] => unsafe { core::ptr::write_volatile(addr as *mut u8, b) },
+                // SAFETY: as above; an aligned 4-byte store is
+                // single-copy atomic.
+                [a, b, c, d] if addr.is_multiple_of(4) => unsafe {
+                    core::ptr::write_volatile(addr as *mut u32, u32::from_le_bytes([a, b, c, d]));
+                },
+                _ => unreachable!("code is patched one byte or one aligned word at a time"),
+            }
+            crate::arch::flush_code(addr, bytes.len());
+        }
+        // SAFETY: as above, back to the mapping's own protection. A
+        // failure leaves the page writable as well as executable; the
+        // patches stand, and nothing is reported for them (the code is
+        // what the caller wanted).
+        unsafe { libc::mprotect(base as *mut libc::c_void, page, first.map.prot) };
     }
     // Cross-modifying code: every thread serialises before running it.
     // Where the kernel lacks SYNC_CORE, the mprotect calls above have
     // already sent each CPU running us a TLB-shootdown IPI, which
     // serialises on x86 (aarch64 has the kernel's own maintenance).
     let _ = pcpu::fence::sync_core();
-    Ok(())
+    failed.sort_by_key(|&(i, _)| i);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed)
+    }
 }
 
 /// Every mapping's `[start, end)`, plus the room the main thread's stack

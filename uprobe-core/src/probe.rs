@@ -374,6 +374,15 @@ impl Probe {
             .map(|a| a.charged())
     }
 
+    /// Whether the probe's breakpoint is in the code. False once the
+    /// engine disarmed every probe because the program replaced the
+    /// SIGTRAP handler (see [`AttachError::TrapHandlerReplaced`]), or
+    /// the code was unloaded. Not async-signal-safe.
+    #[must_use]
+    pub fn is_armed(&self) -> bool {
+        engine::armed(self.addr)
+    }
+
     /// Hits at this address that ran no handler because the thread was
     /// already inside the engine (a probed function called from a
     /// handler), shared by every probe on the address.

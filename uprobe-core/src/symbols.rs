@@ -80,6 +80,30 @@ pub(crate) fn loaded_objects() -> Vec<Loaded> {
     out
 }
 
+/// The dynamic linker's counts of objects loaded and unloaded so far
+/// (`dlpi_adds`, `dlpi_subs`): equal counts mean the same objects.
+/// `None` where the dynamic linker does not keep them.
+pub(crate) fn load_generation() -> Option<(u64, u64)> {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the pair passed below; `info` is valid for
+        // the call and has the counters when `size` covers them.
+        unsafe {
+            if size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) + 8 {
+                *data.cast::<Option<(u64, u64)>>() = Some(((*info).dlpi_adds, (*info).dlpi_subs));
+            }
+        }
+        1
+    }
+    let mut generation = None;
+    // SAFETY: the callback writes only `generation`, then stops the walk.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut generation).cast()) };
+    generation
+}
+
 /// Whether `object` (a file name like `libc.so.6`, or a path) names `l`.
 fn names(l: &Loaded, object: &str) -> bool {
     l.path == Path::new(object)

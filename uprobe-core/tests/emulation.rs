@@ -315,6 +315,68 @@ fn an_instruction_across_two_code_mappings() {
     assert_eq!(call(g, 0), 42);
 }
 
+/// Maps one page of code at `at` (anywhere if null): `lea rax, [rdi +
+/// add]; ret`. Returns the page.
+fn map_code(at: usize, add: u8) -> usize {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if at == 0 { 0 } else { libc::MAP_FIXED };
+    // SAFETY: an anonymous mapping, at a page the test owns if fixed.
+    let page = unsafe {
+        libc::mmap(
+            at as *mut _,
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(page, libc::MAP_FAILED);
+    let code = [0x48, 0x8d, 0x47, add, 0xc3];
+    // SAFETY: the page is ours and writable.
+    unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), page.cast::<u8>(), code.len()) };
+    // SAFETY: as above.
+    let exec = unsafe { libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_EXEC) };
+    assert_eq!(exec, 0);
+    page as usize
+}
+
+/// Code unloaded and other code loaded at the same address (`dlclose`,
+/// then `dlopen`): the old site must not swallow the new attach, and
+/// detaching a probe whose code is gone succeeds.
+#[test]
+fn unloaded_code_leaves_no_stale_site() {
+    let page = map_code(0, 1);
+    // SAFETY: the code above.
+    let f: unsafe extern "C" fn(u64) -> u64 = unsafe { std::mem::transmute(page) };
+    let old = probe_at(page).attach().unwrap();
+    assert_eq!(call(f, 1), 2);
+    assert_eq!(old.hits(), 1);
+    // Unloaded, and new code at the same address.
+    // SAFETY: our own page.
+    assert_eq!(unsafe { libc::munmap(page as *mut _, 4096) }, 0);
+    assert_eq!(map_code(page, 10), page);
+    assert_eq!(call(f, 1), 11, "the new code runs");
+    let new = probe_at(page).attach().unwrap();
+    assert_eq!(byte_at(page), 0xcc, "the new attach wrote its breakpoint");
+    assert_eq!(call(f, 1), 11);
+    assert_eq!((new.hits(), old.hits()), (1, 1));
+    // The stale probe detaches without touching the new one.
+    old.detach().unwrap();
+    assert_eq!(call(f, 2), 12);
+    assert_eq!(new.hits(), 2);
+    // Unloaded for good: detaching has nothing to restore.
+    // SAFETY: our own page.
+    assert_eq!(unsafe { libc::munmap(page as *mut _, 4096) }, 0);
+    new.detach().unwrap();
+    // New code there later is probed afresh.
+    assert_eq!(map_code(page, 20), page);
+    let again = probe_at(page).attach().unwrap();
+    assert_eq!(call(f, 1), 21);
+    assert_eq!(again.hits(), 1);
+    again.detach().unwrap();
+    assert_eq!(byte_at(page), 0x48, "the original byte is back");
+}
+
 /// A breakpoint inside a restartable sequence could never be handled (the
 /// kernel moves the thread to the abort handler first): refused. The
 /// workspace's own `pcpu` critical sections are linked into this test.
