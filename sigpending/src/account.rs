@@ -201,16 +201,16 @@ pub struct Account {
 //   `fetch_or`.
 // - neither, count > 0: a 0 -> 1 charge is between its pin and publishing
 //   it (possibly on the very thread a signal handler interrupted, so
-//   nobody may wait for it). For an owner whose pin cannot fail the charge
-//   is covered (that pin will succeed before its charge can be released).
-//   Otherwise the charge decides for itself: it pins too. If that fails,
-//   the owner is gone for good (had the first pin succeeded, the strong
-//   count could not have reached 0 while this charge holds the count
-//   above 0), so it sets `GONE` and is refused. If it succeeds, it
-//   publishes its own reference with `fetch_or(PINNED)`; whichever of the
-//   two pins finds `PINNED` already set drops its reference again, which
-//   is never the last one (the published one stays while either charge is
-//   counted).
+//   nobody may wait for it). The charge decides for itself: it pins too,
+//   so that it is covered by a reference of its own when it returns. If
+//   that fails, the owner is gone for good (had the first pin succeeded,
+//   the strong count could not have reached 0 while this charge holds the
+//   count above 0), so it sets `GONE` and is refused. If it succeeds, it
+//   publishes its reference with `fetch_or(PINNED)`; whichever pin finds
+//   `PINNED` already set is extra and is released again: an `Arc`'s at
+//   once (never the last strong count: the published one stays while the
+//   charge is counted), a callback pair's like any release (now or
+//   deferred, per the account's `Release`).
 //
 // Before this word existed, a "gone" flag was stored after the failed pin,
 // and a second charge that incremented in between saw neither the flag
@@ -294,10 +294,8 @@ impl Account {
                 false
             } else if old & PINNED != 0 {
                 true
-            } else if old & COUNT == 0 {
-                level.pin_owner(true)
             } else {
-                !level.owner.can_fail() || level.pin_owner(false)
+                level.pin_owner(old & COUNT == 0)
             };
             let refused = if covered {
                 ((old & COUNT) + 1 > level.limit).then_some(ChargeError::OverLimit {
@@ -336,11 +334,19 @@ impl Account {
             return false;
         }
         if self.state.fetch_or(PINNED, Ordering::AcqRel) & PINNED != 0 {
-            // Another charge of this epoch published its reference first.
-            // SAFETY: balances our successful `pin`; the published
-            // reference stays while our charge is counted, so this is not
-            // the owner's last reference and drops nothing.
-            unsafe { self.owner.unpin() };
+            // Another charge of this epoch published its reference first:
+            // ours is extra.
+            if self.owner.can_fail() {
+                // SAFETY: balances our successful `pin` of an `Arc`; the
+                // published reference stays while our charge is counted,
+                // so this is not the last strong count and frees nothing
+                // (async-signal-safe).
+                unsafe { self.owner.unpin() };
+            } else {
+                // A callback pair: released like any other pin, now or
+                // deferred, as this account's mode says.
+                self.release_owner();
+            }
         }
         true
     }
