@@ -15,8 +15,12 @@
 //!   argument](RawPercpuRwSem)), built on [`pcpu`];
 //! - writers that pay a `membarrier()` grace period (once per burst) and
 //!   wait for the per-CPU sum of readers to drain;
-//! - async-signal-safe read operations, with self-deadlock detection for a
-//!   writer interrupted by its own handler.
+//! - async-signal-safe read operations: a handler that interrupts a
+//!   reader reads again past a waiting writer (reads nest, through a
+//!   per-thread depth), one that interrupts the writer gets
+//!   `WouldDeadlock`, at every instruction of the lock operations;
+//! - a read guard covariant in `T` (like `std`'s), and
+//!   [`WriteGuard::downgrade`] (also `lock_api::RwLockDowngrade`).
 //!
 //! Measured with `cargo run --release -p benches --bin bench -- rwsem-read`
 //! in the workspace: see its README for the table against `std`,
@@ -31,6 +35,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod futex_mutex;
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub mod hooks;
 mod lock;
 #[cfg(not(loom))]
 mod lock_api_impl;

@@ -3,8 +3,9 @@
 use core::cell::UnsafeCell;
 use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
+use core::ptr::NonNull;
 
-use crate::raw::{RawPercpuRwSem, ReadRefused, Wait};
+use crate::raw::{RawPercpuRwSem, ReadRefused, Wait, thread_token};
 
 /// Taking the read side would deadlock: the calling thread holds the write
 /// side of the same semaphore (typically a signal handler interrupted the
@@ -36,20 +37,30 @@ impl std::error::Error for WouldDeadlock {}
 /// - A [`ReadGuard`] may be dropped on another thread or CPU.
 /// - A waiting writer stops new readers (no writer starvation); blocked
 ///   readers and writers sleep in `FUTEX_WAIT` (no spinning).
-/// - Not reentrant: a thread that holds the read side must not ask for the
-///   write side (it would wait for itself forever), and a thread holding
-///   the write side that asks for the read side gets [`WouldDeadlock`] from
-///   [`read_checked`](Self::read_checked) and a panic from
-///   [`read`](Self::read).
+/// - Reads nest: a thread that already reads (or is taking the read side,
+///   when a signal handler interrupts it) takes it again with
+///   [`read`](Self::read) or [`read_checked`](Self::read_checked) even
+///   while a writer waits, since that writer may be waiting for this very thread.
+///   The thread's reads are counted in a per-thread depth (a plain
+///   thread-local, `const`-initialised, without a destructor); it waits
+///   only for a writer that is already inside. A guard released on another
+///   thread than the one that took it leaves the taker counted: its later
+///   reads may then pass waiting writers (never one that is inside).
+/// - Otherwise not reentrant: a thread that holds the read side must not
+///   ask for the write side (it would wait for itself forever), and a
+///   thread holding the write side that asks for the read side gets
+///   [`WouldDeadlock`] from [`read_checked`](Self::read_checked) and a
+///   panic from [`read`](Self::read). A writer can turn its write side
+///   into a read side with [`WriteGuard::downgrade`].
 ///
 /// # Async-signal safety
 ///
 /// | operation | from a signal handler |
 /// |---|---|
 /// | [`try_read`](Self::try_read), dropping a [`ReadGuard`] | yes (never blocks, never allocates) |
-/// | [`read_checked`](Self::read_checked) | yes: may block in `FUTEX_WAIT` while a writer holds the lock, and reports [`WouldDeadlock`] instead of waiting for the interrupted thread itself |
+/// | [`read_checked`](Self::read_checked) | yes: never waits for the interrupted thread itself. If that thread holds (or is taking, or releasing) a read of any semaphore, it takes the read side past a waiting writer, waiting only for one that is inside; if it is this semaphore's writer, from the instruction that closes the gate to the one that reopens it, it reports [`WouldDeadlock`]; otherwise it may block in `FUTEX_WAIT` while another thread writes |
 /// | [`read`](Self::read) | as `read_checked`, but panics on self-deadlock (do not use in handlers) |
-/// | [`try_write`](Self::try_write), [`write`](Self::write) | no (a writer may wait for readers, including the interrupted thread) |
+/// | [`try_write`](Self::try_write), [`write`](Self::write), [`WriteGuard::downgrade`] | no (a writer may wait for readers, including the interrupted thread) |
 /// | [`prepare`](Self::prepare) | no (allocates); call it before handlers use the lock |
 ///
 /// The first lock operation allocates the per-CPU counts unless
@@ -148,20 +159,33 @@ impl<T: ?Sized> PercpuRwSem<T> {
     #[inline(always)]
     pub fn read_checked(&self) -> Result<ReadGuard<'_, T>, WouldDeadlock> {
         match self.raw.read_lock(Wait::Block) {
-            Ok(()) => Ok(ReadGuard { sem: self }),
+            Ok(()) => Ok(self.read_guard()),
             Err(ReadRefused::HeldByThisThread) => Err(WouldDeadlock),
             Err(ReadRefused::WouldBlock) => unreachable!("blocking read gave up"),
         }
     }
 
-    /// Takes the read side if no writer holds or waits for it; never
-    /// blocks. Async-signal-safe (after [`prepare`](Self::prepare)).
+    /// Takes the read side if no writer holds or waits for it (even on a
+    /// thread that already reads); never blocks. Async-signal-safe (after
+    /// [`prepare`](Self::prepare)).
     #[inline]
     pub fn try_read(&self) -> Option<ReadGuard<'_, T>> {
         self.raw
             .read_lock(Wait::Never)
             .ok()
-            .map(|()| ReadGuard { sem: self })
+            .map(|()| self.read_guard())
+    }
+
+    /// The guard of a read side just taken on this thread.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn read_guard(&self) -> ReadGuard<'_, T> {
+        ReadGuard {
+            // SAFETY: `UnsafeCell::get` is never null.
+            data: unsafe { NonNull::new_unchecked(self.data.get()) },
+            raw: &self.raw,
+            taker: thread_token(),
+        }
     }
 
     /// Takes the write side: waits for other writers, then closes the gate
@@ -210,16 +234,31 @@ impl<T: ?Sized + core::fmt::Debug> core::fmt::Debug for PercpuRwSem<T> {
 
 /// Shared access to a [`PercpuRwSem`]'s data; releases the read side when
 /// dropped, on whichever thread that happens (async-signal-safe).
+///
+/// Covariant in `T`, like `std`'s read guard (a guard of
+/// `PercpuRwSem<&'static U>` is usable as one of `&'a U`): it holds a
+/// pointer to the data, not a reference to the (invariant) semaphore.
 #[must_use = "the read side is released as soon as the guard is dropped"]
 pub struct ReadGuard<'a, T: ?Sized> {
-    sem: &'a PercpuRwSem<T>,
+    data: NonNull<T>,
+    raw: &'a RawPercpuRwSem,
+    /// The thread that took the read side (it counts the read in its read
+    /// depth until the guard is dropped there).
+    taker: usize,
 }
+
+// SAFETY: the guard gives `&T` (sound on another thread for `T: Sync`) and
+// releases a read side, which may happen on any thread.
+unsafe impl<T: ?Sized + Sync> Send for ReadGuard<'_, T> {}
+// SAFETY: sharing the guard shares only `&T`.
+unsafe impl<T: ?Sized + Sync> Sync for ReadGuard<'_, T> {}
 
 impl<T: ?Sized> Deref for ReadGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
-        // SAFETY: the read side is held: no `&mut T` exists.
-        unsafe { &*self.sem.data.get() }
+        // SAFETY: the read side is held for `'a`, the lifetime of the
+        // semaphore borrow the pointer came from: no `&mut T` exists.
+        unsafe { self.data.as_ref() }
     }
 }
 
@@ -227,7 +266,7 @@ impl<T: ?Sized> Drop for ReadGuard<'_, T> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn drop(&mut self) {
-        self.sem.raw.read_unlock();
+        self.raw.read_unlock(self.taker == thread_token());
     }
 }
 
@@ -261,6 +300,21 @@ impl<T: ?Sized> DerefMut for WriteGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: the write side is held: we are the only accessor.
         unsafe { &mut *self.sem.data.get() }
+    }
+}
+
+impl<'a, T: ?Sized> WriteGuard<'a, T> {
+    /// Turns the write side into a read side without letting another
+    /// writer in between (`lock_api`'s `RwLockDowngrade`): the thread keeps
+    /// seeing its own write, other readers may enter from now on, the next
+    /// writer waits for the returned guard. Not async-signal-safe (it
+    /// releases the writer mutex, which may wake a writer). An associated
+    /// function, so it does not shadow a method of `T`.
+    pub fn downgrade(guard: Self) -> ReadGuard<'a, T> {
+        let sem = guard.sem;
+        core::mem::forget(guard);
+        sem.raw.downgrade();
+        sem.read_guard()
     }
 }
 

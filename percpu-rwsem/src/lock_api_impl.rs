@@ -4,6 +4,14 @@
 //! makes. Shared guards are `Send` (a read may end on another thread);
 //! exclusive guards are not (the writer's thread is remembered to detect
 //! self-deadlock).
+//!
+//! `lock_api` keeps no state in its guards, so the per-thread read depth
+//! (see [`PercpuRwSem`](crate::PercpuRwSem)) is counted in by the thread
+//! that locks and out by the thread that unlocks (never below zero): a
+//! shared guard moved to another thread leaves the taker counted in and
+//! may leave the other thread counted short, which is only a problem for
+//! a signal handler on that other thread that reads while it holds a read
+//! of its own and a writer waits.
 
 use lock_api::{GuardNoSend, GuardSend};
 
@@ -38,7 +46,7 @@ unsafe impl lock_api::RawRwLock for RawPercpuRwSem {
 
     #[inline]
     unsafe fn unlock_shared(&self, _guard: GuardSend) {
-        self.read_unlock();
+        self.read_unlock(true);
     }
 
     fn lock_exclusive(&self) -> GuardNoSend {
@@ -60,5 +68,14 @@ unsafe impl lock_api::RawRwLock for RawPercpuRwSem {
 
     fn is_locked_exclusive(&self) -> bool {
         RawPercpuRwSem::is_locked_exclusive(self)
+    }
+}
+
+// SAFETY: `downgrade` turns the exclusive lock held by the calling thread
+// into a shared one held by it, with no other writer in between.
+unsafe impl lock_api::RawRwLockDowngrade for RawPercpuRwSem {
+    unsafe fn downgrade(&self, _guard: GuardNoSend) -> GuardSend {
+        RawPercpuRwSem::downgrade(self);
+        GuardSend::new()
     }
 }

@@ -6,10 +6,35 @@
 //! | field | kernel | meaning |
 //! |---|---|---|
 //! | `counts` | `read_count` | per-CPU reader counts; only their sum means anything |
-//! | `gate` | `rss` + `block` | 0: readers take the fast path. `LINGER`: no writer, but readers stay on the slow path for a while after the last write (`rcu_sync`'s delayed exit). `WRITER`: a writer is entering (fast path closed, slow-path readers still admitted). `BLOCK`: a writer holds the lock or waits for readers to drain. `PARKED`: some reader sleeps on `gate`. |
+//! | `gate` | `rss` + `block` | 0: readers take the fast path. `LINGER`: no writer, but readers stay on the slow path for a while after the last write (`rcu_sync`'s delayed exit). `WRITER`: a writer is entering (fast path closed, slow-path readers still admitted). `BLOCK`: a writer holds the lock or waits for readers to drain. `ENTERED`: that writer has seen the readers drained and is inside (nested readers still pass `BLOCK`, not `ENTERED`). `PARKED`: some reader sleeps on `gate`. |
 //! | `writer` | `rwsem`'s writer mutex | serialises writers |
 //! | `drain` | `writer` rcuwait | futex word the writer sleeps on while readers drain; leaving readers bump it |
-//! | `owner` | | the writer's thread, for self-deadlock detection |
+//! | `owner` | | the writer's thread, for self-deadlock detection: set before the gate closes, cleared after it reopens |
+//! | `READ_DEPTH` (per thread) | | how many reads the thread holds or is taking: counted in before the count is taken, out after it is released |
+//!
+//! # Signal handlers on the lock's own threads
+//!
+//! A handler can interrupt its thread at any instruction of a lock
+//! operation, so the facts the handler's `read_checked` decides on are
+//! established before the gate can close against it and retracted only
+//! after it reopens:
+//!
+//! - the writer's `owner` is stored before `WRITER`/`BLOCK` are set and
+//!   cleared after the gate is back to `LINGER` (each with a signal fence):
+//!   a handler that finds `BLOCK` on its own writer's lock also finds
+//!   itself the owner and reports `WouldDeadlock`;
+//! - a reader's `READ_DEPTH` is raised before its count is added and
+//!   lowered after the count is gone: a handler of a thread whose count a
+//!   writer may be waiting for sees a non-zero depth and enters as a
+//!   *nested* reader, which passes `BLOCK` and waits only for `ENTERED`.
+//!
+//! A depth can overstate (the thread is still taking its read, or it
+//! released a guard on another thread), so a nested reader is admitted by
+//! a store-buffering handshake with the writer, not by trust: it adds its
+//! count, `fence(SeqCst)`, and backs out if it sees `ENTERED`; the writer,
+//! after seeing the counts drained, sets `ENTERED`, `fence(SeqCst)`, and
+//! sums again, clearing `ENTERED` (and waking parked nested readers) if a
+//! reader came in.
 //!
 //! # Memory ordering
 //!
@@ -35,8 +60,10 @@
 //!    decrementing re-checks after a light fence and wakes the writer if
 //!    the gate closed meanwhile.
 //! 3. **Slow paths** (`gate != 0`) use `fence(SeqCst)` on both sides: a
-//!    reader does `add; fence; load gate` and backs out if `BLOCK` is set;
-//!    the writer does `gate |= BLOCK; fence; read drain; sum`. A reader
+//!    reader does `add; fence; load gate` and backs out if `BLOCK` is set
+//!    (a nested reader: `ENTERED`); the writer does
+//!    `gate |= BLOCK; fence; read drain; sum`, then
+//!    `gate |= ENTERED; fence; sum`. A reader
 //!    leaving while `BLOCK` is set bumps `drain` and wakes the writer, so
 //!    the writer's `FUTEX_WAIT(drain, seen)` never misses the last reader.
 //!
@@ -53,12 +80,35 @@
 
 use core::time::Duration;
 
+use core::cell::Cell;
 use pcpu::PerCpu;
 use pcpu::rseq::{self, GatedAdd};
+
+// A signal fence orders this thread against its own signal handlers, with
+// no instruction; loom has no signals, so it is `core`'s in both builds.
+use core::sync::atomic::compiler_fence;
 use pcpu::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 use pcpu::sync::futex;
 
 use crate::futex_mutex::FutexMutex;
+#[cfg(feature = "test-hooks")]
+use crate::hooks::{Point, at as hook};
+
+/// Without the test hooks, a hook point compiles to nothing.
+#[cfg(not(feature = "test-hooks"))]
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn hook(_: Point) {}
+
+/// The points of `crate::hooks` (test builds only), here unused.
+#[cfg(not(feature = "test-hooks"))]
+#[allow(dead_code)]
+#[derive(Clone, Copy)]
+enum Point {
+    WriteLock(u8),
+    WriteUnlock(u8),
+    Downgrade(u8),
+}
 
 /// A writer holds the lock or is draining readers.
 const BLOCK: u32 = 1;
@@ -71,6 +121,10 @@ const PARKED: u32 = 4;
 /// grace period in progress does not stall them, as in the kernel, where
 /// `rcu_sync_enter` runs before `block` is set).
 const WRITER: u32 = 8;
+/// The writer has seen the readers drained and is inside (or checking that
+/// no nested reader slipped in meanwhile). Nested readers (threads that
+/// already read) pass `BLOCK` but not `ENTERED`.
+const ENTERED: u32 = 16;
 
 /// Rounds of polling before a waiter sleeps in `FUTEX_WAIT`: a reader's
 /// section or a write is usually over within nanoseconds, and a futex
@@ -182,19 +236,55 @@ impl core::fmt::Debug for RawPercpuRwSem {
     }
 }
 
-/// An address unique to the calling thread (while it lives), used to
-/// recognise the writer. A `const`-initialised thread-local without a
-/// destructor: reading it never allocates, even in a signal handler.
+// The calling thread's read depth: how many read sides (of any
+// semaphore) it holds or is taking, counted before the read is taken and
+// after it is released, so that a signal handler interrupting the thread
+// anywhere in between sees it as a reader. A `const`-initialised
+// thread-local without a destructor: touching it never allocates or
+// registers anything, even for the first time in a signal handler.
 #[cfg(not(loom))]
-fn thread_token() -> usize {
-    std::thread_local!(static TOKEN: u8 = const { 0 });
-    TOKEN.with(|t| core::ptr::from_ref(t) as usize)
+std::thread_local!(static READ_DEPTH: Cell<usize> = const { Cell::new(0) });
+#[cfg(loom)]
+loom::thread_local!(static READ_DEPTH: Cell<usize> = Cell::new(0));
+
+/// Counts the calling thread in as a reader; returns its depth before.
+/// Async-signal-safe: a handler that interrupts the load-store pair
+/// leaves the depth as it found it.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn enter_read() -> usize {
+    let outer = READ_DEPTH.with(|d| {
+        let outer = d.get();
+        d.set(outer.wrapping_add(1));
+        outer
+    });
+    // Counted in before the read side is taken (for this thread's handlers).
+    compiler_fence(Ordering::SeqCst);
+    outer
+}
+
+/// Counts one read of the calling thread out (after it was released).
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn leave_read() {
+    compiler_fence(Ordering::SeqCst);
+    READ_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+}
+
+/// An address unique to the calling thread (while it lives), used to
+/// recognise the writer and the thread that took a read guard: the
+/// address of its read depth.
+#[cfg(not(loom))]
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) fn thread_token() -> usize {
+    READ_DEPTH.with(|d| core::ptr::from_ref(d) as usize)
 }
 
 /// Under loom, thread-locals of different model threads may share an
 /// address: number the threads instead (the counter is outside the model).
 #[cfg(loom)]
-fn thread_token() -> usize {
+pub(crate) fn thread_token() -> usize {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
     loom::thread_local!(static TOKEN: usize = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     TOKEN.with(|t| *t)
@@ -284,19 +374,22 @@ impl RawPercpuRwSem {
     // ----- read side -----------------------------------------------------
 
     /// Takes the read side; see [`PercpuRwSem::read`](crate::PercpuRwSem::read).
-    /// Only the gated add is inline; everything else is out of line.
+    /// Only the per-thread depth and the gated add are inline; everything
+    /// else is out of line.
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn read_lock(&self, wait: Wait) -> Result<(), ReadRefused> {
+        let outer = enter_read();
         let counts = self.counts();
         match counts.add_if_open(&self.gate, 1) {
             GatedAdd::Added => Ok(()),
-            other => self.read_lock_not_fast(counts, other, wait),
+            other => self.read_lock_not_fast(counts, other, wait, outer != 0),
         }
     }
 
     /// The read lock when the rseq fast path did not commit: the gate is
-    /// closed, or rseq is unavailable here (fallback pairing 2).
+    /// closed, or rseq is unavailable here (fallback pairing 2). `nested`:
+    /// the calling thread already reads (see `read_lock_slow`).
     #[cold]
     #[inline(never)]
     fn read_lock_not_fast(
@@ -304,6 +397,7 @@ impl RawPercpuRwSem {
         counts: &Counts,
         fast: GatedAdd,
         wait: Wait,
+        nested: bool,
     ) -> Result<(), ReadRefused> {
         if fast == GatedAdd::Unavailable {
             counts.add(1);
@@ -313,14 +407,42 @@ impl RawPercpuRwSem {
             }
             self.leave_slow(counts);
         }
-        self.read_lock_slow(counts, wait)
+        let taken = self.read_lock_slow(counts, wait, nested);
+        if taken.is_err() {
+            leave_read();
+        }
+        taken
     }
 
+    /// The slow path. A reader waits while a writer blocks readers
+    /// (`BLOCK`), except a *nested* blocking one: a thread that already reads (or
+    /// is taking a read; its signal handler, typically) may be what the
+    /// writer waits for, so it waits only for a writer that is inside
+    /// (`ENTERED`). The writer re-checks the counts after setting
+    /// `ENTERED` (store buffering, `SeqCst` fences on both sides): either
+    /// it sees the nested reader and steps back, or the reader sees
+    /// `ENTERED` and backs out. A depth that overstates (a guard released
+    /// on another thread) thus costs fairness, never exclusion.
     #[cold]
-    fn read_lock_slow(&self, counts: &Counts, wait: Wait) -> Result<(), ReadRefused> {
+    fn read_lock_slow(&self, counts: &Counts, wait: Wait, nested: bool) -> Result<(), ReadRefused> {
+        // `try_read` never waits, so it cannot deadlock: it keeps yielding
+        // to a waiting writer, nested or not.
+        let shut = if nested && wait == Wait::Block {
+            ENTERED
+        } else {
+            BLOCK
+        };
         loop {
             let g = self.gate.load(Ordering::Acquire);
-            if g & BLOCK == 0 {
+            if g & BLOCK != 0 && self.owner.load(Ordering::Relaxed) == thread_token() {
+                // This thread is the writer (between closing the gate and
+                // reopening it: see `write_lock`/`write_unlock`).
+                return Err(match wait {
+                    Wait::Never => ReadRefused::WouldBlock,
+                    Wait::Block => ReadRefused::HeldByThisThread,
+                });
+            }
+            if g & shut == 0 {
                 if g & !PARKED == LINGER && self.linger_over() {
                     // Back to the fast path for later readers; this one
                     // still enters below, which is correct in every state.
@@ -330,7 +452,7 @@ impl RawPercpuRwSem {
                 }
                 counts.add(1);
                 fence(Ordering::SeqCst);
-                if self.gate.load(Ordering::Acquire) & BLOCK == 0 {
+                if self.gate.load(Ordering::Acquire) & shut == 0 {
                     return Ok(());
                 }
                 self.leave_slow(counts);
@@ -339,10 +461,7 @@ impl RawPercpuRwSem {
             if wait == Wait::Never {
                 return Err(ReadRefused::WouldBlock);
             }
-            if self.owner.load(Ordering::Relaxed) == thread_token() {
-                return Err(ReadRefused::HeldByThisThread);
-            }
-            if Self::spin_until(|| self.gate.load(Ordering::Relaxed) & BLOCK == 0) {
+            if Self::spin_until(|| self.gate.load(Ordering::Relaxed) & shut == 0) {
                 continue;
             }
             if g & PARKED == 0
@@ -358,13 +477,18 @@ impl RawPercpuRwSem {
     }
 
     /// Releases the read side (possibly taken on another thread or CPU).
+    /// `taken_here`: the calling thread took it, and counts it in its read
+    /// depth; it is counted out after the release.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    pub(crate) fn read_unlock(&self) {
+    pub(crate) fn read_unlock(&self, taken_here: bool) {
         let counts = self.counts();
         match counts.add_if_open(&self.gate, 1u64.wrapping_neg()) {
             GatedAdd::Added => {}
             other => self.read_unlock_not_fast(counts, other),
+        }
+        if taken_here {
+            leave_read();
         }
     }
 
@@ -445,8 +569,13 @@ impl RawPercpuRwSem {
                 }
             }
         }
+        hook(Point::WriteLock(0));
         self.prepare();
+        // The owner is recorded before the gate can close: a handler of
+        // this thread that finds `BLOCK` also finds itself the writer.
         self.owner.store(thread_token(), Ordering::Relaxed);
+        compiler_fence(Ordering::SeqCst);
+        hook(Point::WriteLock(1));
         let old = self.gate.fetch_or(WRITER, Ordering::SeqCst);
         if old == 0 {
             // Readers were on the fast path: one grace period moves them
@@ -454,25 +583,44 @@ impl RawPercpuRwSem {
             // gate has been closed since an earlier writer's grace period.
             rseq::fence_all();
         }
+        hook(Point::WriteLock(2));
         self.gate.fetch_or(BLOCK, Ordering::SeqCst);
         fence(Ordering::SeqCst);
+        hook(Point::WriteLock(3));
         loop {
             let seen = self.drain.load(Ordering::Acquire);
             fence(Ordering::SeqCst);
-            if self.readers() == 0
-                || (wait == Wait::Block && Self::spin_until(|| self.readers() == 0))
-            {
+            let drained = self.readers() == 0
+                || (wait == Wait::Block && Self::spin_until(|| self.readers() == 0));
+            if drained && self.enter() {
                 fence(Ordering::Acquire);
+                hook(Point::WriteLock(5));
                 return true;
             }
             if wait == Wait::Never {
-                self.release_gate();
-                self.owner.store(0, Ordering::Relaxed);
-                self.writer.unlock();
+                self.release_write();
                 return false;
             }
-            futex::wait(&self.drain, seen);
+            if !drained {
+                futex::wait(&self.drain, seen);
+            }
         }
+    }
+
+    /// With the readers seen drained: sets `ENTERED` and checks again that
+    /// no nested reader came in meanwhile (see `read_lock_slow`); if one
+    /// did, clears it again (waking the nested readers parked on it).
+    fn enter(&self) -> bool {
+        self.gate.fetch_or(ENTERED, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        hook(Point::WriteLock(4));
+        if self.readers() == 0 {
+            return true;
+        }
+        if self.gate.fetch_and(!ENTERED, Ordering::SeqCst) & PARKED != 0 {
+            futex::wake(&self.gate, u32::MAX);
+        }
+        false
     }
 
     /// Polls `done` for a bounded number of rounds (with growing pauses);
@@ -491,13 +639,40 @@ impl RawPercpuRwSem {
 
     /// Releases the write side.
     pub(crate) fn write_unlock(&self) {
-        self.owner.store(0, Ordering::Relaxed);
-        self.release_gate();
-        self.writer.unlock();
+        self.release_write();
     }
 
-    /// Reopens the gate to slow-path readers (`LINGER`, clearing `WRITER`
-    /// and `BLOCK`) and wakes sleepers.
+    /// Releases the write side (or gives up acquiring it): reopens the
+    /// gate, then stops being the owner (a handler of this thread that
+    /// still finds `BLOCK` also still finds itself the writer), then lets
+    /// the next writer in.
+    fn release_write(&self) {
+        hook(Point::WriteUnlock(0));
+        self.release_gate();
+        compiler_fence(Ordering::SeqCst);
+        hook(Point::WriteUnlock(1));
+        self.owner.store(0, Ordering::Relaxed);
+        hook(Point::WriteUnlock(2));
+        self.writer.unlock();
+        hook(Point::WriteUnlock(3));
+    }
+
+    /// Turns the write side held by the calling thread into a read side
+    /// held by it, letting no other writer in between: counted as a reader
+    /// (depth, then count) while the gate is still closed, then released
+    /// as a writer. Returns with the read side held, to be released with
+    /// `read_unlock(true)` on this thread.
+    pub(crate) fn downgrade(&self) {
+        hook(Point::Downgrade(0));
+        enter_read();
+        self.counts().add(1);
+        hook(Point::Downgrade(1));
+        self.release_write();
+        hook(Point::Downgrade(2));
+    }
+
+    /// Reopens the gate to slow-path readers (`LINGER`, clearing `WRITER`,
+    /// `BLOCK` and `ENTERED`) and wakes sleepers.
     fn release_gate(&self) {
         #[cfg(not(loom))]
         self.last_write_ns.store(now_ns(), Ordering::Relaxed);

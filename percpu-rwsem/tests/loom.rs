@@ -117,3 +117,62 @@ fn back_to_back_writers_with_a_reader_returning_to_the_fast_path() {
         assert!(again >= seen);
     });
 }
+
+/// A thread that reads takes the read side again while a writer waits for
+/// its first read (what its signal handler does): the second read must not
+/// wait for the writer, which waits for the first.
+#[test]
+fn a_reading_thread_reads_again_past_a_waiting_writer() {
+    model(|| {
+        let s = shared();
+        let first = s.read();
+        let w = thread::spawn(move || write(s));
+        let again = read(s);
+        drop(first);
+        w.join().unwrap();
+        assert_eq!(again, 0, "the writer got in before the reads ended");
+        assert_eq!(read(s), 1);
+    });
+}
+
+/// A read guard released on another thread leaves its taker counted as a
+/// reader; the taker's next read then passes a waiting writer (as a nested
+/// read would), and must still never overlap a writer that is inside (the
+/// cell reports a data race if it does).
+#[test]
+fn a_stale_read_depth_never_lets_a_reader_meet_a_writer() {
+    model(|| {
+        let s = shared();
+        let g = s.read();
+        thread::spawn(move || drop(g)).join().unwrap();
+        let w = thread::spawn(move || write(s));
+        let seen = read(s);
+        w.join().unwrap();
+        assert!(seen <= 1);
+        assert_eq!(read(s), 1);
+    });
+}
+
+/// A writer that downgrades keeps seeing its own write: no other writer
+/// gets in between the write and the end of the downgraded read, while a
+/// reader may enter alongside it.
+#[test]
+fn a_downgraded_writer_sees_its_own_write() {
+    model(|| {
+        let s = shared();
+        let w = thread::spawn(move || write(s));
+        let mut g = s.write();
+        // SAFETY: the write side is held.
+        let mine = g.0.with_mut(|p| unsafe {
+            *p += 10;
+            *p
+        });
+        let r = percpu_rwsem::WriteGuard::downgrade(g);
+        // SAFETY: the read side is held.
+        let still = r.0.with(|p| unsafe { *p });
+        drop(r);
+        w.join().unwrap();
+        assert_eq!(mine, still, "another writer got in during the downgrade");
+        assert_eq!(read(s), 11);
+    });
+}

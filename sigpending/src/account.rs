@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
-use pcpu::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, fence};
+use pcpu::sync::atomic::{AtomicPtr, AtomicUsize, Ordering, fence};
 
 use crate::Owner;
 
@@ -128,6 +128,15 @@ pub const MAX_DEPTH: usize = 16;
 ///   level; the level that goes 1 -> 0 releases its owner, now or deferred
 ///   ([`Release`]).
 ///
+/// **Owner gone.** The count and the owner's state share one word, so the
+/// value a charge's increment returns also says whether the owner is
+/// pinned, gone, or being pinned by a concurrent 0 -> 1 charge. In the
+/// last case the charge never waits (the pinning charge may be the thread
+/// its signal handler interrupted): it pins the owner itself, and a charge
+/// that fails to pin an [`Owner::arc`] whose last strong reference is gone
+/// is refused with [`ChargeError::OwnerGone`], as is every later one, even
+/// one that raced the charge that found out.
+///
 /// **Hierarchy.** A [`child`](Self::child) account's charges also count
 /// against its parent (and its parent's parent...), each level with its own
 /// limit and owner; the child holds its parent, so a parent outlives its
@@ -159,11 +168,9 @@ pub const MAX_DEPTH: usize = 16;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Account {
-    charged: CachePadded<AtomicUsize>,
-    /// Set when a 0 -> 1 charge found the owner gone; that charge is left
-    /// in place (so the count never returns to 0 and never releases a pin
-    /// that was not taken) and every later charge is refused.
-    owner_gone: AtomicBool,
+    /// The charge count (low bits) and the owner's state ([`PINNED`],
+    /// [`GONE`]) in one word: see "The owner pin" below.
+    state: CachePadded<AtomicUsize>,
     limit: usize,
     /// Distance from the root (0 for a root account).
     depth: usize,
@@ -175,6 +182,46 @@ pub struct Account {
     /// The next account on the deferred-release list.
     pub(crate) next_owed: AtomicPtr<Account>,
 }
+
+// The owner pin.
+//
+// The count and the owner's state share one word, so that every charge
+// learns both from the value its one `fetch_add` returns:
+//
+// - `PINNED`: the account holds one reference on its owner. Set by the
+//   charge that pinned it, cleared (with a compare-and-swap from exactly
+//   `PINNED`, count 0) by the uncharge that releases it. A charge whose
+//   increment returned `PINNED` is covered by that reference: the
+//   reference can only be released once the count is 0 again, and this
+//   charge keeps it above 0.
+// - `GONE`: a pin failed (the `Arc`'s strong count was 0, which is final);
+//   every later charge is refused. Never set together with `PINNED`.
+// - neither, count 0: no reference is held. The charge that increments
+//   from here (0 -> 1) pins the owner, then publishes the outcome with a
+//   `fetch_or`.
+// - neither, count > 0: a 0 -> 1 charge is between its pin and publishing
+//   it (possibly on the very thread a signal handler interrupted, so
+//   nobody may wait for it). The charge decides for itself: it pins too,
+//   so that it is covered by a reference of its own when it returns. If
+//   that fails, the owner is gone for good (had the first pin succeeded,
+//   the strong count could not have reached 0 while this charge holds the
+//   count above 0), so it sets `GONE` and is refused. If it succeeds, it
+//   publishes its reference with `fetch_or(PINNED)`; whichever pin finds
+//   `PINNED` already set is extra and is released again: an `Arc`'s at
+//   once (never the last strong count: the published one stays while the
+//   charge is counted), a callback pair's like any release (now or
+//   deferred, per the account's `Release`).
+//
+// Before this word existed, a "gone" flag was stored after the failed pin,
+// and a second charge that incremented in between saw neither the flag
+// nor a reason to refuse: it was charged to an owner already dropped.
+
+/// The account holds a reference on its owner.
+const PINNED: usize = 1 << (usize::BITS - 2);
+/// The owner was found gone: every charge is refused.
+const GONE: usize = 1 << (usize::BITS - 1);
+/// The charge count.
+const COUNT: usize = PINNED - 1;
 
 impl Account {
     /// A root account allowing `limit` charges, pinning `owner` while
@@ -206,8 +253,7 @@ impl Account {
 
     fn build(limit: usize, owner: Owner, release: Release, parent: Option<Arc<Self>>) -> Arc<Self> {
         Arc::new(Self {
-            charged: CachePadded::new(AtomicUsize::new(0)),
-            owner_gone: AtomicBool::new(false),
+            state: CachePadded::new(AtomicUsize::new(0)),
             limit,
             depth: parent.as_ref().map_or(0, |p| p.depth + 1),
             owner,
@@ -222,7 +268,7 @@ impl Account {
     /// descendants'). A racy snapshot. Async-signal-safe.
     #[must_use]
     pub fn charged(&self) -> usize {
-        self.charged.load(Ordering::Relaxed)
+        self.state.load(Ordering::Relaxed) & COUNT
     }
 
     /// This account's limit.
@@ -242,33 +288,23 @@ impl Account {
     pub fn charge(self: &Arc<Self>) -> Result<Charge<'_>, ChargeError> {
         let mut level: &Self = self;
         loop {
-            let n = level
-                .charged
-                .fetch_add(1, Ordering::Acquire)
-                .wrapping_add(1);
-            let refused = if n == 1 {
-                // 0 -> 1: this charge takes the owner reference.
-                if level.owner.pin() {
-                    None
-                } else {
-                    level.owner_gone.store(true, Ordering::Relaxed);
-                    // Leave this charge in place: see `owner_gone`.
-                    self.undo_below(level);
-                    return Err(ChargeError::OwnerGone {
-                        depth: self.depth - level.depth,
-                    });
-                }
-            } else if level.owner_gone.load(Ordering::Relaxed) {
-                Some(ChargeError::OwnerGone {
-                    depth: self.depth - level.depth,
+            let depth = self.depth - level.depth;
+            let old = level.state.fetch_add(1, Ordering::Acquire);
+            let covered = if old & GONE != 0 {
+                false
+            } else if old & PINNED != 0 {
+                true
+            } else {
+                level.pin_owner(old & COUNT == 0)
+            };
+            let refused = if covered {
+                ((old & COUNT) + 1 > level.limit).then_some(ChargeError::OverLimit {
+                    depth,
+                    limit: level.limit,
                 })
             } else {
-                None
+                Some(ChargeError::OwnerGone { depth })
             };
-            let refused = refused.or((n > level.limit).then_some(ChargeError::OverLimit {
-                depth: self.depth - level.depth,
-                limit: level.limit,
-            }));
             if let Some(err) = refused {
                 level.decrement();
                 self.undo_below(level);
@@ -279,6 +315,40 @@ impl Account {
                 None => return Ok(Charge { account: self }),
             }
         }
+    }
+
+    /// Pins the owner for a charge that found no reference published
+    /// (`first`: it took the count from 0 to 1) and publishes the outcome;
+    /// returns whether the charge is covered. Lock-free: see "The owner
+    /// pin" at `Account`.
+    fn pin_owner(&self, first: bool) -> bool {
+        let pinned = self.owner.pin();
+        #[cfg(feature = "test-hooks")]
+        if first {
+            crate::hooks::at(crate::hooks::Point::PinTried { pinned });
+        }
+        #[cfg(not(feature = "test-hooks"))]
+        let _ = first;
+        if !pinned {
+            self.state.fetch_or(GONE, Ordering::Relaxed);
+            return false;
+        }
+        if self.state.fetch_or(PINNED, Ordering::AcqRel) & PINNED != 0 {
+            // Another charge of this epoch published its reference first:
+            // ours is extra.
+            if self.owner.can_fail() {
+                // SAFETY: balances our successful `pin` of an `Arc`; the
+                // published reference stays while our charge is counted,
+                // so this is not the last strong count and frees nothing
+                // (async-signal-safe).
+                unsafe { self.owner.unpin() };
+            } else {
+                // A callback pair: released like any other pin, now or
+                // deferred, as this account's mode says.
+                self.release_owner();
+            }
+        }
+        true
     }
 
     /// Uncharges one unit here and at every ancestor, releasing each
@@ -315,7 +385,16 @@ impl Account {
 
     /// One decrement at this level, releasing on 1 -> 0.
     fn decrement(&self) {
-        if self.charged.fetch_sub(1, Ordering::Release) == 1 {
+        let old = self.state.fetch_sub(1, Ordering::Release);
+        // 1 -> 0 with the owner pinned: release, unless a charge came in
+        // since (it found `PINNED` and relies on the reference; the last
+        // of its epoch releases it instead).
+        if old & (GONE | PINNED | COUNT) == PINNED | 1
+            && self
+                .state
+                .compare_exchange(PINNED, 0, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
             self.release_owner();
         }
     }
@@ -343,10 +422,11 @@ impl Account {
 
 impl Drop for Account {
     fn drop(&mut self) {
-        // Charges still outstanding hold this account's pin; nothing will
-        // uncharge them now, so release it (they stay counted upwards).
-        if self.charged.load(Ordering::Relaxed) != 0 && !self.owner_gone.load(Ordering::Relaxed) {
-            // SAFETY: a non-zero count with the owner pinned.
+        // Charges still outstanding (forgotten ones) hold this account's
+        // pin; nothing will uncharge them now, so release it (they stay
+        // counted upwards).
+        if self.state.load(Ordering::Relaxed) & PINNED != 0 {
+            // SAFETY: `PINNED` stands for one reference taken by a pin.
             unsafe { self.owner.unpin() };
         }
     }

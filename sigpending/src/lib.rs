@@ -55,6 +55,9 @@
 mod account;
 mod deferred;
 mod flags;
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub mod hooks;
 mod owner;
 mod queue;
 mod ring;

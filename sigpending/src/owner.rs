@@ -24,6 +24,10 @@ pub struct Owner {
 
 /// The operations behind an [`Owner`].
 trait Pin: Send + Sync {
+    /// Whether `pin` can fail (only an `Arc` owner can be gone).
+    fn can_fail(&self) -> bool {
+        false
+    }
     /// Takes a reference; `false` if the owner is gone.
     fn pin(&self) -> bool;
     /// Drops a reference taken by a successful `pin`.
@@ -42,19 +46,32 @@ impl Pin for Nothing {
     unsafe fn unpin(&self) {}
 }
 
-struct StrongCount<T>(Weak<T>);
+struct StrongCount<T> {
+    weak: Weak<T>,
+    /// Under loom: `upgrade` is one atomic of `std`, invisible to the
+    /// model; a load of this modelled atomic just before it lets the model
+    /// interleave other threads between the charge's increment and the pin.
+    #[cfg(loom)]
+    point: loom::sync::atomic::AtomicUsize,
+}
 
 impl<T: Send + Sync> Pin for StrongCount<T> {
+    fn can_fail(&self) -> bool {
+        true
+    }
+
     fn pin(&self) -> bool {
+        #[cfg(loom)]
+        self.point.load(loom::sync::atomic::Ordering::Relaxed);
         // `upgrade` increments the strong count unless it is zero; the
         // count then stays with the account until `unpin`.
-        self.0.upgrade().map(core::mem::forget).is_some()
+        self.weak.upgrade().map(core::mem::forget).is_some()
     }
 
     unsafe fn unpin(&self) {
         // SAFETY: a successful `pin` left one strong count, forgotten, on
         // this allocation, which the `Weak` keeps allocated.
-        unsafe { Arc::decrement_strong_count(self.0.as_ptr()) };
+        unsafe { Arc::decrement_strong_count(self.weak.as_ptr()) };
     }
 }
 
@@ -95,7 +112,11 @@ impl Owner {
     #[must_use]
     pub fn arc<T: Send + Sync + 'static>(owner: &Arc<T>) -> Self {
         Self {
-            pin: Box::new(StrongCount(Arc::downgrade(owner))),
+            pin: Box::new(StrongCount {
+                weak: Arc::downgrade(owner),
+                #[cfg(loom)]
+                point: loom::sync::atomic::AtomicUsize::new(0),
+            }),
         }
     }
 
@@ -121,6 +142,11 @@ impl Owner {
                 unpin,
             }),
         }
+    }
+
+    /// Whether pinning can fail ([`Owner::arc`] only).
+    pub(crate) fn can_fail(&self) -> bool {
+        self.pin.can_fail()
     }
 
     pub(crate) fn pin(&self) -> bool {

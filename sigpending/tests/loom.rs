@@ -138,6 +138,56 @@ fn deferred_release_runs_once() {
     });
 }
 
+/// Two threads charge an account whose `Arc` owner was already dropped:
+/// both are refused, whatever the interleaving (the second charger may see
+/// a count of 2 before the first has found the owner gone).
+#[test]
+fn charges_after_the_owner_is_dropped_are_refused() {
+    loom::model(|| {
+        let user = std::sync::Arc::new(());
+        let account = Account::new(2, Owner::arc(&user));
+        drop(user);
+        let a2 = account.clone();
+        let t = thread::spawn(move || a2.charge().map(sigpending::Charge::forget));
+        let here = account.charge().map(sigpending::Charge::forget);
+        let there = t.join().unwrap();
+        assert!(here.is_err(), "charged after the owner was dropped");
+        assert!(there.is_err(), "charged after the owner was dropped");
+    });
+}
+
+/// Two threads charge while the owner's creator drops it: a charge that
+/// succeeds finds the owner alive for as long as it is held, and once
+/// everything is uncharged the owner is freed (every pin released once).
+#[test]
+fn charges_racing_the_owners_drop_pin_it_exactly_while_charged() {
+    loom::model(|| {
+        let user = std::sync::Arc::new(());
+        let weak = std::sync::Arc::downgrade(&user);
+        let account = Account::new(2, Owner::arc(&user));
+        let (a2, w2) = (account.clone(), weak.clone());
+        let charger = thread::spawn(move || {
+            if let Ok(c) = a2.charge() {
+                assert!(w2.strong_count() > 0, "owner freed while charged");
+                drop(c);
+            }
+        });
+        let dropper = thread::spawn(move || drop(user));
+        if let Ok(c) = account.charge() {
+            assert!(weak.strong_count() > 0, "owner freed while charged");
+            drop(c);
+        }
+        charger.join().unwrap();
+        dropper.join().unwrap();
+        assert_eq!(account.charged(), 0);
+        assert_eq!(weak.strong_count(), 0, "a pin was never released");
+        assert!(
+            account.charge().is_err(),
+            "charged after the owner was dropped"
+        );
+    });
+}
+
 /// A request posted while the owner denies and restores is never lost:
 /// afterwards both requested bits are set, and nothing is left denied.
 #[test]
