@@ -46,7 +46,8 @@ mod many {
                 if INSN == 1 {
                     *code.add(at) = 0x90;
                 } else {
-                    code.add(at).cast::<u32>().write(0xd503_201f);
+                    code.add(at)
+                        .copy_from_nonoverlapping(0xd503_201f_u32.to_le_bytes().as_ptr(), 4);
                 }
             }
         }
@@ -55,7 +56,8 @@ mod many {
             if INSN == 1 {
                 *code.add(n) = 0xc3;
             } else {
-                code.add(n * INSN).cast::<u32>().write(0xd65f_03c0);
+                code.add(n * INSN)
+                    .copy_from_nonoverlapping(0xd65f_03c0_u32.to_le_bytes().as_ptr(), 4);
             }
             assert_eq!(
                 libc::mprotect(base, len, libc::PROT_READ | libc::PROT_EXEC),

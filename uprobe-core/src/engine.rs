@@ -24,7 +24,7 @@
 //! unpublishes, then waits for a grace period before freeing.
 
 use core::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 use crate::arch::{BREAKPOINT, Emulation, analyze, apply};
@@ -71,8 +71,67 @@ impl Site {
 /// Guards the table and the sites' consumer lists against readers: every
 /// unpublished site or list is freed only after a grace period of it.
 pub(crate) static DOMAIN: srcu::Srcu = srcu::Srcu::new();
-/// Serialises attach and detach (never taken by the handler).
+/// Serialises attach and detach (never taken by the handler). Taken
+/// through [`writer`]; held across `fork()` by the forking thread (see
+/// [`hold_writer_across_fork`]), so a child never inherits it locked by a
+/// thread that does not exist there.
 static WRITER: Mutex<()> = Mutex::new(());
+/// The thread holding `WRITER` (0: none).
+static WRITER_TID: AtomicI32 = AtomicI32::new(0);
+
+/// `WRITER`, held; releases it when dropped.
+struct Writer(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        WRITER_TID.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Takes the writer lock. Not async-signal-safe.
+fn writer() -> Writer {
+    let guard = WRITER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    WRITER_TID.store(current_tid(), Ordering::Relaxed);
+    Writer(guard)
+}
+
+/// The writer lock the forking thread holds across `fork()`.
+struct ForkHold(core::cell::UnsafeCell<Option<Writer>>);
+// SAFETY: touched only by the `pthread_atfork` handlers, which run on the
+// forking thread (prepare, then parent or child), one fork at a time (the
+// lock itself serialises forks that reach `prepare`).
+unsafe impl Sync for ForkHold {}
+static FORK_HOLD: ForkHold = ForkHold(core::cell::UnsafeCell::new(None));
+
+/// Registers, once, `pthread_atfork` handlers that take the writer lock
+/// before `fork()` and release it after, in the parent and in the child:
+/// without them a child forked while another thread attaches inherits a
+/// lock nobody will release, and its first attach or detach hangs. A
+/// thread that forks while it holds the lock itself (from a probe
+/// handler hit inside an attach) keeps holding it in both processes, and
+/// its attach finishes there.
+fn hold_writer_across_fork() {
+    extern "C" fn prepare() {
+        if WRITER_TID.load(Ordering::Relaxed) == current_tid() {
+            return;
+        }
+        let held = writer();
+        // SAFETY: see `ForkHold`.
+        unsafe { *FORK_HOLD.0.get() = Some(held) };
+    }
+    extern "C" fn release() {
+        // SAFETY: see `ForkHold`; in the child the forking thread is the
+        // one that took the lock, so it may release it.
+        drop(unsafe { (*FORK_HOLD.0.get()).take() });
+    }
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: plain functions, run by the C library around fork().
+        unsafe { libc::pthread_atfork(Some(prepare), Some(release), Some(release)) };
+    });
+}
 
 std::thread_local! {
     /// Set while this thread runs the engine's handler or a consumer.
@@ -115,6 +174,7 @@ fn install() -> Result<(), AttachError> {
     static FAILED: AtomicBool = AtomicBool::new(false);
     ONCE.call_once(|| {
         DOMAIN.prepare();
+        hold_writer_across_fork();
         // SAFETY: a zeroed sigaction is valid; the handler has the
         // SA_SIGINFO signature; PREVIOUS is written before our handler can
         // run (it is installed by this very call).
@@ -432,9 +492,7 @@ pub(crate) unsafe fn attach_many(
     if items.iter().any(|(_, c)| c.ret.is_some()) {
         crate::returns::init().map_err(|e| (0, e))?;
     }
-    let _w = WRITER
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _w = writer();
     check_trap_handler().map_err(|e| (0, e))?;
     let mut garbage = Vec::new();
     let mut result = Ok(());
@@ -583,9 +641,7 @@ unsafe fn attach_one(
 /// once no handler of these consumers runs or will run. Reports the first
 /// error (the others are still detached as far as they can be).
 pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), AttachError> {
-    let _w = WRITER
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _w = writer();
     // A replaced handler disarms every site; the detach itself goes on
     // (it has nothing left to restore).
     let _ = check_trap_handler();
@@ -723,9 +779,7 @@ fn check_trap_handler() -> Result<(), AttachError> {
 /// nothing is attached there, or every site was disarmed because the
 /// program replaced the SIGTRAP handler).
 pub(crate) fn armed(addr: usize) -> bool {
-    let _w = WRITER
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _w = writer();
     lookup(addr).is_some_and(|s| s.armed.load(Ordering::Relaxed))
 }
 
