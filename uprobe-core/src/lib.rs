@@ -121,9 +121,15 @@
 //!   a pending return show the stub, then the real caller.
 //! - **Threads** that exit with returns pending (even by `exit(2)` in the
 //!   middle of a probed call) release them: a service thread notices that
-//!   the thread is gone within about 20 ms. Up to 256 threads can have
-//!   returns pending at once (their stacks are preallocated); a fork child
-//!   keeps the forking thread's pending returns.
+//!   the thread is gone within about 20 ms. Each thread's stack of
+//!   pending returns comes from a pool that the trap handler only pops
+//!   from (no allocation there); the pool grows in ordinary context: an
+//!   attach of a return probe makes room for twice the threads the process
+//!   has, and the service thread adds a chunk whenever fewer than a
+//!   quarter of the stacks are free (up to 65,280 threads). A thread that
+//!   finds the pool empty in a burst of new threads has that return
+//!   counted as missed. A fork child keeps the forking thread's pending
+//!   returns.
 //! - **Refused**: a return handler on a probe that is not at a function's
 //!   first instruction ([`AttachError::ReturnProbeNotAtEntry`]), and any
 //!   return probe while the thread runs with an x86 shadow stack or an
@@ -292,6 +298,13 @@ pub mod bench_only {
     #[must_use]
     pub fn pending_returns() -> usize {
         crate::returns::pending()
+    }
+
+    /// Per-thread stacks of pending returns made so far (the pool grows
+    /// as threads need them; for tests). Not async-signal-safe.
+    #[must_use]
+    pub fn return_stacks() -> usize {
+        crate::returns::stacks()
     }
 
     /// The lookup in use.

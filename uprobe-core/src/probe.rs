@@ -349,8 +349,9 @@ impl Probe {
     }
 
     /// Returns of this probe that ran no return handler: not tracked (the
-    /// thread's 64 pending returns, [`Uprobe::max_active`], more than 256
-    /// threads with returns pending, more than 16384 call sites) or left
+    /// thread's 64 pending returns, [`Uprobe::max_active`], a thread that
+    /// found the pool of per-thread stacks empty, more than 16384 call
+    /// sites) or left
     /// without returning (`longjmp`, unwinding). The program ran correctly
     /// in every case.
     #[must_use]

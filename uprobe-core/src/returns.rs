@@ -55,10 +55,14 @@ use crate::return_stubs;
 /// Pending returns a thread may have (the kernel's `max_uretprobe_depth`);
 /// a return probe hit past it is not tracked and counts as missed.
 pub(crate) const MAX_RETURN_DEPTH: usize = 64;
-/// Threads that can have pending returns at once (their stacks are
-/// preallocated); a thread past it gets no return tracking (its return
-/// probe hits count as missed) until another thread exits.
-pub(crate) const MAX_THREADS: usize = 256;
+/// Per-thread stacks of the first chunk of the pool; chunk `k` holds
+/// `FIRST_CHUNK << k`. The pool grows a chunk at a time, in ordinary
+/// context only (an attach of a return probe, the service thread), so the
+/// trap handler only ever pops a preallocated stack.
+const FIRST_CHUNK: usize = 256;
+/// Chunks the pool can grow to: 256 * (2^8 - 1) = 65,280 threads with
+/// returns pending at once (a stack is about 3 KiB).
+const CHUNKS: usize = 8;
 /// How often the service thread looks for threads that are gone.
 const SERVICE_PERIOD: Duration = Duration::from_millis(20);
 
@@ -234,10 +238,66 @@ unsafe impl Sync for ThreadReturns {}
 // SAFETY: as above: ownership moves between threads, never shared use.
 unsafe impl Send for ThreadReturns {}
 
-struct Threads {
+/// One chunk of the pool of per-thread stacks.
+struct Chunk {
     all: Box<[ThreadReturns]>,
     /// Indexes into `all` of the stacks no thread owns.
     free: FreeList<u32>,
+}
+
+/// The pool of per-thread stacks: chunks made as threads need them.
+struct Threads {
+    chunks: [OnceLock<Chunk>; CHUNKS],
+    /// Stacks owned by a thread now, across chunks.
+    taken: AtomicUsize,
+    /// Serialises growing.
+    grow: Mutex<()>,
+}
+
+impl Threads {
+    /// The chunks made so far, in order.
+    fn made(&self) -> impl Iterator<Item = &Chunk> {
+        self.chunks.iter().map_while(OnceLock::get)
+    }
+
+    fn capacity(&self) -> usize {
+        self.made().map(|c| c.all.len()).sum()
+    }
+
+    /// Adds chunks until at least `want` stacks exist (as far as the
+    /// chunks go). Ordinary context only: it allocates.
+    fn grow_to(&self, leases: &'static LeaseSet<'static, ReturnPart>, want: usize) {
+        let _g = self.grow.lock().unwrap_or_else(PoisonError::into_inner);
+        for (k, chunk) in self.chunks.iter().enumerate() {
+            if self.capacity() >= want {
+                return;
+            }
+            chunk.get_or_init(|| {
+                let n = FIRST_CHUNK << k;
+                Chunk {
+                    all: (0..n)
+                        .map(|_| ThreadReturns {
+                            owner: AtomicI32::new(0),
+                            element: AtomicUsize::new(0),
+                            block: leases.block(MAX_RETURN_DEPTH),
+                            depth: Cell::new(0),
+                            instances: core::array::from_fn(|_| Instance::default()),
+                        })
+                        .collect(),
+                    free: FreeList::new(0..n as u32),
+                }
+            });
+        }
+    }
+
+    /// Grows while fewer than a quarter of the stacks are free, so a burst
+    /// of new threads finds stacks waiting.
+    fn keep_spare(&self, leases: &'static LeaseSet<'static, ReturnPart>) {
+        let taken = self.taken.load(Ordering::Relaxed);
+        if taken * 4 >= self.capacity() * 3 {
+            self.grow_to(leases, self.capacity() + 1);
+        }
+    }
 }
 
 static LEASES: OnceLock<LeaseSet<'static, ReturnPart>> = OnceLock::new();
@@ -260,18 +320,13 @@ pub(crate) fn init() -> Result<(), AttachError> {
     return_stubs::init()?;
     RETURN_DOMAIN.prepare();
     let leases = LEASES.get_or_init(|| LeaseSet::new(&RETURN_DOMAIN));
-    THREADS.get_or_init(|| Threads {
-        all: (0..MAX_THREADS)
-            .map(|_| ThreadReturns {
-                owner: AtomicI32::new(0),
-                element: AtomicUsize::new(0),
-                block: leases.block(MAX_RETURN_DEPTH),
-                depth: Cell::new(0),
-                instances: core::array::from_fn(|_| Instance::default()),
-            })
-            .collect(),
-        free: FreeList::new(0..MAX_THREADS as u32),
+    let threads = THREADS.get_or_init(|| Threads {
+        chunks: [const { OnceLock::new() }; CHUNKS],
+        taken: AtomicUsize::new(0),
+        grow: Mutex::new(()),
     });
+    // Room for every thread there is now, and as many again.
+    threads.grow_to(leases, 2 * thread_count());
     ensure_service()
 }
 
@@ -285,8 +340,11 @@ fn current() -> Option<&'static ThreadReturns> {
         return Some(unsafe { &*p });
     }
     let threads = THREADS.get()?;
-    let element = threads.free.try_pop()?;
-    let tr = &threads.all[*element as usize];
+    let (chunk, element) = threads
+        .made()
+        .find_map(|c| c.free.try_pop().map(|e| (c, e)))?;
+    let tr = &chunk.all[*element as usize];
+    threads.taken.fetch_add(1, Ordering::Relaxed);
     tr.element.store(element.into_index(), Ordering::Relaxed);
     tr.owner
         .store(crate::engine::current_tid(), Ordering::Release);
@@ -522,6 +580,11 @@ pub(crate) fn pending() -> usize {
     unsafe { &*p }.depth.get()
 }
 
+/// Per-thread stacks made so far.
+pub(crate) fn stacks() -> usize {
+    THREADS.get().map_or(0, Threads::capacity)
+}
+
 /// The process the service thread runs in (0: none yet).
 static SERVICE_PID: Mutex<i32> = Mutex::new(0);
 
@@ -572,6 +635,9 @@ fn service(threads: &'static Threads, forked: bool) {
     loop {
         std::thread::sleep(SERVICE_PERIOD);
         reap(threads);
+        if let Some(leases) = LEASES.get() {
+            threads.keep_spare(leases);
+        }
         if forked && let Some(leases) = LEASES.get() {
             let _ = leases.expire_all();
         }
@@ -583,21 +649,27 @@ fn service(threads: &'static Threads, forked: bool) {
 fn reap(threads: &Threads) {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
-    for tr in &threads.all {
-        let tid = tr.owner.load(Ordering::Acquire);
-        if tid == 0 || thread_exists(pid, tid) {
-            continue;
+    for chunk in threads.made() {
+        for tr in &chunk.all {
+            let tid = tr.owner.load(Ordering::Acquire);
+            if tid == 0 || thread_exists(pid, tid) {
+                continue;
+            }
+            // The owner is gone: its stack is ours now.
+            tr.drop_abandoned(|_| true);
+            let element = tr.element.load(Ordering::Relaxed);
+            tr.owner.store(0, Ordering::Release);
+            threads.taken.fetch_sub(1, Ordering::Relaxed);
+            // SAFETY: the element index was taken from this chunk's pool
+            // by the owner and is given back once.
+            chunk.free.push(unsafe { chunk.free.from_index(element) });
         }
-        // The owner is gone: its stack is ours now.
-        tr.drop_abandoned(|_| true);
-        let element = tr.element.load(Ordering::Relaxed);
-        tr.owner.store(0, Ordering::Release);
-        // SAFETY: the element index was taken from this pool by the owner
-        // and is given back once.
-        threads
-            .free
-            .push(unsafe { threads.free.from_index(element) });
     }
+}
+
+/// The threads of this process now (1 if `/proc` cannot tell).
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(1, Iterator::count)
 }
 
 fn thread_exists(pid: i32, tid: i32) -> bool {
