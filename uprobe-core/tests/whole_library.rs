@@ -1,0 +1,257 @@
+//! Probes on every exported function of real libraries: libm (loaded for
+//! the test if the program does not link it) and libz where the system
+//! has it. A workload through the probed functions gives bit-identical
+//! results with entry probes and with return probes; what was refused is
+//! printed with the reasons.
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, CString, c_void};
+
+use object::{Object as _, ObjectSymbol as _};
+use uprobe_core::{AttachError, Probe, Uprobe};
+
+/// Loads `name` (or finds it loaded) and returns its handle and path.
+fn open(name: &str) -> Option<(*mut c_void, String)> {
+    let c = CString::new(name).unwrap();
+    // SAFETY: dlopen of a system library by name.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW) };
+    if handle.is_null() {
+        return None;
+    }
+    // The path the dynamic linker loaded, from the address of one of its
+    // functions.
+    let known = CString::new(if name.starts_with("libm") {
+        "cos"
+    } else {
+        "crc32"
+    })
+    .unwrap();
+    // SAFETY: a symbol lookup on a live handle; dladdr fills `info`, whose
+    // file name then lives as long as the object stays loaded.
+    let path = unsafe {
+        let any = libc::dlsym(handle, known.as_ptr());
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if any.is_null() || libc::dladdr(any, &raw mut info) == 0 {
+            return None;
+        }
+        CStr::from_ptr(info.dli_fname)
+            .to_string_lossy()
+            .into_owned()
+    };
+    Some((handle, path))
+}
+
+/// Every defined, exported function of the ELF file at `path`.
+fn exported_functions(path: &str) -> Vec<String> {
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let mut names: Vec<String> = file
+        .dynamic_symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text && !s.is_undefined() && s.is_global())
+        .filter_map(|s| s.name().ok().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Attaches `make(name)` for every name; returns the probes and the
+/// refusals, counted by reason.
+fn attach_every(
+    object: &str,
+    names: &[String],
+    make: impl Fn(Uprobe) -> Uprobe,
+) -> (Vec<Probe>, BTreeMap<String, usize>) {
+    let mut probes = Vec::new();
+    let mut refused = BTreeMap::new();
+    let mut seen = std::collections::HashSet::new();
+    for name in names {
+        let probe = match Uprobe::in_object(object, name) {
+            Ok(p) => p,
+            Err(e) => {
+                *refused.entry(kind(&e)).or_insert(0) += 1;
+                continue;
+            }
+        };
+        // Aliases (`exp` and `__exp_finite`, versions) share an address:
+        // one consumer each would do, but one is enough here.
+        if !seen.insert(probe.addr()) {
+            continue;
+        }
+        match make(probe).attach() {
+            Ok(p) => probes.push(p),
+            Err(e) => *refused.entry(kind(&e)).or_insert(0) += 1,
+        }
+    }
+    (probes, refused)
+}
+
+fn kind(e: &AttachError) -> String {
+    match e {
+        AttachError::Unsupported { why, .. } => format!("unsupported: {why}"),
+        other => format!("{other:?}")
+            .split([' ', '{', '('])
+            .next()
+            .unwrap_or("?")
+            .to_string(),
+    }
+}
+
+type F1 = unsafe extern "C" fn(f64) -> f64;
+type F2 = unsafe extern "C" fn(f64, f64) -> f64;
+
+/// Calls a spread of libm functions over a range of inputs; the results'
+/// bits.
+fn libm_workload(handle: *mut c_void) -> Vec<u64> {
+    let get = |name: &str| {
+        let c = CString::new(name).unwrap();
+        // SAFETY: a symbol lookup on a live handle.
+        let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+        assert!(!p.is_null(), "no {name} in libm");
+        p
+    };
+    let unary = [
+        "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "exp", "exp2",
+        "expm1", "log", "log2", "log10", "log1p", "sqrt", "cbrt", "floor", "ceil", "round",
+        "trunc", "erf", "erfc", "lgamma", "tgamma", "rint", "fabs",
+    ];
+    let binary = [
+        "pow",
+        "atan2",
+        "hypot",
+        "fmod",
+        "fmin",
+        "fmax",
+        "copysign",
+        "remainder",
+    ];
+    let mut out = Vec::new();
+    for i in 0..200 {
+        let x = f64::from(i) * 0.037 - 2.5;
+        let y = f64::from(i % 17) * 0.31 + 0.1;
+        for name in unary {
+            // SAFETY: these libm functions take and return one double.
+            let f = unsafe { std::mem::transmute::<*mut c_void, F1>(get(name)) };
+            // SAFETY: as above; any double is a valid argument.
+            out.push(unsafe { f(x) }.to_bits());
+        }
+        for name in binary {
+            // SAFETY: these take two doubles and return one.
+            let f = unsafe { std::mem::transmute::<*mut c_void, F2>(get(name)) };
+            // SAFETY: as above.
+            out.push(unsafe { f(x, y) }.to_bits());
+        }
+    }
+    out
+}
+
+type Compress =
+    unsafe extern "C" fn(*mut u8, *mut libc::c_ulong, *const u8, libc::c_ulong, i32) -> i32;
+type Uncompress =
+    unsafe extern "C" fn(*mut u8, *mut libc::c_ulong, *const u8, libc::c_ulong) -> i32;
+
+/// Compresses and decompresses a generated buffer with libz; the
+/// compressed bytes and the round trip.
+fn libz_workload(handle: *mut c_void) -> Vec<u8> {
+    let get = |name: &str| {
+        let c = CString::new(name).unwrap();
+        // SAFETY: a symbol lookup on a live handle.
+        unsafe { libc::dlsym(handle, c.as_ptr()) }
+    };
+    // SAFETY: zlib's compress2 and uncompress signatures.
+    let (compress, uncompress) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, Compress>(get("compress2")),
+            std::mem::transmute::<*mut c_void, Uncompress>(get("uncompress")),
+        )
+    };
+    let input: Vec<u8> = (0..200_000u32)
+        .map(|i| ((i * 7 % 251) ^ (i / 1000)) as u8)
+        .collect();
+    let mut packed = vec![0u8; input.len() + 1024];
+    let mut packed_len = packed.len() as libc::c_ulong;
+    // SAFETY: buffers of the sizes given.
+    let rc = unsafe {
+        compress(
+            packed.as_mut_ptr(),
+            &raw mut packed_len,
+            input.as_ptr(),
+            input.len() as _,
+            9,
+        )
+    };
+    assert_eq!(rc, 0, "compress2");
+    packed.truncate(packed_len as usize);
+    let mut back = vec![0u8; input.len()];
+    let mut back_len = back.len() as libc::c_ulong;
+    // SAFETY: as above.
+    let rc = unsafe {
+        uncompress(
+            back.as_mut_ptr(),
+            &raw mut back_len,
+            packed.as_ptr(),
+            packed_len,
+        )
+    };
+    assert_eq!(rc, 0, "uncompress");
+    assert_eq!(back, input, "the round trip");
+    packed
+}
+
+fn check_library(lib: &str, workload: fn(*mut c_void) -> Vec<u8>) {
+    let Some((handle, path)) = open(lib) else {
+        println!("{lib} is not on this system: skipped");
+        return;
+    };
+    let object = std::path::Path::new(&path)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let names = exported_functions(&path);
+    let plain = workload(handle);
+    for returns in [false, true] {
+        let (probes, refused) = attach_every(&object, &names, |p| {
+            if returns {
+                p.on_return(|_| {})
+            } else {
+                p.on_entry(|_| {})
+            }
+        });
+        let under_probes = workload(handle);
+        let hits: u64 = probes
+            .iter()
+            .map(|p| if returns { p.returns() } else { p.hits() })
+            .sum();
+        println!(
+            "{object} ({} exported functions), {} probes: {} attached, {hits} {}, refused: {refused:?}",
+            names.len(),
+            if returns { "return" } else { "entry" },
+            probes.len(),
+            if returns { "returns" } else { "hits" },
+        );
+        assert!(!probes.is_empty());
+        assert!(hits > 0, "the workload reached no probe");
+        assert!(
+            under_probes == plain,
+            "{object}: results changed under the probes"
+        );
+        Probe::detach_all(probes).unwrap();
+        assert!(workload(handle) == plain);
+    }
+}
+
+fn bits(v: Vec<u64>) -> Vec<u8> {
+    v.into_iter().flat_map(u64::to_le_bytes).collect()
+}
+
+#[test]
+fn every_exported_function_of_libm() {
+    check_library("libm.so.6", |h| bits(libm_workload(h)));
+}
+
+#[test]
+fn every_exported_function_of_libz() {
+    check_library("libz.so.1", libz_workload);
+}
