@@ -15,6 +15,7 @@ use core::cell::Cell;
 #[cfg(feature = "bench-variants")]
 use std::sync::atomic::{AtomicU8, Ordering};
 
+#[cfg(feature = "bench-variants")]
 use percpu_rwsem::PercpuRwSem;
 
 use crate::engine::DOMAIN;
@@ -36,7 +37,9 @@ pub enum Lookup {
 /// feature the lookup is SRCU, a constant).
 #[cfg(feature = "bench-variants")]
 static MODE: AtomicU8 = AtomicU8::new(0);
+#[cfg(feature = "bench-variants")]
 static RWSEM: PercpuRwSem<()> = PercpuRwSem::new(());
+#[cfg(feature = "bench-variants")]
 static RWLOCK: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 std::thread_local! {
@@ -83,15 +86,21 @@ pub(crate) fn with_read_side<R>(f: impl FnOnce() -> R) -> R {
             let _g = DOMAIN.read_lock();
             f()
         }
+        #[cfg(feature = "bench-variants")]
         Lookup::PercpuRwsem => {
             let _g = RWSEM.read();
             f()
         }
+        #[cfg(feature = "bench-variants")]
         Lookup::RwLock => {
             let _g = RWLOCK
                 .read()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             f()
+        }
+        #[cfg(not(feature = "bench-variants"))]
+        Lookup::PercpuRwsem | Lookup::RwLock => {
+            unreachable!("the lookup is SRCU without bench-variants")
         }
     }
 }
@@ -99,19 +108,27 @@ pub(crate) fn with_read_side<R>(f: impl FnOnce() -> R) -> R {
 /// The write side, held by attach and detach while they change the table.
 pub(crate) enum WriteSide {
     Srcu,
+    #[cfg(feature = "bench-variants")]
     PercpuRwsem(#[allow(dead_code)] percpu_rwsem::WriteGuard<'static, ()>),
+    #[cfg(feature = "bench-variants")]
     RwLock(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>),
 }
 
 pub(crate) fn write_side() -> WriteSide {
     let side = match mode() {
         Lookup::Srcu => WriteSide::Srcu,
+        #[cfg(feature = "bench-variants")]
         Lookup::PercpuRwsem => WriteSide::PercpuRwsem(RWSEM.write()),
+        #[cfg(feature = "bench-variants")]
         Lookup::RwLock => WriteSide::RwLock(
             RWLOCK
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         ),
+        #[cfg(not(feature = "bench-variants"))]
+        Lookup::PercpuRwsem | Lookup::RwLock => {
+            unreachable!("the lookup is SRCU without bench-variants")
+        }
     };
     WRITING.set(true);
     side
