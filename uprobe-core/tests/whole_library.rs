@@ -1,18 +1,20 @@
 //! Probes on every exported function of real libraries: libm (loaded for
-//! the test if the program does not link it) and libz where the system
-//! has it. A workload through the probed functions gives bit-identical
+//! the test if the program does not link it), and libz and libsqlite3
+//! where the system has them. A workload through the probed functions gives bit-identical
 //! results with entry probes and with return probes; what was refused is
 //! printed with the reasons.
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, c_void};
+use std::fmt::Write as _;
 
 use object::{Object as _, ObjectSymbol as _};
 use uprobe_core::{AttachError, Probe, Uprobe};
 
-/// Loads `name` (or finds it loaded) and returns its handle and path.
-fn open(name: &str) -> Option<(*mut c_void, String)> {
+/// Loads `name` (or finds it loaded), with `known`, one of its functions,
+/// to find its path by.
+fn open(name: &str, known: &str) -> Option<(*mut c_void, String)> {
     let c = CString::new(name).unwrap();
     // SAFETY: dlopen of a system library by name.
     let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW) };
@@ -21,12 +23,7 @@ fn open(name: &str) -> Option<(*mut c_void, String)> {
     }
     // The path the dynamic linker loaded, from the address of one of its
     // functions.
-    let known = CString::new(if name.starts_with("libm") {
-        "cos"
-    } else {
-        "crc32"
-    })
-    .unwrap();
+    let known = CString::new(known).unwrap();
     // SAFETY: a symbol lookup on a live handle; dladdr fills `info`, whose
     // file name then lives as long as the object stays loaded.
     let path = unsafe {
@@ -199,8 +196,8 @@ fn libz_workload(handle: *mut c_void) -> Vec<u8> {
     packed
 }
 
-fn check_library(lib: &str, workload: fn(*mut c_void) -> Vec<u8>) {
-    let Some((handle, path)) = open(lib) else {
+fn check_library(lib: &str, known: &str, workload: fn(*mut c_void) -> Vec<u8>) {
+    let Some((handle, path)) = open(lib, known) else {
         println!("{lib} is not on this system: skipped");
         return;
     };
@@ -242,16 +239,117 @@ fn check_library(lib: &str, workload: fn(*mut c_void) -> Vec<u8>) {
     }
 }
 
+type SqlOpen = unsafe extern "C" fn(*const libc::c_char, *mut *mut c_void) -> i32;
+type SqlRow =
+    unsafe extern "C" fn(*mut c_void, i32, *mut *mut libc::c_char, *mut *mut libc::c_char) -> i32;
+type SqlExec = unsafe extern "C" fn(
+    *mut c_void,
+    *const libc::c_char,
+    Option<SqlRow>,
+    *mut c_void,
+    *mut *mut libc::c_char,
+) -> i32;
+type SqlClose = unsafe extern "C" fn(*mut c_void) -> i32;
+
+/// An SQL workload in an in-memory database (tables, indexes, `ANALYZE`,
+/// joins, aggregates, a window function, range and point queries, an
+/// update, a delete, an integrity check); every row of every result, as
+/// text.
+fn sqlite_workload(handle: *mut c_void) -> Vec<u8> {
+    unsafe extern "C" fn row(
+        out: *mut c_void,
+        n: i32,
+        values: *mut *mut libc::c_char,
+        _: *mut *mut libc::c_char,
+    ) -> i32 {
+        // SAFETY: `out` is the vector below; sqlite passes `n` values,
+        // each a C string or null.
+        unsafe {
+            let out = &mut *out.cast::<Vec<u8>>();
+            for i in 0..n as usize {
+                let v = *values.add(i);
+                if !v.is_null() {
+                    out.extend_from_slice(CStr::from_ptr(v).to_bytes());
+                }
+                out.push(b'|');
+            }
+            out.push(b'\n');
+        }
+        0
+    }
+    let get = |name: &str| {
+        let c = CString::new(name).unwrap();
+        // SAFETY: a symbol lookup on a live handle.
+        unsafe { libc::dlsym(handle, c.as_ptr()) }
+    };
+    // SAFETY: sqlite3_open, sqlite3_exec and sqlite3_close's signatures.
+    let (open, exec, close) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, SqlOpen>(get("sqlite3_open")),
+            std::mem::transmute::<*mut c_void, SqlExec>(get("sqlite3_exec")),
+            std::mem::transmute::<*mut c_void, SqlClose>(get("sqlite3_close")),
+        )
+    };
+    let mut sql = String::from(
+        "BEGIN; CREATE TABLE a(id INTEGER PRIMARY KEY, x INT, s TEXT); \
+         CREATE TABLE b(id INTEGER PRIMARY KEY, a_id INT, y REAL); \
+         CREATE TABLE c(k TEXT PRIMARY KEY, v INT);",
+    );
+    let rows = 150;
+    for i in 0..rows {
+        let _ = write!(
+            sql,
+            "INSERT INTO a VALUES({i},{},'s{}');INSERT INTO b VALUES({i},{},{}.5);\
+             INSERT INTO c VALUES('k{i}',{});",
+            i * 7 % 100,
+            i % 97,
+            (i * 13) % rows,
+            i % 13,
+            i % 31
+        );
+    }
+    sql += "COMMIT; CREATE INDEX ax ON a(x); CREATE INDEX ba ON b(a_id); ANALYZE; \
+        SELECT a.x, count(*), sum(b.y) FROM a JOIN b ON b.a_id = a.id GROUP BY a.x ORDER BY 2 DESC, 1 LIMIT 20; \
+        SELECT id, x, rank() OVER (PARTITION BY x % 10 ORDER BY id) FROM a WHERE id < 100; \
+        SELECT * FROM a WHERE x BETWEEN 10 AND 20 ORDER BY id; SELECT v FROM c WHERE k = 'k42'; \
+        UPDATE a SET x = x + 1 WHERE id % 3 = 0; DELETE FROM b WHERE id % 5 = 0; \
+        SELECT count(*), sum(x) FROM a; SELECT count(*) FROM b; PRAGMA integrity_check;";
+    let memory = CString::new(":memory:").unwrap();
+    let sql = CString::new(sql).unwrap();
+    let mut out = Vec::new();
+    let mut db = std::ptr::null_mut();
+    // SAFETY: an in-memory database, a statement list and a callback
+    // that only appends to `out`, which outlives the call.
+    unsafe {
+        assert_eq!(open(memory.as_ptr(), &raw mut db), 0, "sqlite3_open");
+        let rc = exec(
+            db,
+            sql.as_ptr(),
+            Some(row),
+            (&raw mut out).cast(),
+            std::ptr::null_mut(),
+        );
+        assert_eq!(rc, 0, "sqlite3_exec");
+        close(db);
+    }
+    out
+}
+
 fn bits(v: Vec<u64>) -> Vec<u8> {
     v.into_iter().flat_map(u64::to_le_bytes).collect()
 }
 
 #[test]
 fn every_exported_function_of_libm() {
-    check_library("libm.so.6", |h| bits(libm_workload(h)));
+    check_library("libm.so.6", "cos", |h| bits(libm_workload(h)));
+}
+
+#[test]
+fn every_exported_function_of_libsqlite3() {
+    check_library("libsqlite3.so.0", "sqlite3_open", sqlite_workload);
 }
 
 #[test]
 fn every_exported_function_of_libz() {
-    check_library("libz.so.1", libz_workload);
+    check_library("libz.so.1", "crc32", libz_workload);
 }
