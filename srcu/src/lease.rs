@@ -86,7 +86,8 @@ struct Slot<T> {
     node: AtomicPtr<Node<T>>,
     bank: AtomicU8,
     tick: AtomicU64,
-    /// Set by the owner when it starts consuming (see `Lease::take`).
+    /// Set by the owner when it starts consuming (see `Lease::take`),
+    /// cleared when the slot is leased again (`LeaseBlock::lease`).
     claimed: AtomicU8,
 }
 
@@ -450,6 +451,11 @@ impl<'s, 'd, T: Send + Sync + 'static> LeaseBlock<'s, 'd, T> {
         self.free.set(free & !(1 << index));
         let slot = &self.slots[index];
         let generation = slot.word.load(Ordering::Relaxed) >> 8;
+        // The previous lease of this slot was claimed by its consumer: the
+        // new one is unclaimed. Published with the word (Release), so an
+        // expiry that reads the new generation also reads this reset, and
+        // a claim on the old lease can never make the new one unexpirable.
+        slot.claimed.store(0, Ordering::Relaxed);
         slot.node.store(node.cast_mut(), Ordering::Relaxed);
         slot.bank.store(bank as u8, Ordering::Relaxed);
         slot.tick
