@@ -375,7 +375,7 @@ impl Srcu {
     pub(crate) fn defer(&self, f: Box<dyn FnOnce() + Send>, grace_periods: u8) {
         self.inner().reclaimer.enqueue(
             || self.inner_arc(),
-            crate::reclaim::Deferred { f, grace_periods },
+            crate::reclaim::Deferred::new(f, grace_periods),
         );
     }
 
@@ -386,9 +386,14 @@ impl Srcu {
     }
 
     /// Waits until every callback queued before this call has run
-    /// (`srcu_barrier`). Not async-signal-safe.
+    /// (`srcu_barrier`), deferred drops included ([`retire`](Self::retire),
+    /// values replaced in an [`SrcuCell`](crate::SrcuCell), which wait for
+    /// two grace periods), however many grace periods each needs and
+    /// whatever other threads queue meanwhile (callbacks queued after the
+    /// call may finish before it returns, but never stand in for earlier
+    /// ones). Not async-signal-safe.
     pub fn barrier(&self) {
-        self.inner().reclaimer.barrier();
+        self.inner().reclaimer.barrier(|| self.inner_arc());
     }
 }
 
@@ -401,7 +406,7 @@ impl Drop for Srcu {
         // SAFETY: published by `allocate`; we still own our count.
         let inner = unsafe { Arc::from_raw(p.cast_const()) };
         inner.dead.store(true, Ordering::Release);
-        inner.reclaimer.shut_down();
+        inner.reclaimer.shut_down(|| Arc::clone(&inner));
     }
 }
 
