@@ -32,7 +32,7 @@ impl Deferred {
 }
 
 #[derive(Default)]
-struct State {
+pub(crate) struct State {
     /// Callbacks waiting for the next batch.
     queue: Vec<Deferred>,
     /// The batch whose grace period is in progress. Kept here rather than
@@ -119,6 +119,22 @@ impl Reclaimer {
             .spawn(move || reclaim_loop(&inner))
             .expect("spawn the srcu reclaimer thread");
         st.thread = Some((pid, handle));
+    }
+
+    /// In a fork child: restarts the reclaimer if callbacks are pending.
+    #[cfg(not(loom))]
+    pub(crate) fn revive(&self, inner: impl FnOnce() -> Arc<Inner>) {
+        let mut st = self.lock();
+        if !st.unfinished.is_empty() {
+            Self::ensure_thread(&mut st, inner);
+        }
+    }
+
+    /// The state lock, for the fork handlers (held across `fork` so that
+    /// the child inherits a consistent queue).
+    #[cfg(not(loom))]
+    pub(crate) fn state_lock(&self) -> &Mutex<State> {
+        &self.state
     }
 
     /// Waits until every callback queued before this call has finished,

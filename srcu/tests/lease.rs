@@ -205,7 +205,11 @@ fn leases_in_reused_slots_expire() {
     }
     // ...then held again: these reuse the slots.
     let held: Vec<_> = (0..4).map(|_| block.lease(&cell).unwrap()).collect();
-    assert_eq!(set.expire_all(), 4, "leases in reused slots were not expired");
+    assert_eq!(
+        set.expire_all(),
+        4,
+        "leases in reused slots were not expired"
+    );
     assert!(held.iter().all(srcu::Lease::is_expired));
     drop(held);
     // The expiry thread alone, for a lease in a reused slot: the bound only

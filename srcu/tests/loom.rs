@@ -288,7 +288,10 @@ fn lease_in_a_reused_slot_racing_expiry() {
         let second = block.lease(cell).unwrap();
         let by_round = expirer.join().unwrap();
         let later = set.expire_all();
-        assert!(second.is_expired(), "a lease in a reused slot never expires");
+        assert!(
+            second.is_expired(),
+            "a lease in a reused slot never expires"
+        );
         assert_eq!(
             by_round + later,
             u64::from(first_expired) + 1,
