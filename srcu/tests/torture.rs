@@ -34,17 +34,20 @@ static STOP: AtomicBool = AtomicBool::new(false);
 /// The lease timeout of the run.
 const LEASE_TIMEOUT: Duration = Duration::from_millis(50);
 
-/// The longest a grace period may take. While readers' own sections are
-/// short (microseconds), what can hold a grace period is a lease: it is
-/// expired between `timeout` and `timeout * 1.25` after it was taken (the
-/// expiry thread ticks every `timeout / 4` and expires leases four ticks
-/// old); the grace period then notices within its polling delay (at most
+/// The longest a `synchronize` call may take. While readers' own sections
+/// are short (microseconds), what can hold a grace period is a lease: it
+/// is expired between `timeout` and `timeout * 1.25` after it was taken
+/// (the expiry thread ticks every `timeout / 4` and expires leases four
+/// ticks old); the grace period notices within its polling delay (at most
 /// 1 ms) and has two banks to wait for, each of which a lease can hold for
-/// at most that long. That is 2.5x the timeout; we allow 3x (the leases'
-/// promise), plus 250 ms for a loaded 2-core machine on which the expiry
-/// thread or the writer may not be scheduled for a few scheduler periods
-/// (signal storms and debug builds included).
-const GP_BOUND: Duration = Duration::from_millis(3 * 50 + 250);
+/// at most that long: 2.5x the timeout for one grace period, within the
+/// leases' promise of 3x. A call also waits for the grace period in
+/// progress when it starts (two writers and the reclaimer share the
+/// grace-period lock, which is not fair, so we allow one more): 6x in all,
+/// plus 250 ms for a loaded 2-core machine on which the expiry thread or
+/// the writer may not be scheduled for a few scheduler periods (signal
+/// storms and debug builds included).
+const GP_BOUND: Duration = Duration::from_millis(6 * 50 + 250);
 
 /// An object that knows whether it is alive; `check` is `!generation`, so
 /// a freed and reused object shows up as a mismatch too.
