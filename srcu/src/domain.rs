@@ -1,6 +1,9 @@
 //! The SRCU domain: per-CPU read counts in two banks, and grace periods.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::marker::PhantomData;
+#[cfg(not(loom))]
+use std::sync::PoisonError;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use pcpu::PerCpu;
@@ -25,12 +28,88 @@ pub(crate) struct Inner {
     /// Grace periods started; the active bank is `completed & 1`.
     completed: AtomicU64,
     /// Serialises grace periods (ordinary context only).
-    gp_lock: Mutex<()>,
+    gp_lock: GpLock,
     /// Set when the `Srcu` is dropped: no guard can exist any more and raw
     /// sections can no longer be ended, so grace periods complete at once
     /// (the queued callbacks run instead of waiting forever).
     dead: AtomicBool,
     pub(crate) reclaimer: Reclaimer,
+    /// The lease sets of this domain, for the fork handlers (expired in a
+    /// child, their expiry threads restarted there).
+    pub(crate) lease_sets: Mutex<Vec<Weak<dyn crate::fork::ForkHooks>>>,
+    /// The fork generation (`fork::generation`) the helper threads were
+    /// last checked in: a child restarts them on its first use of the
+    /// domain (`Srcu::revive`).
+    #[cfg_attr(loom, allow(dead_code))]
+    helpers_gen: AtomicU64,
+}
+
+/// The grace-period lock: the pid of the process whose thread holds it
+/// (0: free). Not a `Mutex` because a thread of the parent that held it at
+/// `fork()` does not exist in the child, where the lock is then taken over
+/// instead of waited for: a grace period abandoned half-way leaves the
+/// domain as consistent as a timed-out one does (the next grace period
+/// waits for the inactive bank first).
+struct GpLock {
+    owner: AtomicU64,
+}
+
+struct GpGuard<'a>(&'a GpLock);
+
+impl GpLock {
+    fn lock(&self) -> GpGuard<'_> {
+        let me = u64::from(std::process::id());
+        let mut round = 0u32;
+        loop {
+            let holder = self.owner.load(Ordering::Relaxed);
+            // Free, or held by a thread of another process (the parent,
+            // before this child was forked): take it.
+            if (holder == 0 || holder != me)
+                && self
+                    .owner
+                    .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return GpGuard(self);
+            }
+            round += 1;
+            backoff(round, false);
+        }
+    }
+}
+
+impl Drop for GpGuard<'_> {
+    fn drop(&mut self) {
+        self.0.owner.store(0, Ordering::Release);
+    }
+}
+
+#[cfg(not(loom))]
+thread_local! {
+    /// Guard sections (`ReadGuard`, and what a consumed lease hands over)
+    /// open on this thread, of every domain. Const-initialised without a
+    /// destructor: no lazy allocation, usable from signal handlers (a
+    /// handler's sections are balanced, so interrupting the owner's
+    /// read-modify-write loses nothing). Guards are not `Send`, so this is
+    /// exact. Read at fork: the child discounts the sections of the threads
+    /// that do not exist there only if the forking thread holds none.
+    static HELD: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+/// Counts a guard section opened (`1`) or closed (`-1`) on this thread.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) fn held_add(delta: isize) {
+    #[cfg(not(loom))]
+    HELD.with(|h| h.set(h.get().wrapping_add_signed(delta)));
+    #[cfg(loom)]
+    let _ = delta;
+}
+
+/// Guard sections open on this thread.
+#[cfg(not(loom))]
+pub(crate) fn held() -> usize {
+    HELD.with(core::cell::Cell::get)
 }
 
 impl Inner {
@@ -39,9 +118,13 @@ impl Inner {
             fast: pcpu::rseq::Adder::get().filter(|_| pcpu::fence::light_is_compiler_only()),
             counts: PerCpu::default(),
             completed: AtomicU64::new(0),
-            gp_lock: Mutex::new(()),
+            gp_lock: GpLock {
+                owner: AtomicU64::new(0),
+            },
             dead: AtomicBool::new(false),
             reclaimer: Reclaimer::default(),
+            lease_sets: Mutex::new(Vec::new()),
+            helpers_gen: AtomicU64::new(0),
         }
     }
 
@@ -133,7 +216,7 @@ impl Inner {
     /// the call has ended (the kernel's classic SRCU algorithm).
     pub(crate) fn synchronize(&self, expedited: bool, timeout: Option<Duration>) -> bool {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let _gp = self.gp_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let _gp = self.gp_lock.lock();
         if self.dead.load(Ordering::Acquire) {
             return true;
         }
@@ -158,6 +241,30 @@ impl Inner {
         // D: the readers' loads are done before the caller frees anything.
         pcpu::fence::heavy();
         true
+    }
+
+    /// In a fork child (only the forking thread exists): ends, in the
+    /// counts, every read section open at the fork, so that grace periods
+    /// stop waiting for threads that do not exist here. Callers make sure
+    /// that no such section can still be ended (see `fork`).
+    #[cfg(not(loom))]
+    pub(crate) fn discount_all(&self) {
+        for c in self.counts.iter() {
+            for bank in 0..2 {
+                c[UNLOCK + bank].store(c[LOCK + bank].load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The lease sets registered with this domain that still exist.
+    #[cfg(not(loom))]
+    pub(crate) fn lease_hooks(&self) -> Vec<Arc<dyn crate::fork::ForkHooks>> {
+        self.lease_sets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
     }
 
     /// Grace periods started so far (for `barrier` bookkeeping and tests).
@@ -203,12 +310,29 @@ fn backoff(_round: u32, _expedited: bool) {
 /// | [`synchronize`](Self::synchronize) and its variants, [`call`](Self::call), [`barrier`](Self::barrier) | no (they block, lock mutexes or allocate) |
 ///
 /// # Fork
-/// A read section held by another thread at `fork()` never ends in the
-/// child. There, [`synchronize`](Self::synchronize) would wait for it
-/// forever: use [`synchronize_timeout`](Self::synchronize_timeout), or end
-/// such sections first (leases: [`LeaseSet::expire_all`](crate::LeaseSet::expire_all)).
-/// Deferred callbacks keep working in the child (its reclaimer thread is
-/// started anew).
+/// Only the forking thread exists in a child. At the fork (srcu's
+/// `pthread_atfork` handlers, see [`after_fork_in_child`](crate::after_fork_in_child)):
+/// - every lease of every [`LeaseSet`](crate::LeaseSet) is expired (as the
+///   kernel expires a child's), so leases never stall the child;
+/// - if the forking thread holds no guard section ([`ReadGuard`],
+///   [`CellRef`](crate::CellRef), a consumed lease's
+///   [`LeasedValue`](crate::LeasedValue)) of any domain, every other read
+///   section open at the fork is **discounted** in the child: grace
+///   periods there wait only for sections begun in the child. Raw sections
+///   open at the fork are discounted too, so they must not be ended in the
+///   child (see [`read_unlock_raw`](Self::read_unlock_raw));
+/// - if it does hold one, nothing is discounted (sections are counted per
+///   thread, not per domain): its own sections stay valid, and grace
+///   periods in the child also wait for the other threads' sections, which
+///   never end there (use [`synchronize_timeout`](Self::synchronize_timeout)).
+///
+/// Deferred callbacks keep working in the child: its reclaimer thread and
+/// the lease sets' expiry threads are started anew on the domain's first
+/// use there, and callbacks queued before the fork (also those the
+/// parent's reclaimer was waiting a grace period for) run in the child
+/// after a grace period of the child's. Only a callback the parent's
+/// reclaimer was running at the very moment of the fork is the parent's
+/// alone.
 ///
 /// # Drop
 /// Dropping a domain runs every callback still queued, then stops its
@@ -303,12 +427,16 @@ impl Srcu {
         let fresh = Arc::into_raw(Arc::new(Inner::new())).cast_mut();
         // SAFETY: a loser's `fresh` was never shared.
         let p = pcpu::sync::publish_once(&self.inner, fresh, |f| drop(unsafe { Arc::from_raw(f) }));
+        #[cfg(not(loom))]
+        if p == fresh {
+            crate::fork::register(&self.inner_arc());
+        }
         // SAFETY: published (by us or the winner); alive until drop.
         unsafe { &*p }
     }
 
-    /// Begins a read section, ended when the guard drops (on any thread).
-    /// Never blocks, never allocates after [`prepare`](Self::prepare); the
+    /// Begins a read section, ended when the guard drops (on this thread:
+    /// guards are not `Send`). Never blocks, never allocates after [`prepare`](Self::prepare); the
     /// read side is one per-CPU add (an rseq critical section where
     /// available) and a compiler fence. **Async-signal-safe.**
     #[allow(clippy::inline_always)]
@@ -316,10 +444,13 @@ impl Srcu {
     #[must_use = "the read section ends when the guard is dropped"]
     pub fn read_lock(&self) -> ReadGuard<'_> {
         let inner = self.inner();
+        let bank = inner.read_lock();
+        held_add(1);
         ReadGuard {
             srcu: self,
             inner,
-            bank: inner.read_lock(),
+            bank,
+            _not_send: PhantomData,
         }
     }
 
@@ -347,12 +478,14 @@ impl Srcu {
     /// `membarrier` calls). Not async-signal-safe; must not be called
     /// inside a read section of this domain (it would wait for itself).
     pub fn synchronize(&self) {
+        self.revive();
         self.inner().synchronize(false, None);
     }
 
     /// Like [`synchronize`](Self::synchronize), but never sleeps: it polls
     /// and yields, trading CPU time for latency.
     pub fn synchronize_expedited(&self) {
+        self.revive();
         self.inner().synchronize(true, None);
     }
 
@@ -361,6 +494,7 @@ impl Srcu {
     /// attempt leaves the domain consistent; the next grace period waits
     /// for the same readers.)
     pub fn synchronize_timeout(&self, timeout: Duration) -> bool {
+        self.revive();
         self.inner().synchronize(false, Some(timeout))
     }
 
@@ -373,11 +507,34 @@ impl Srcu {
 
     /// Queues `f` to run after `grace_periods` grace periods.
     pub(crate) fn defer(&self, f: Box<dyn FnOnce() + Send>, grace_periods: u8) {
+        self.revive();
         self.inner().reclaimer.enqueue(
             || self.inner_arc(),
-            crate::reclaim::Deferred { f, grace_periods },
+            crate::reclaim::Deferred::new(f, grace_periods),
         );
     }
+
+    /// In a fork child, on the first use of the domain after the fork:
+    /// restarts the expiry threads of its lease sets and, if callbacks are
+    /// pending, the reclaimer (the parent's threads do not exist here).
+    /// Cheap otherwise (one load). Ordinary context only.
+    #[cfg(not(loom))]
+    pub(crate) fn revive(&self) {
+        let inner = self.inner();
+        let generation = crate::fork::generation();
+        if inner.helpers_gen.load(Ordering::Acquire) == generation
+            || inner.helpers_gen.swap(generation, Ordering::AcqRel) == generation
+        {
+            return;
+        }
+        for hooks in inner.lease_hooks() {
+            hooks.restart();
+        }
+        inner.reclaimer.revive(|| self.inner_arc());
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn revive(&self) {}
 
     /// Drops `value` after a grace period: the usual way to free something
     /// readers may still be looking at.
@@ -386,9 +543,15 @@ impl Srcu {
     }
 
     /// Waits until every callback queued before this call has run
-    /// (`srcu_barrier`). Not async-signal-safe.
+    /// (`srcu_barrier`), deferred drops included ([`retire`](Self::retire),
+    /// values replaced in an [`SrcuCell`](crate::SrcuCell), which wait for
+    /// two grace periods), however many grace periods each needs and
+    /// whatever other threads queue meanwhile (callbacks queued after the
+    /// call may finish before it returns, but never stand in for earlier
+    /// ones). Not async-signal-safe.
     pub fn barrier(&self) {
-        self.inner().reclaimer.barrier();
+        self.revive();
+        self.inner().reclaimer.barrier(|| self.inner_arc());
     }
 }
 
@@ -401,17 +564,22 @@ impl Drop for Srcu {
         // SAFETY: published by `allocate`; we still own our count.
         let inner = unsafe { Arc::from_raw(p.cast_const()) };
         inner.dead.store(true, Ordering::Release);
-        inner.reclaimer.shut_down();
+        inner.reclaimer.shut_down(|| Arc::clone(&inner));
     }
 }
 
-/// A read section begun with [`Srcu::read_lock`]; ends when dropped, on
-/// whichever thread (async-signal-safe).
+/// A read section begun with [`Srcu::read_lock`]; ends when dropped
+/// (async-signal-safe). Not `Send`: a guard section ends on the thread that
+/// began it (each thread counts its own, which is how a fork child tells
+/// the forking thread's sections from the vanished threads'); a section
+/// that must end elsewhere is a raw one ([`Srcu::read_lock_raw`]).
 #[must_use = "the read section ends when the guard is dropped"]
 pub struct ReadGuard<'a> {
     srcu: &'a Srcu,
     inner: &'a Inner,
     bank: usize,
+    /// The section ends on the thread that began it (see `HELD`).
+    _not_send: PhantomData<*const ()>,
 }
 
 impl ReadGuard<'_> {
@@ -426,6 +594,7 @@ impl Drop for ReadGuard<'_> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn drop(&mut self) {
+        held_add(-1);
         self.inner.read_unlock(self.bank);
     }
 }

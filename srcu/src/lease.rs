@@ -86,7 +86,8 @@ struct Slot<T> {
     node: AtomicPtr<Node<T>>,
     bank: AtomicU8,
     tick: AtomicU64,
-    /// Set by the owner when it starts consuming (see `Lease::take`).
+    /// Set by the owner when it starts consuming (see `Lease::take`),
+    /// cleared when the slot is leased again (`LeaseBlock::lease`).
     claimed: AtomicU8,
 }
 
@@ -118,7 +119,62 @@ struct Shared<T> {
     /// Strong references handed over by `drop_later`, dropped by the
     /// expiry thread (`deferred_drop`).
     owing: AtomicPtr<Node<T>>,
-    stop: (Mutex<bool>, Condvar),
+    /// The expiry thread's control (stop flag, its handle), and its wake-up.
+    ctl: (Mutex<Ctl>, Condvar),
+    /// Time between expiry ticks (`timeout / TICKS`).
+    #[cfg_attr(loom, allow(dead_code))]
+    period: Duration,
+}
+
+/// Whether the set is being dropped, and its expiry thread with the fork
+/// generation it was started in (a fork child starts its own).
+#[derive(Default)]
+struct Ctl {
+    stopped: bool,
+    thread: Option<(u64, JoinHandle<()>)>,
+}
+
+/// Starts the expiry thread of `shared`.
+#[cfg(not(loom))]
+fn spawn_expiry<T: Send + Sync + 'static>(shared: &Arc<Shared<T>>) -> JoinHandle<()> {
+    let s = Arc::clone(shared);
+    std::thread::Builder::new()
+        .name("srcu-lease-expiry".into())
+        .spawn(move || expiry_loop(&s, s.period))
+        .expect("spawn the lease expiry thread")
+}
+
+impl<T: Send + Sync + 'static> crate::fork::ForkHooks for Shared<T> {
+    fn lock_for_fork(self: Arc<Self>, held: &mut Vec<Box<dyn crate::fork::HeldLock>>) {
+        // SAFETY: both mutexes are fields of `self`.
+        unsafe {
+            crate::fork::hold(&self, &self.ctl.0, held);
+            crate::fork::hold(&self, &self.blocks, held);
+        }
+    }
+
+    fn expire_in_child(&self) {
+        // A round of the parent's expiry thread may have been running: it
+        // is over (that thread does not exist here).
+        self.expiring.store(0, Ordering::Relaxed);
+        self.expire(0);
+    }
+
+    fn restart(self: Arc<Self>) {
+        #[cfg(not(loom))]
+        {
+            let mut ctl = self.ctl.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let generation = crate::fork::generation();
+            if ctl.stopped || ctl.thread.as_ref().is_some_and(|(g, _)| *g == generation) {
+                return;
+            }
+            if let Some((_, inherited)) = ctl.thread.take() {
+                // The parent's thread: not ours to join or detach.
+                core::mem::forget(inherited);
+            }
+            ctl.thread = Some((generation, spawn_expiry(&self)));
+        }
+    }
 }
 
 impl<T> Shared<T> {
@@ -217,11 +273,10 @@ impl<T> Shared<T> {
 /// ```
 pub struct LeaseSet<'d, T: Send + Sync + 'static> {
     shared: Arc<Shared<T>>,
-    thread: Option<JoinHandle<()>>,
     timeout: Duration,
     /// The set must not outlive its domain: leases point at values of the
     /// domain's cells.
-    _domain: PhantomData<&'d Srcu>,
+    srcu: &'d Srcu,
 }
 
 impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
@@ -246,27 +301,37 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
             expiring: CachePadded::new(AtomicU64::new(0)),
             expired: AtomicU64::new(0),
             owing: AtomicPtr::new(core::ptr::null_mut()),
-            stop: (Mutex::new(false), Condvar::new()),
+            ctl: (Mutex::new(Ctl::default()), Condvar::new()),
+            period: timeout / TICKS as u32,
         });
+        // A fork child restarts the thread on first use (its threads
+        // started before the fork are the parent's).
+        srcu.revive();
+        {
+            let hooks: Arc<dyn crate::fork::ForkHooks> = shared.clone();
+            let mut sets = shared
+                .domain
+                .lease_sets
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            sets.retain(|s| s.strong_count() > 0);
+            sets.push(Arc::downgrade(&hooks));
+        }
         // loom cannot model a real thread: models call `expire_all`.
-        #[cfg(loom)]
-        let thread = None;
         #[cfg(not(loom))]
-        let thread = {
-            let s = Arc::clone(&shared);
-            let period = timeout / TICKS as u32;
-            Some(
-                std::thread::Builder::new()
-                    .name("srcu-lease-expiry".into())
-                    .spawn(move || expiry_loop(&s, period))
-                    .expect("spawn the lease expiry thread"),
-            )
-        };
+        {
+            let handle = spawn_expiry(&shared);
+            shared
+                .ctl
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .thread = Some((crate::fork::generation(), handle));
+        }
         Self {
             shared,
-            thread,
             timeout,
-            _domain: PhantomData,
+            srcu,
         }
     }
 
@@ -287,6 +352,7 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
             (1..=64).contains(&capacity),
             "a lease block holds 1 to 64 slots, not {capacity}"
         );
+        self.srcu.revive();
         let slots: Arc<Slots<T>> =
             Arc::new((0..capacity).map(|_| CachePadded::default()).collect());
         self.shared
@@ -308,6 +374,7 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
     /// and for shutting down. Not async-signal-safe.
     #[allow(clippy::must_use_candidate)] // the count is informational
     pub fn expire_all(&self) -> u64 {
+        self.srcu.revive();
         let n = self.shared.expire(0);
         self.drop_deferred();
         n
@@ -349,11 +416,23 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
 
 impl<T: Send + Sync + 'static> Drop for LeaseSet<'_, T> {
     fn drop(&mut self) {
-        let (stop, cv) = &self.shared.stop;
-        *stop.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        let (ctl, cv) = &self.shared.ctl;
+        let thread = {
+            let mut ctl = ctl.lock().unwrap_or_else(PoisonError::into_inner);
+            ctl.stopped = true;
+            ctl.thread.take()
+        };
         cv.notify_all();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if let Some((generation, t)) = thread {
+            #[cfg(not(loom))]
+            if generation == crate::fork::generation() {
+                let _ = t.join();
+            } else {
+                // Started before a fork: that thread is not in this process.
+                core::mem::forget(t);
+            }
+            #[cfg(loom)]
+            let _ = (generation, t);
         }
         self.drop_deferred();
     }
@@ -370,21 +449,21 @@ impl<T: Send + Sync + 'static> std::fmt::Debug for LeaseSet<'_, T> {
 
 #[cfg(not(loom))]
 fn expiry_loop<T>(shared: &Shared<T>, period: Duration) {
-    let (stop, cv) = &shared.stop;
-    let mut stopped = stop.lock().unwrap_or_else(PoisonError::into_inner);
+    let (ctl, cv) = &shared.ctl;
+    let mut guard = ctl.lock().unwrap_or_else(PoisonError::into_inner);
     loop {
-        stopped = cv
-            .wait_timeout(stopped, period)
+        guard = cv
+            .wait_timeout(guard, period)
             .unwrap_or_else(PoisonError::into_inner)
             .0;
-        if *stopped {
+        if guard.stopped {
             return;
         }
         shared.tick.fetch_add(1, Ordering::Relaxed);
-        drop(stopped);
+        drop(guard);
         shared.expire(TICKS);
         crate::deferred_drop::drain(&shared.owing);
-        stopped = stop.lock().unwrap_or_else(PoisonError::into_inner);
+        guard = ctl.lock().unwrap_or_else(PoisonError::into_inner);
     }
 }
 
@@ -450,6 +529,11 @@ impl<'s, 'd, T: Send + Sync + 'static> LeaseBlock<'s, 'd, T> {
         self.free.set(free & !(1 << index));
         let slot = &self.slots[index];
         let generation = slot.word.load(Ordering::Relaxed) >> 8;
+        // The previous lease of this slot was claimed by its consumer: the
+        // new one is unclaimed. Published with the word (Release), so an
+        // expiry that reads the new generation also reads this reset, and
+        // a claim on the old lease can never make the new one unexpirable.
+        slot.claimed.store(0, Ordering::Relaxed);
         slot.node.store(node.cast_mut(), Ordering::Relaxed);
         slot.bank.store(bank as u8, Ordering::Relaxed);
         slot.tick
@@ -573,10 +657,15 @@ impl<'b, T: Send + Sync + 'static> Lease<'b, '_, '_, T> {
         block.free.set(block.free.get() | 1 << self.index);
         let node = NonNull::new(node)?;
         match state_of(prev) {
-            LEASED => Some(Held::Leased(LeasedValue {
-                domain: &block.set.shared.domain,
-                bank: usize::from(bank),
-                node,
+            LEASED => Some(Held::Leased({
+                // A guard section of this thread from now on (see
+                // `domain::HELD`; `LeasedValue` is not `Send`).
+                crate::domain::held_add(1);
+                LeasedValue {
+                    domain: &block.set.shared.domain,
+                    bank: usize::from(bank),
+                    node,
+                }
             })),
             // SAFETY: the expiry took one strong count for this lease and
             // handed it over by moving to STABLE; we own it now.
@@ -641,6 +730,7 @@ impl<T> Deref for LeasedValue<'_, T> {
 
 impl<T> Drop for LeasedValue<'_, T> {
     fn drop(&mut self) {
+        crate::domain::held_add(-1);
         self.domain.read_unlock(self.bank);
     }
 }

@@ -48,6 +48,11 @@
 //!
 //! Counts are 64-bit and wrap; the sums are compared, not subtracted.
 //!
+//! # Fork
+//! A child discounts the read sections of the threads that do not exist
+//! there and restarts the helper threads; see [`Srcu`]'s *Fork* section
+//! and [`after_fork_in_child`].
+//!
 //! # Async-signal safety
 //! Read sections, [`SrcuCell::load`], taking and consuming a lease,
 //! [`LeaseSet::release`] and [`LeaseSet::drop_later`] are
@@ -58,11 +63,13 @@
 mod cell;
 mod deferred_drop;
 mod domain;
+mod fork;
 mod lease;
 mod reclaim;
 
 pub use cell::{CellRef, SrcuCell, Strong};
 pub use domain::{ReadGuard, ReadIndex, Srcu};
+pub use fork::after_fork_in_child;
 pub use lease::{
     DEFAULT_TIMEOUT, Held, Lease, LeaseBlock, LeaseError, LeaseSet, LeasedValue, RawLease,
 };

@@ -125,3 +125,41 @@ fn dropping_a_domain_with_a_raw_section_open_runs_callbacks_without_hanging() {
     drop(domain);
     assert_eq!(ran.load(SeqCst), 1);
 }
+
+/// The reported race: one thread keeps queueing callbacks while another
+/// replaces a cell's value and calls `barrier`, which must not return
+/// before the old value (two grace periods) has been dropped. Bounded in
+/// rounds (the deterministic version is a unit test of the reclaimer).
+#[test]
+fn barrier_waits_for_replaced_values_while_callbacks_keep_coming() {
+    static DOMAIN: Srcu = Srcu::new();
+    let stop = AtomicBool::new(false);
+    let queued = AtomicUsize::new(0);
+    let cell = srcu::SrcuCell::new(&DOMAIN, Some(Dropped(Arc::new(AtomicUsize::new(0)))));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(SeqCst) {
+                DOMAIN.call(|| {});
+                queued.fetch_add(1, SeqCst);
+            }
+        });
+        while queued.load(SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        let early = (0..3000)
+            .filter(|_| {
+                let drops = Arc::new(AtomicUsize::new(0));
+                cell.replace(Some(Dropped(Arc::clone(&drops))));
+                // Retire it: dropped after two grace periods.
+                cell.replace(None);
+                DOMAIN.barrier();
+                drops.load(SeqCst) != 1
+            })
+            .count();
+        stop.store(true, SeqCst);
+        assert_eq!(
+            early, 0,
+            "barrier returned before the replaced value was dropped ({early} of 3000 rounds)"
+        );
+    });
+}

@@ -1,12 +1,43 @@
-//! A read section held by another thread at fork never ends in the child:
-//! `synchronize_timeout` reports it instead of hanging, and leases are
-//! expired in the child (as the kernel does at fork) so grace periods
-//! complete there.
+//! `fork()` while other threads hold read sections and leases: only the
+//! forking thread exists in the child, so their sections are discounted
+//! there (after the leases are expired), the helper threads are restarted,
+//! and callbacks queued before the fork run in the child. A section the
+//! forking thread itself holds stays counted. Each child arms an alarm, so
+//! a hang shows up as a child killed by SIGALRM instead of a hung test.
 
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::Duration;
 
 use srcu::{LeaseSet, Srcu, SrcuCell};
+
+/// Forks; the child runs `child` (its exit status: bit `i` set for failed
+/// check `i`) under a watchdog and `_exit`s; returns the child's exit
+/// status, or -1 if it was killed (a hang ends in SIGALRM). Never panics,
+/// so a test's threads are released before it asserts.
+fn fork_and_check(child: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child only uses this process's srcu state and `_exit`s
+    // without unwinding into the parent's.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: plain syscalls in the child.
+        unsafe { libc::alarm(30) };
+        let code = child();
+        // SAFETY: leave the child immediately.
+        unsafe { libc::_exit(code) };
+    }
+    if pid < 0 {
+        return -2;
+    }
+    let mut status = 0;
+    // SAFETY: our own child.
+    unsafe { libc::waitpid(pid, &raw mut status, 0) };
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -1
+    }
+}
 
 #[test]
 fn child_handles_sections_and_leases_held_at_fork() {
@@ -15,7 +46,7 @@ fn child_handles_sections_and_leases_held_at_fork() {
     let cell = SrcuCell::new(&domain, Some(7u32));
     let set = LeaseSet::new(&domain);
     let (held, forked) = (Barrier::new(2), Barrier::new(2));
-    std::thread::scope(|s| {
+    let code = std::thread::scope(|s| {
         s.spawn(|| {
             let block = set.block(1);
             let _lease = block.lease(&cell).unwrap();
@@ -23,28 +54,85 @@ fn child_handles_sections_and_leases_held_at_fork() {
             forked.wait(); // holds the lease across the fork
         });
         held.wait();
-        // SAFETY: the child uses the domain and the set, then `_exit`s
-        // without unwinding into the parent's state.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            let timed_out = !domain.synchronize_timeout(Duration::from_millis(50));
-            let expired = set.expire_all();
-            let completes = domain.synchronize_timeout(Duration::from_secs(30));
-            let code =
-                i32::from(!timed_out) | i32::from(expired != 1) << 1 | i32::from(!completes) << 2;
-            // SAFETY: leave the child immediately.
-            unsafe { libc::_exit(code) };
-        }
-        assert!(pid > 0, "fork failed");
-        let mut status = 0;
-        // SAFETY: our own child.
-        unsafe { libc::waitpid(pid, &raw mut status, 0) };
+        let code = fork_and_check(|| {
+            // The lease was expired at the fork (as the kernel does).
+            let completes = domain.synchronize_timeout(Duration::from_secs(20));
+            let expired = set.expired();
+            i32::from(!completes) | i32::from(expired != 1) << 1
+        });
         forked.wait();
-        assert!(libc::WIFEXITED(status), "child died: {status}");
-        assert_eq!(
-            libc::WEXITSTATUS(status),
-            0,
-            "child: bit0 no timeout, bit1 not expired, bit2 no grace period"
-        );
+        code
     });
+    assert_eq!(
+        code, 0,
+        "child: -1 killed (hung), bit0 no grace period, bit1 not expired"
+    );
+}
+
+static RAN: AtomicBool = AtomicBool::new(false);
+
+/// The reported bug: a callback queued before the fork, while another
+/// thread held a plain read section, never ran in the child and `barrier`
+/// hung there. Also: leases taken in the child (of a set made before the
+/// fork, fresh and in a reused slot) are expired by a restarted expiry
+/// thread.
+#[test]
+fn child_runs_callbacks_queued_before_the_fork_while_another_thread_read() {
+    static DOMAIN: Srcu = Srcu::new();
+    DOMAIN.prepare();
+    let cell = SrcuCell::new(&DOMAIN, Some(1u64));
+    let set = LeaseSet::with_timeout(&DOMAIN, Duration::from_millis(20));
+    let (held, forked) = (Barrier::new(2), Barrier::new(2));
+    let code = std::thread::scope(|s| {
+        s.spawn(|| {
+            let _guard = DOMAIN.read_lock();
+            held.wait();
+            forked.wait(); // holds the section across the fork
+        });
+        held.wait();
+        // Waits for the reader above: pending (or in flight) at the fork.
+        DOMAIN.call(|| RAN.store(true, SeqCst));
+        let code = fork_and_check(|| {
+            DOMAIN.barrier();
+            let ran = RAN.load(SeqCst);
+            let completes = DOMAIN.synchronize_timeout(Duration::from_secs(20));
+            // Leases of the child, held far beyond the timeout.
+            let block = set.block(2);
+            drop(block.lease(&cell).unwrap());
+            let reused = block.lease(&cell).unwrap();
+            let fresh = block.lease(&cell).unwrap();
+            let leases_expire = DOMAIN.synchronize_timeout(Duration::from_secs(20))
+                && reused.is_expired()
+                && fresh.is_expired();
+            drop((reused, fresh));
+            i32::from(!ran) | i32::from(!completes) << 1 | i32::from(!leases_expire) << 2
+        });
+        forked.wait();
+        code
+    });
+    assert_eq!(
+        code, 0,
+        "child: -1 killed (hung), bit0 callback not run, bit1 no grace period, bit2 leases not expired"
+    );
+    DOMAIN.barrier();
+    assert!(RAN.load(SeqCst));
+}
+
+/// A section the forking thread holds across the fork is its own in the
+/// child too: it stays counted (discounting it would let the child free
+/// what the section still reads), and ending it in the child ends it.
+#[test]
+fn a_section_of_the_forking_thread_stays_counted_in_the_child() {
+    let domain = Srcu::new();
+    let guard = domain.read_lock();
+    let code = fork_and_check(|| {
+        let waited = !domain.synchronize_timeout(Duration::from_millis(50));
+        drop(guard);
+        let completes = domain.synchronize_timeout(Duration::from_secs(20));
+        i32::from(!waited) | i32::from(!completes) << 1
+    });
+    assert_eq!(
+        code, 0,
+        "child: -1 killed (hung), bit0 own section discounted, bit1 no grace period"
+    );
 }

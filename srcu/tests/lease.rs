@@ -182,3 +182,42 @@ fn an_expired_lease_released_in_place_is_dropped_by_the_expiry_thread() {
     assert_eq!(LATE_DROPS.load(SeqCst), 1);
     assert_eq!(set.drop_deferred(), 0);
 }
+
+/// A slot whose lease was consumed is reused for a new lease; that lease
+/// must expire like one in a fresh slot (the consumer's claim on the old
+/// lease must not carry over to the new one).
+#[test]
+fn leases_in_reused_slots_expire() {
+    let domain = Srcu::new();
+    let cell = SrcuCell::new(&domain, Some(Value(8)));
+    let set = LeaseSet::with_timeout(&domain, Duration::from_millis(20));
+    let block = set.block(4);
+    // Every slot held and consumed once (both the fence-free consume and
+    // the one after an expiry round)...
+    let first: Vec<_> = (0..4).map(|_| block.lease(&cell).unwrap()).collect();
+    assert_eq!(set.expire_all(), 4);
+    for lease in first {
+        assert!(matches!(lease.consume(), Some(Held::Stable(_))));
+    }
+    let second: Vec<_> = (0..4).map(|_| block.lease(&cell).unwrap()).collect();
+    for lease in second {
+        assert!(matches!(lease.consume(), Some(Held::Leased(_))));
+    }
+    // ...then held again: these reuse the slots.
+    let held: Vec<_> = (0..4).map(|_| block.lease(&cell).unwrap()).collect();
+    assert_eq!(
+        set.expire_all(),
+        4,
+        "leases in reused slots were not expired"
+    );
+    assert!(held.iter().all(srcu::Lease::is_expired));
+    drop(held);
+    // The expiry thread alone, for a lease in a reused slot: the bound only
+    // keeps a broken build from hanging.
+    let lease = block.lease(&cell).unwrap();
+    assert!(
+        domain.synchronize_timeout(Duration::from_secs(30)),
+        "a lease in a reused slot stalled the grace period"
+    );
+    assert!(lease.is_expired());
+}

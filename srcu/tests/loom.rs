@@ -262,3 +262,43 @@ fn drop_later_racing_the_drain_drops_each_reference_once() {
         domain.synchronize();
     });
 }
+
+/// A slot reused while an expiry round runs: the first lease is consumed
+/// and the slot leased again, racing a round that may have read either
+/// generation. Every lease is expired at most once (the round's stale
+/// compare-and-swap fails), the reused slot's lease is always expirable
+/// afterwards (its consumer's claim did not carry over), and the sections
+/// balance.
+#[test]
+fn lease_in_a_reused_slot_racing_expiry() {
+    model(|| {
+        let Fixture {
+            domain,
+            drops,
+            cell,
+            set,
+        } = fixture();
+        let block = set.block(1);
+        let first = block.lease(cell).unwrap();
+        let expirer = thread::spawn(move || {
+            pcpu::loom_cpu::set_current(1);
+            set.expire_all()
+        });
+        let first_expired = matches!(first.consume(), Some(Held::Stable(_)));
+        let second = block.lease(cell).unwrap();
+        let by_round = expirer.join().unwrap();
+        let later = set.expire_all();
+        assert!(
+            second.is_expired(),
+            "a lease in a reused slot never expires"
+        );
+        assert_eq!(
+            by_round + later,
+            u64::from(first_expired) + 1,
+            "a lease was expired twice or not at all"
+        );
+        assert!(matches!(second.consume(), Some(Held::Stable(_))));
+        domain.synchronize();
+        assert_eq!(drops.load(Relaxed), 0);
+    });
+}

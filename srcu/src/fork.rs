@@ -1,0 +1,235 @@
+//! `fork()`: what a child inherits and what it does about it.
+//!
+//! Only the forking thread exists in the child. Three things of the parent
+//! would otherwise stall the child forever:
+//!
+//! - **locks** held by other threads at the fork (a domain's callback
+//!   queue, a lease set's block list and thread control). The `prepare`
+//!   handler takes them, in one order, before the fork, and both sides
+//!   release them after it, so the child finds them free and consistent.
+//!   These locks are only ever held for a few instructions; the one lock
+//!   held for long, the grace-period lock, is not taken: a child takes
+//!   it over from a thread of the parent (see `GpLock`).
+//! - **read sections** of threads that do not exist in the child. The
+//!   child handler first expires every lease of every lease set (a lease's
+//!   section is ended the ordinary way, its value kept by a reference),
+//!   then, if the forking thread holds no guard section of any domain
+//!   (`domain::HELD`), discounts every section still open in every domain.
+//!   Raw sections (`read_lock_raw`) open at the fork are discounted too:
+//!   ending one in the child is a broken contract of `read_unlock_raw`. If
+//!   the forking thread does hold a guard, nothing is discounted (they are
+//!   counted per thread, not per domain): grace periods in the child then
+//!   wait for the parent's other readers, as `Srcu`'s docs say.
+//! - **helper threads** (the reclaimer, the lease expiry threads) do not
+//!   exist in the child. Each domain restarts them on its first ordinary
+//!   use in the child (`Srcu::revive`), from `synchronize`, `call`,
+//!   `barrier` and the lease sets' non-signal-safe operations; the batch
+//!   the parent's reclaimer was waiting a grace period for is queued again.
+
+// Under loom only the trait is used (fork is no model).
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+// Statics: plain atomics (loom's are not const), and fork is no model.
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::domain::Inner;
+
+/// What the fork handlers need of a lease set (type-erased over `T`).
+pub(crate) trait ForkHooks: Send + Sync {
+    /// `prepare`: takes the set's locks, pushing their guards on `held`.
+    #[cfg_attr(loom, allow(dead_code))]
+    fn lock_for_fork(self: Arc<Self>, held: &mut Vec<Box<dyn HeldLock>>);
+    /// In the child, before sections are discounted: expires every lease
+    /// (nothing else runs in the child yet).
+    #[cfg_attr(loom, allow(dead_code))]
+    fn expire_in_child(&self);
+    /// In the child, on first use: starts the expiry thread anew.
+    #[cfg_attr(loom, allow(dead_code))]
+    fn restart(self: Arc<Self>);
+}
+
+/// A lock guard kept across `fork` (only dropped).
+pub(crate) trait HeldLock {}
+impl<T> HeldLock for T {}
+
+/// A guard of a lock inside `owner`, kept alive with it.
+struct Hold<O: ?Sized + 'static, S: 'static> {
+    guard: core::mem::ManuallyDrop<MutexGuard<'static, S>>,
+    _owner: Arc<O>,
+}
+
+impl<O: ?Sized + 'static, S: 'static> Drop for Hold<O, S> {
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here, before `_owner` (fields drop after
+        // this body), which keeps the mutex alive.
+        unsafe { core::mem::ManuallyDrop::drop(&mut self.guard) };
+    }
+}
+
+/// Locks `mutex` and pushes the guard, with `owner`, on `held`.
+///
+/// # Safety
+/// `mutex` lives inside `owner`'s allocation (so `owner` keeps it alive).
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) unsafe fn hold<O: ?Sized + 'static, S: 'static>(
+    owner: &Arc<O>,
+    mutex: &Mutex<S>,
+    held: &mut Vec<Box<dyn HeldLock>>,
+) {
+    let guard = mutex.lock().unwrap_or_else(PoisonError::into_inner);
+    // SAFETY: the guard borrows from `owner`'s allocation (the caller's
+    // contract), which `Hold` keeps alive until after the guard is dropped
+    // (see its `Drop`).
+    let guard: MutexGuard<'static, S> = unsafe { core::mem::transmute(guard) };
+    held.push(Box::new(Hold {
+        guard: core::mem::ManuallyDrop::new(guard),
+        _owner: Arc::clone(owner),
+    }));
+}
+
+/// Every domain allocated so far (weakly), for the fork handlers.
+static DOMAINS: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+
+/// Forks this process has gone through in the child's line (incremented
+/// in each child): helper threads started in an older generation do not
+/// exist.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The current fork generation.
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+/// Registers a new domain with the fork handlers (installed on the first).
+#[cfg(not(loom))]
+pub(crate) fn register(inner: &Arc<Inner>) {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        // SAFETY: plain functions; see each for what it may do.
+        let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+        assert_eq!(rc, 0, "pthread_atfork failed");
+    });
+    let mut domains = DOMAINS.lock().unwrap_or_else(PoisonError::into_inner);
+    domains.retain(|d| d.strong_count() > 0);
+    domains.push(Arc::downgrade(inner));
+}
+
+#[cfg(not(loom))]
+thread_local! {
+    /// The locks the forking thread holds across `fork` (set by `prepare`,
+    /// released by `parent` or in the child).
+    static HELD_LOCKS: core::cell::RefCell<Vec<Box<dyn HeldLock>>> =
+        const { core::cell::RefCell::new(Vec::new()) };
+    static HELD_DOMAINS: core::cell::RefCell<Option<MutexGuard<'static, Vec<Weak<Inner>>>>> =
+        const { core::cell::RefCell::new(None) };
+}
+
+/// The pid that last ran `prepare` (a child's pid differs), and the child
+/// that last ran the child handler (run once per fork).
+static FORKING_PID: AtomicU64 = AtomicU64::new(0);
+static HANDLED_PID: AtomicU64 = AtomicU64::new(0);
+
+/// `pthread_atfork` prepare: takes every lock a child must find free, in
+/// one order (the domain list, then per domain its callback queue and its
+/// list of lease sets, then per lease set its own locks). Each is held
+/// briefly by its users, never while waiting for another.
+#[cfg(not(loom))]
+extern "C" fn prepare() {
+    FORKING_PID.store(u64::from(std::process::id()), Ordering::Relaxed);
+    let domains = DOMAINS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut held = Vec::new();
+    for inner in domains.iter().filter_map(Weak::upgrade) {
+        // SAFETY: the mutex is a field of `inner`.
+        unsafe { hold(&inner, inner.reclaimer.state_lock(), &mut held) };
+        let guard = inner
+            .lease_sets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let sets: Vec<Arc<dyn ForkHooks>> = guard.iter().filter_map(Weak::upgrade).collect();
+        // SAFETY: as in `hold`: the mutex is a field of `inner`, which
+        // `Hold` keeps alive past the guard.
+        let guard: MutexGuard<'static, Vec<Weak<dyn ForkHooks>>> =
+            unsafe { core::mem::transmute(guard) };
+        held.push(Box::new(Hold {
+            guard: core::mem::ManuallyDrop::new(guard),
+            _owner: Arc::clone(&inner),
+        }));
+        for set in sets {
+            set.lock_for_fork(&mut held);
+        }
+    }
+    HELD_LOCKS.with(|h| *h.borrow_mut() = held);
+    HELD_DOMAINS.with(|h| *h.borrow_mut() = Some(domains));
+}
+
+/// Releases what `prepare` took (reverse order).
+#[cfg(not(loom))]
+fn release() {
+    HELD_LOCKS.with(|h| {
+        let mut held = h.take();
+        while let Some(lock) = held.pop() {
+            drop(lock);
+        }
+    });
+    HELD_DOMAINS.with(|h| drop(h.take()));
+}
+
+/// `pthread_atfork` parent: releases the locks.
+#[cfg(not(loom))]
+extern "C" fn parent() {
+    release();
+}
+
+/// `pthread_atfork` child.
+#[cfg(not(loom))]
+extern "C" fn child() {
+    after_fork_in_child();
+}
+
+/// srcu's fork-child handler, for other crates' own `pthread_atfork`
+/// child handlers that use SRCU (run it first there: handlers run in
+/// registration order, and srcu registers its own on the first domain's
+/// allocation). Idempotent: the work is done once per fork, whoever calls
+/// it first; a call outside a fork child does nothing.
+///
+/// In the child it releases the locks taken before the fork, expires
+/// every lease of every [`LeaseSet`](crate::LeaseSet), and, if the forking
+/// thread holds no guard section ([`ReadGuard`](crate::ReadGuard), a
+/// consumed lease's [`LeasedValue`](crate::LeasedValue)) of any domain,
+/// discounts every read section still open in every domain: grace periods
+/// in the child then wait only for sections begun in the child. The
+/// domains' reclaimer and expiry threads are restarted on first use.
+///
+/// Allocates (the child of a glibc process may); no other thread exists
+/// when it runs.
+pub fn after_fork_in_child() {
+    #[cfg(not(loom))]
+    {
+        let me = u64::from(std::process::id());
+        if FORKING_PID.load(Ordering::Relaxed) == me || HANDLED_PID.swap(me, Ordering::AcqRel) == me
+        {
+            return; // not a child, or done already
+        }
+        release();
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+        let domains: Vec<_> = DOMAINS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for inner in &domains {
+            for set in inner.lease_hooks() {
+                set.expire_in_child();
+            }
+        }
+        if crate::domain::held() == 0 {
+            for inner in &domains {
+                inner.discount_all();
+            }
+        }
+    }
+}
