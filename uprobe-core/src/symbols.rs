@@ -128,23 +128,16 @@ pub(crate) fn find_function(object: Option<&str>, name: &str) -> Result<Function
         }
     };
     for l in candidates {
-        let Ok(data) = std::fs::read(&l.path) else {
+        let Some(index) = index_of(&l.path) else {
             continue;
         };
-        let Ok(elf) = ElfFile64::<object::Endianness>::parse(&*data) else {
+        let Some(found) = index.by_name.get(name) else {
             continue;
-        };
-        let is_function = |sym: &object::read::elf::ElfSymbol64<'_, '_, object::Endianness>| {
-            sym.name() == Ok(name) && !sym.is_undefined() && sym.kind() == SymbolKind::Text
         };
         // Exported (or IFUNC): ask the dynamic linker, which picks the
         // default symbol version and runs IFUNC resolvers, i.e. returns
         // what the program's calls reach.
-        let exported = elf.dynamic_symbols().any(|s| is_function(&s));
-        let ifunc = elf
-            .symbols()
-            .any(|s| is_function(&s) && s.elf_symbol().st_type() == object::elf::STT_GNU_IFUNC);
-        if exported || ifunc {
+        if found.resolve {
             let start = resolve(l, name)?;
             let size = covering_function(start).map_or(0, |f| f.size);
             return Ok(Function {
@@ -153,13 +146,11 @@ pub(crate) fn find_function(object: Option<&str>, name: &str) -> Result<Function
                 size,
             });
         }
-        if let Some(sym) = elf.symbols().find(|s| is_function(s)) {
-            return Ok(Function {
-                name: name.to_string(),
-                start: l.bias.wrapping_add(sym.address() as usize),
-                size: sym.size() as usize,
-            });
-        }
+        return Ok(Function {
+            name: name.to_string(),
+            start: l.bias.wrapping_add(found.addr),
+            size: found.size,
+        });
     }
     Err(AttachError::SymbolNotFound {
         object: object.unwrap_or("any loaded object").to_string(),
@@ -198,25 +189,164 @@ fn resolve(l: &Loaded, name: &str) -> Result<usize, AttachError> {
     }
 }
 
-/// The function whose symbol covers `addr`, if any.
+/// The function whose symbol covers `addr`, if a symbol of its object
+/// says so.
 pub(crate) fn covering_function(addr: usize) -> Option<Function> {
     let map_path = crate::maps::path_of(addr)?;
     let objects = loaded_objects();
     let l = objects.iter().find(|l| {
         l.path == map_path || std::fs::canonicalize(&l.path).is_ok_and(|p| p == map_path)
     })?;
-    let data = std::fs::read(&l.path).ok()?;
-    let elf = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
-    elf.symbols()
-        .chain(elf.dynamic_symbols())
-        .filter(|s| s.kind() == SymbolKind::Text && !s.is_undefined() && s.size() > 0)
-        .find_map(|s| {
-            let start = l.bias.wrapping_add(s.address() as usize);
-            let size = s.size() as usize;
-            (start..start + size).contains(&addr).then(|| Function {
-                name: s.name().unwrap_or("?").to_string(),
-                start,
-                size,
-            })
+    let index = index_of(&l.path)?;
+    let (start, size, name) = index.covering(addr.wrapping_sub(l.bias))?;
+    Some(Function {
+        name: name.to_string(),
+        start: l.bias.wrapping_add(start),
+        size,
+    })
+}
+
+/// The size of the function starting at each of `starts` (0 where no
+/// symbol of its object says).
+pub(crate) fn sizes_of(starts: &[usize]) -> Vec<usize> {
+    starts
+        .iter()
+        .map(|&start| {
+            covering_function(start)
+                .filter(|f| f.start == start)
+                .map_or(0, |f| f.size)
         })
+        .collect()
+}
+
+/// What a call to `name` from `object` reaches: `dlsym` on `object`
+/// (already loaded), or on every loaded object in the global scope for
+/// `None`. Not async-signal-safe.
+pub(crate) fn dlsym_in(object: Option<&str>, name: &str) -> Option<usize> {
+    let cname = CString::new(name).ok()?;
+    // SAFETY: dlopen with RTLD_NOLOAD only finds an already loaded object;
+    // dlsym resolves on that handle (or the global scope); dlclose drops
+    // the reference dlopen added.
+    unsafe {
+        let addr = match object {
+            None => libc::dlsym(libc::RTLD_DEFAULT, cname.as_ptr()),
+            Some(o) => {
+                let o = CString::new(o).ok()?;
+                let handle = libc::dlopen(o.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+                if handle.is_null() {
+                    return None;
+                }
+                let addr = libc::dlsym(handle, cname.as_ptr());
+                libc::dlclose(handle);
+                addr
+            }
+        };
+        (!addr.is_null()).then_some(addr as usize)
+    }
+}
+
+/// A name's entry in an object's [`SymbolIndex`].
+struct Named {
+    /// Its address in the file (before the load bias).
+    addr: usize,
+    size: usize,
+    /// Exported or an IFUNC: resolved through the dynamic linker.
+    resolve: bool,
+}
+
+/// One object file's defined text symbols (`.symtab` first, then
+/// `.dynsym`), read once per file: attaching thousands of probes by name
+/// looks each up here instead of reading the file again.
+struct SymbolIndex {
+    by_name: std::collections::HashMap<String, Named>,
+    /// `(start, size, order)` of every symbol with a size, sorted by
+    /// start; `order` is its place in the tables (the first of several
+    /// covering an address wins, as a walk of the tables would find).
+    by_addr: Vec<(usize, usize, usize)>,
+    /// Names by `order`.
+    names: Vec<String>,
+    /// The largest size in `by_addr`, to bound the search back.
+    max_size: usize,
+}
+
+impl SymbolIndex {
+    fn read(path: &Path) -> Option<Self> {
+        let data = std::fs::read(path).ok()?;
+        let elf = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
+        let mut by_name: std::collections::HashMap<String, Named> =
+            std::collections::HashMap::new();
+        let mut by_addr = Vec::new();
+        let mut names = Vec::new();
+        let exported: std::collections::HashSet<&str> = elf
+            .dynamic_symbols()
+            .filter(|s| s.kind() == SymbolKind::Text && !s.is_undefined())
+            .filter_map(|s| s.name().ok())
+            .collect();
+        for sym in elf.symbols().chain(elf.dynamic_symbols()) {
+            if sym.kind() != SymbolKind::Text || sym.is_undefined() {
+                continue;
+            }
+            let Ok(name) = sym.name() else { continue };
+            let addr = sym.address() as usize;
+            let size = sym.size() as usize;
+            let ifunc = sym.elf_symbol().st_type() == object::elf::STT_GNU_IFUNC;
+            let entry = by_name.entry(name.to_string()).or_insert(Named {
+                addr,
+                size,
+                resolve: exported.contains(name),
+            });
+            entry.resolve |= ifunc;
+            if size > 0 {
+                by_addr.push((addr, size, names.len()));
+                names.push(name.to_string());
+            }
+        }
+        by_addr.sort_unstable();
+        let max_size = by_addr.iter().map(|e| e.1).max().unwrap_or(0);
+        Some(Self {
+            by_name,
+            by_addr,
+            names,
+            max_size,
+        })
+    }
+
+    /// The symbol covering file address `addr`: `(start, size, name)`.
+    fn covering(&self, addr: usize) -> Option<(usize, usize, &str)> {
+        let after = self.by_addr.partition_point(|e| e.0 <= addr);
+        self.by_addr[..after]
+            .iter()
+            .rev()
+            .take_while(|e| addr - e.0 < self.max_size)
+            .filter(|e| addr - e.0 < e.1)
+            .min_by_key(|e| e.2)
+            .map(|e| (e.0, e.1, self.names[e.2].as_str()))
+    }
+}
+
+/// The index of the file at `path`, read on first use and again when the
+/// file changed (its size, modification time or inode).
+fn index_of(path: &Path) -> Option<std::sync::Arc<SymbolIndex>> {
+    type Stamp = (u64, Option<std::time::SystemTime>, u64);
+    type Indexes = std::collections::HashMap<PathBuf, (Stamp, std::sync::Arc<SymbolIndex>)>;
+    static INDEXES: std::sync::Mutex<Option<Indexes>> = std::sync::Mutex::new(None);
+    // Opened, not `stat`ed, as in `loaded_objects`.
+    let meta = std::fs::File::open(path).and_then(|f| f.metadata()).ok()?;
+    let stamp = (
+        meta.len(),
+        meta.modified().ok(),
+        std::os::unix::fs::MetadataExt::ino(&meta),
+    );
+    let mut indexes = INDEXES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let indexes = indexes.get_or_insert_with(Default::default);
+    if let Some((seen, index)) = indexes.get(path)
+        && *seen == stamp
+    {
+        return Some(index.clone());
+    }
+    let index = std::sync::Arc::new(SymbolIndex::read(path)?);
+    indexes.insert(path.to_path_buf(), (stamp, index.clone()));
+    Some(index)
 }
