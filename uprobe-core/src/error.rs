@@ -114,6 +114,20 @@ pub enum AttachError {
         /// Probes disarmed by this check.
         disarmed: usize,
     },
+    /// glibc runs `function` with every signal blocked on `path`: a
+    /// breakpoint hit there cannot reach the engine's handler, and the
+    /// kernel kills the process (or, for [`BlockedPath::SpawnChild`], the
+    /// child being started). See
+    /// [`Uprobe::allow_blocked_signal_paths`](crate::Uprobe::allow_blocked_signal_paths)
+    /// for the rule and the opt-out.
+    SignalsBlocked {
+        /// The address asked for.
+        addr: usize,
+        /// The function it lies in.
+        function: &'static str,
+        /// Where glibc runs it with signals blocked.
+        path: BlockedPath,
+    },
     /// This architecture has no engine yet.
     UnsupportedArch,
     /// A system call failed while installing the handler or patching.
@@ -190,6 +204,20 @@ impl core::fmt::Display for AttachError {
                 f,
                 "the program replaced the SIGTRAP handler the probes need: {disarmed} probe(s) disarmed, and none can attach until it is restored"
             ),
+            Self::SignalsBlocked {
+                addr,
+                function,
+                path,
+            } => write!(
+                f,
+                "{addr:#x} is in {function}, which glibc runs with every signal blocked ({path}): \
+                 a breakpoint hit there would kill {}",
+                if *path == BlockedPath::SpawnChild {
+                    "the child"
+                } else {
+                    "the process"
+                }
+            ),
             Self::UnsupportedArch => f.write_str("no probe engine for this architecture yet"),
             Self::Os { what, errno } => write!(
                 f,
@@ -208,5 +236,37 @@ pub(crate) fn os_error(what: &'static str) -> AttachError {
     AttachError::Os {
         what,
         errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+    }
+}
+
+/// Where glibc runs a function with every signal blocked (see
+/// [`AttachError::SignalsBlocked`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum BlockedPath {
+    /// A new thread, from `clone` until it has set itself up
+    /// (`pthread_create` blocks every signal around `clone`).
+    ThreadStart,
+    /// A thread's last steps, after it has blocked every signal to give
+    /// its stack back (a detached thread also frees cached stacks).
+    ThreadExit,
+    /// `posix_spawn` (`std::process::Command`, `system`, `popen`) in the
+    /// calling process, which blocks every signal around `clone` and the
+    /// `munmap` of the child's stack.
+    SpawnParent,
+    /// The child of `posix_spawn` (`std::process::Command`, `system`,
+    /// `popen`), which runs with every signal blocked and every handler
+    /// reset to the default until it calls `execve`.
+    SpawnChild,
+}
+
+impl core::fmt::Display for BlockedPath {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Self::ThreadStart => "when a thread starts",
+            Self::ThreadExit => "when a thread exits",
+            Self::SpawnParent => "in posix_spawn, around clone",
+            Self::SpawnChild => "in the child of posix_spawn, until it execs",
+        })
     }
 }

@@ -63,8 +63,13 @@
 //! executable mappings, inside an instruction, inside an rseq critical
 //! section (the kernel would move a trapping thread to the abort handler),
 //! over someone else's breakpoint; instructions from the kernel's refusal
-//! tables (and transactional memory, far branches); and any attach while a
-//! thread of the process blocks SIGTRAP.
+//! tables (and transactional memory, far branches); any attach while a
+//! thread of the process blocks SIGTRAP; and the functions glibc runs with
+//! every signal blocked ([`AttachError::SignalsBlocked`]: thread start and
+//! exit, `posix_spawn` and its child, among them `free`, `madvise`,
+//! `strlen`, `dup2` and `execve`), where a hit would kill the process or
+//! the child being spawned; [`Uprobe::allow_blocked_signal_paths`] says
+//! how they were found and is the opt-out.
 //!
 //! # How a hit works (x86-64; aarch64 [below](#aarch64))
 //! `attach` decodes the instruction (iced-x86), publishes its analysis in a
@@ -190,9 +195,10 @@
 //! # Rules for the program
 //! - A thread that blocks SIGTRAP must never run probed code: the kernel
 //!   turns such a trap into the default action and the process dies.
-//!   `attach` refuses while one exists, but a thread that blocks SIGTRAP
-//!   *later* (or is created with it blocked) is the program's
-//!   responsibility.
+//!   `attach` refuses while one exists and refuses glibc's own
+//!   signal-blocked paths, but code of the program (or of another C
+//!   library) that blocks SIGTRAP around calls to probed functions is the
+//!   program's responsibility.
 //! - A thread's stack pointer must leave room for a signal frame below it
 //!   whenever it runs probed code, as for any signal.
 //! - After `fork`, the child keeps the probes (breakpoints, table and
@@ -202,6 +208,8 @@
 
 // The engine runs on x86-64 and aarch64; elsewhere the crate builds with
 // just its error type.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod blocked_code;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod checks;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -240,7 +248,7 @@ use aarch64 as arch;
 pub use arch::Reg;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub use context::{EntryContext, ReturnContext};
-pub use error::AttachError;
+pub use error::{AttachError, BlockedPath};
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub use probe::{Probe, Uprobe};
 

@@ -41,6 +41,8 @@ pub struct Uprobe {
     /// Why the builder already knows the probe cannot attach (a bad
     /// [`offset`](Self::offset)): returned by `attach`.
     invalid: Option<AttachError>,
+    /// Attach even in code glibc runs with every signal blocked.
+    allow_blocked: bool,
 }
 
 impl Uprobe {
@@ -63,6 +65,7 @@ impl Uprobe {
             only_tid: 0,
             function: None,
             invalid: None,
+            allow_blocked: false,
         }
     }
 
@@ -153,6 +156,7 @@ impl Uprobe {
             only_tid: 0,
             function: Some(function),
             invalid: None,
+            allow_blocked: false,
         }
     }
 
@@ -266,6 +270,34 @@ impl Uprobe {
         self
     }
 
+    /// Attaches even in a function glibc runs with every signal blocked,
+    /// which [`attach`](Self::attach) otherwise refuses with
+    /// [`AttachError::SignalsBlocked`].
+    ///
+    /// **The rule.** A breakpoint hit is a synchronous SIGTRAP; on a thread
+    /// that blocks it, or whose handler is the default one, the kernel
+    /// kills the process before any handler runs. glibc runs a few
+    /// functions that way on every thread start and exit and in
+    /// `posix_spawn` (which `std::process::Command` uses), and the child
+    /// of `posix_spawn` runs everything with signals blocked and default
+    /// handlers until it execs, including `strlen`, `getenv`, `dup2` and
+    /// `execve`. Attach refuses those functions (the list and how it was
+    /// found are in the crate's source, `blocked_code.rs`; the
+    /// [`BlockedPath`](crate::BlockedPath) of the error says which path),
+    /// and refuses any attach while a thread is seen blocking SIGTRAP
+    /// ([`AttachError::TrapBlocked`]). Code of the program that blocks
+    /// SIGTRAP around calls, or another C library's equivalents, is not
+    /// known to the engine.
+    ///
+    /// With this option the probe attaches anyway: for a program known
+    /// never to take the path (no thread exits while the probe is
+    /// attached, no process is spawned). A hit on the path still kills it.
+    #[must_use]
+    pub fn allow_blocked_signal_paths(mut self) -> Self {
+        self.allow_blocked = true;
+        self
+    }
+
     /// Patches the breakpoint in (the first consumer at an address) or adds
     /// this consumer to the probe already there. Not async-signal-safe.
     pub fn attach(self) -> Result<Probe, AttachError> {
@@ -281,6 +313,9 @@ impl Uprobe {
         let probes: Vec<Self> = probes.into_iter().collect();
         for p in &probes {
             p.check_boundary()?;
+            if !p.allow_blocked {
+                crate::blocked_code::refuse(p.addr)?;
+            }
         }
         let items: Vec<(usize, Arc<Consumer>)> = probes
             .into_iter()

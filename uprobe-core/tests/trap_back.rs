@@ -159,8 +159,11 @@ fn memcpy_with_a_trap_ended_slot() {
     force_trap_back_slots(true);
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+    // memcpy is on the posix_spawn child's path (ENOEXEC): this test
+    // spawns no process.
     let probe = match uprobe_core::Uprobe::in_object("libc.so.6", "memcpy")
         .unwrap()
+        .allow_blocked_signal_paths()
         .only_thread(me)
         .attach()
     {

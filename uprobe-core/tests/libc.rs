@@ -1,0 +1,152 @@
+//! Probes on every exported function of libc, entry and return, while
+//! the program starts and ends threads (detached ones too, enough to
+//! overflow glibc's stack cache), spawns processes with
+//! `std::process::Command` (pipes, a working directory, a `PATH` search)
+//! and reads files: nothing dies. Before functions glibc runs with every
+//! signal blocked were refused, the first thread start, thread exit or
+//! spawn killed this process (or its children) with SIGTRAP.
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, c_void};
+use std::process::{Command, Stdio};
+
+use object::{Object as _, ObjectSymbol as _};
+use uprobe_core::{AttachError, BlockedPath, Probe, Uprobe};
+
+/// The path of the libc this process runs.
+fn libc_path() -> String {
+    // SAFETY: dladdr of a libc function fills `info`, whose file name
+    // lives as long as libc stays loaded (for good).
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        assert!(libc::dladdr(libc::getpid as *const c_void, &raw mut info) != 0);
+        CStr::from_ptr(info.dli_fname)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+fn exported_functions(path: &str) -> Vec<String> {
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let mut names: Vec<String> = file
+        .dynamic_symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text && !s.is_undefined() && s.is_global())
+        .filter_map(|s| s.name().ok().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Threads joined, detached threads with large stacks (their exits
+/// overflow glibc's 40 MiB stack cache, which then frees stacks with
+/// signals blocked), processes spawned, a file read; what each returned.
+fn workload() -> Vec<String> {
+    let mut out = Vec::new();
+    let joined: Vec<_> = (0..4)
+        .map(|i| std::thread::spawn(move || format!("thread {i}")))
+        .collect();
+    out.extend(joined.into_iter().map(|h| h.join().unwrap()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..12 {
+        let tx = tx.clone();
+        std::thread::Builder::new()
+            .stack_size(8 << 20)
+            .spawn(move || tx.send(i).unwrap())
+            .unwrap();
+    }
+    drop(tx);
+    let mut detached: Vec<i32> = rx.iter().collect();
+    detached.sort_unstable();
+    out.push(format!("{detached:?}"));
+    // Give the detached threads time to finish exiting.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let echoed = Command::new("echo")
+        .arg("spawned")
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    out.push(format!(
+        "{:?} {:?}",
+        echoed.status,
+        String::from_utf8_lossy(&echoed.stdout)
+    ));
+    let status = Command::new("/bin/true").status().unwrap();
+    out.push(format!("{status:?}"));
+    out.push(std::fs::read_to_string("/proc/self/comm").unwrap());
+    out
+}
+
+#[test]
+fn every_exported_function_of_libc_while_threads_come_and_go_and_processes_spawn() {
+    let path = libc_path();
+    let names = exported_functions(&path);
+    let plain = workload();
+    for returns in [false, true] {
+        // Which probes attach, one at a time (each detached at once, so
+        // the engine's own use of libc meets few breakpoints meanwhile);
+        // then all of those in one batch.
+        let mut accepted = Vec::new();
+        let mut refused: BTreeMap<String, usize> = BTreeMap::new();
+        let mut blocked: BTreeMap<BlockedPath, Vec<&'static str>> = BTreeMap::new();
+        let mut seen = std::collections::HashSet::new();
+        let make = |name: &str| {
+            let probe = Uprobe::in_object("libc.so.6", name).unwrap();
+            if returns {
+                probe.on_return(|_| {})
+            } else {
+                probe.on_entry(|_| {})
+            }
+        };
+        for name in &names {
+            let Ok(probe) = Uprobe::in_object("libc.so.6", name) else {
+                *refused.entry("not found".into()).or_default() += 1;
+                continue;
+            };
+            if !seen.insert(probe.addr()) {
+                continue;
+            }
+            match make(name).attach() {
+                Ok(p) => {
+                    p.detach().unwrap();
+                    accepted.push(name);
+                }
+                Err(AttachError::SignalsBlocked { function, path, .. }) => {
+                    blocked.entry(path).or_default().push(function);
+                }
+                Err(e) => {
+                    let kind = format!("{e:?}");
+                    let kind = kind.split([' ', '{', '(']).next().unwrap_or("?");
+                    *refused.entry(kind.to_string()).or_default() += 1;
+                }
+            }
+        }
+        let probes = Uprobe::attach_all(accepted.iter().map(|name| make(name))).unwrap();
+        let under_probes = workload();
+        let hits: u64 = probes
+            .iter()
+            .map(|p| if returns { p.returns() } else { p.hits() })
+            .sum();
+        println!(
+            "libc ({} exported functions), {} probes: {} attached, {hits} hits; \
+             refused for blocked signals: {blocked:?}; other refusals: {refused:?}",
+            names.len(),
+            if returns { "return" } else { "entry" },
+            probes.len(),
+        );
+        for path in [
+            BlockedPath::ThreadStart,
+            BlockedPath::ThreadExit,
+            BlockedPath::SpawnParent,
+            BlockedPath::SpawnChild,
+        ] {
+            assert!(blocked.contains_key(&path), "nothing refused for {path}");
+        }
+        assert!(hits > 0, "the workload reached no probe");
+        assert_eq!(under_probes, plain, "results changed under the probes");
+        Probe::detach_all(probes).unwrap();
+    }
+}
