@@ -125,3 +125,52 @@ fn a_child_forked_amid_attaches_and_hits_attaches_and_detaches() {
         }
     });
 }
+
+#[inline(never)]
+extern "C" fn slow_handler_site(x: u64) -> u64 {
+    std::hint::black_box(x) | 1
+}
+
+/// The same with a thread inside a handler (a long one: inside the
+/// engine's read section and its signal frame) at every fork.
+#[test]
+fn a_child_forked_while_a_handler_runs_attaches_and_detaches() {
+    static INSIDE: AtomicBool = AtomicBool::new(false);
+    let _slow = probe(slow_handler_site)
+        .on_entry(|_| {
+            INSIDE.store(true, SeqCst);
+            let until = Instant::now() + Duration::from_millis(2);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            INSIDE.store(false, SeqCst);
+        })
+        .attach()
+        .unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut x = 0;
+            while !stop.load(SeqCst) {
+                assert_eq!(slow_handler_site(x), x | 1);
+                x += 1;
+            }
+        });
+        let _stop = Stop(&stop);
+        for round in 0..12 {
+            while !INSIDE.load(SeqCst) {
+                std::hint::spin_loop();
+            }
+            // SAFETY: as above.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let code = in_the_child();
+                // SAFETY: leave the child at once.
+                unsafe { libc::_exit(code) };
+            }
+            assert!(pid > 0, "fork failed");
+            let code = wait_bounded(pid, Duration::from_mins(1));
+            assert_eq!(code, 0, "round {round}: the child's step {code} failed");
+        }
+    });
+}
