@@ -464,11 +464,29 @@ impl Srcu {
     }
 
     /// Ends a section begun by [`read_lock_raw`](Self::read_lock_raw).
-    /// Passing an index of another domain, or ending a section twice,
-    /// makes grace periods of this domain return early (a logic error, not
-    /// undefined behaviour of this crate). **Async-signal-safe.**
+    /// **Async-signal-safe.**
+    ///
+    /// The index is consumed (it is neither `Copy` nor `Clone`), so a
+    /// section cannot be ended twice:
+    ///
+    /// ```compile_fail
+    /// let domain = srcu::Srcu::new();
+    /// let index = domain.read_lock_raw();
+    /// // SAFETY: `index` came from this domain.
+    /// unsafe { domain.read_unlock_raw(index) };
+    /// unsafe { domain.read_unlock_raw(index) }; // error: use of moved value
+    /// ```
+    ///
+    /// # Safety
+    /// `index` was returned by `read_lock_raw` of **this** domain. An
+    /// index of another domain would end a section that was never begun
+    /// here: grace periods of this domain could then return while a reader
+    /// is still inside one, and values retired under it (an
+    /// [`SrcuCell`](crate::SrcuCell)'s old value) would be dropped while
+    /// the reader uses them.
     #[inline]
-    pub fn read_unlock_raw(&self, index: ReadIndex) {
+    #[allow(clippy::needless_pass_by_value)] // by value: a section ends once
+    pub unsafe fn read_unlock_raw(&self, index: ReadIndex) {
         self.inner().read_unlock(usize::from(index.0));
     }
 
@@ -608,14 +626,17 @@ impl std::fmt::Debug for ReadGuard<'_> {
 }
 
 /// The index of a read section begun with [`Srcu::read_lock_raw`]
-/// (0 or 1, as the kernel's `srcu_read_lock` returns).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// (0 or 1, as the kernel's `srcu_read_lock` returns): a token that
+/// [`Srcu::read_unlock_raw`] consumes, so each section ends once. It may
+/// move to another thread, which ends the section there.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "the read section lasts until read_unlock_raw"]
 pub struct ReadIndex(u8);
 
 impl ReadIndex {
     /// The bank number, 0 or 1.
     #[must_use]
-    pub fn bank(self) -> u8 {
+    pub fn bank(&self) -> u8 {
         self.0
     }
 }

@@ -39,7 +39,8 @@ fn a_raw_section_may_end_on_another_thread() {
         "grace period ignored the raw reader"
     );
     std::thread::scope(|s| {
-        s.spawn(|| domain.read_unlock_raw(index));
+        // SAFETY: `index` came from this domain.
+        s.spawn(|| unsafe { domain.read_unlock_raw(index) });
     });
     assert!(domain.synchronize_timeout(Duration::from_secs(10)));
     domain.synchronize_expedited();

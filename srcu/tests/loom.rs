@@ -71,7 +71,8 @@ fn raw_section_ended_on_another_thread_is_waited_for() {
             if saw {
                 assert!(!freed.load(Relaxed), "freed before the section ended");
             }
-            domain.read_unlock_raw(index);
+            // SAFETY: `index` came from this domain.
+            unsafe { domain.read_unlock_raw(index) };
         });
         let writer = thread::spawn(move || {
             published.store(false, Relaxed);
