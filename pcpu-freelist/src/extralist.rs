@@ -84,7 +84,7 @@ impl ExtraList {
     }
 }
 
-#[cfg(all(test, loom))]
+#[cfg(all(test, pcpu_loom))]
 mod loom_tests {
     use super::ExtraList;
     use loom::sync::Arc;

@@ -1,8 +1,8 @@
-//! loom models of the freelist (`RUSTFLAGS="--cfg loom"`), each run with
+//! loom models of the freelist (`RUSTFLAGS="--cfg pcpu_loom"`), each run with
 //! rseq modelled (this CPU's list popped and pushed in critical sections,
 //! other CPUs' lists under their lock plus a fence aimed at their CPU) and
 //! in the fallback world (every list spinlocked).
-#![cfg(loom)]
+#![cfg(pcpu_loom)]
 
 use std::sync::Arc;
 

@@ -29,11 +29,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[inline]
 #[must_use]
 pub fn current_cpu() -> usize {
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     {
         crate::loom_cpu::current()
     }
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     {
         if let Some(off) = crate::rseq::area::offset() {
             let id = crate::rseq::area::read_cpu_id(off);
@@ -50,7 +50,7 @@ pub fn current_cpu() -> usize {
 /// `sched_getcpu()`, or CPU 0 where the call fails (it cannot on Linux
 /// with a vDSO; the fallback keeps callers' indexing total).
 /// Async-signal-safe.
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 #[inline]
 #[must_use]
 pub fn sched_getcpu() -> usize {

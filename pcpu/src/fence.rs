@@ -24,7 +24,7 @@
 //! process is still single-threaded, where it is cheap), so the light side
 //! is light from the first call.
 //!
-//! Under `--cfg loom` both sides are `fence(SeqCst)`: membarrier makes the
+//! Under `--cfg pcpu_loom` both sides are `fence(SeqCst)`: membarrier makes the
 //! light side *act* as a full fence whenever the heavy side runs, and
 //! modelling only the heavy side would be unsound.
 
@@ -62,7 +62,7 @@ fn membarrier(cmd: libc::c_int, flags: libc::c_uint, cpu: libc::c_int) -> libc::
     unsafe { libc::syscall(libc::SYS_membarrier, cmd, flags, cpu) }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 #[used]
 #[unsafe(link_section = ".init_array")]
 static REGISTER_AT_LOAD: extern "C" fn() = {
@@ -111,14 +111,14 @@ pub fn mode() -> Mode {
 /// Settled at load time; async-signal-safe.
 #[must_use]
 pub fn light_is_compiler_only() -> bool {
-    cfg!(not(loom)) && mode() == Mode::Membarrier
+    cfg!(not(pcpu_loom)) && mode() == Mode::Membarrier
 }
 
 /// The frequent side's fence: a compiler fence when membarrier is
 /// registered, `fence(SeqCst)` otherwise. Async-signal-safe.
 #[inline]
 pub fn light() {
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     if MODE.load(Ordering::Relaxed) == MEMBARRIER {
         compiler_fence(Ordering::SeqCst);
         return;
@@ -136,12 +136,12 @@ pub fn light() {
 /// If the kernel refuses the barrier after accepting the registration
 /// (it never does; continuing would silently break every light side).
 pub fn heavy() {
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     if crate::loom_cpu::rseq_modelled() {
         crate::loom_cpu::fence_all_cpus();
         return;
     }
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     if mode() == Mode::Membarrier {
         // The light side already relies on us: a failure here after a
         // successful registration would break every caller's ordering.
@@ -171,7 +171,7 @@ pub fn register_rseq_fence() -> bool {
         _ => {
             let ok = membarrier(CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0) == 0;
             RSEQ_FENCE.store(if ok { MEMBARRIER } else { FALLBACK }, Ordering::Release);
-            #[cfg(not(loom))]
+            #[cfg(not(pcpu_loom))]
             if ok {
                 crate::rseq::area::enable_gated();
             }

@@ -39,7 +39,7 @@
 mod counter;
 mod cpu;
 pub mod fence;
-#[cfg(loom)]
+#[cfg(pcpu_loom)]
 pub mod loom_cpu;
 pub mod owed;
 mod per_cpu;
@@ -48,7 +48,7 @@ mod stack;
 pub mod sync;
 
 pub use counter::PerCpuCounter;
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 pub use cpu::sched_getcpu;
 pub use cpu::{current_cpu, possible_cpus};
 pub use per_cpu::PerCpu;

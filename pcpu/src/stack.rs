@@ -121,11 +121,11 @@ impl PerCpuStack {
             next_offset.is_multiple_of(align_of::<usize>()),
             "link word must be usize-aligned"
         );
-        #[cfg(not(loom))]
+        #[cfg(not(pcpu_loom))]
         let use_rseq = crate::rseq::available() && crate::fence::register_rseq_fence();
         // Under loom the critical sections are modelled (see `loom_cpu`)
         // unless the test chose the fallback world.
-        #[cfg(loom)]
+        #[cfg(pcpu_loom)]
         let use_rseq = crate::loom_cpu::rseq_modelled();
         Self {
             // Every list starts empty, so every flag starts set.
@@ -318,7 +318,7 @@ impl PerCpuStack {
         if !self.use_rseq {
             return false;
         }
-        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
         if let Some(area) = crate::rseq::area::offset() {
             let (base, stride) = self.heads.raw_layout();
             let (node, next) = (node.as_ptr() as usize, self.link_word(node));
@@ -335,7 +335,7 @@ impl PerCpuStack {
             };
             return rc == crate::rseq::DONE;
         }
-        #[cfg(loom)]
+        #[cfg(pcpu_loom)]
         return self.modelled_section(|head| {
             // SAFETY: forwarded.
             unsafe { self.link(head, node) };
@@ -353,7 +353,7 @@ impl PerCpuStack {
         if !self.use_rseq {
             return Err(());
         }
-        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
         if let Some(area) = crate::rseq::area::offset() {
             let (base, stride) = self.heads.raw_layout();
             // SAFETY: as in `push_fast`; nodes in a list have readable link
@@ -380,7 +380,7 @@ impl PerCpuStack {
                 other => unreachable!("rseq pop returned {other}"),
             };
         }
-        #[cfg(loom)]
+        #[cfg(pcpu_loom)]
         {
             let mut popped = None;
             if self.modelled_section(|head| popped = self.unlink_top(head)) {
@@ -401,7 +401,7 @@ impl PerCpuStack {
     /// that checks the head again (a flag set by the pop itself could not
     /// be undone if the pop were restarted elsewhere).
     #[inline]
-    #[cfg_attr(not(any(loom, target_arch = "x86_64")), allow(dead_code))]
+    #[cfg_attr(not(any(pcpu_loom, target_arch = "x86_64")), allow(dead_code))]
     fn after_local_pop(&self, next: usize) {
         if self.empty_flags && next == 0 {
             self.mark_empty_fast();
@@ -412,7 +412,7 @@ impl PerCpuStack {
     /// flag is clear (left so by a pop that migrated before its flag step,
     /// or a restarted push), set it, so other CPUs stop looking.
     #[inline]
-    #[cfg_attr(not(any(loom, target_arch = "x86_64")), allow(dead_code))]
+    #[cfg_attr(not(any(pcpu_loom, target_arch = "x86_64")), allow(dead_code))]
     fn after_local_empty(&self) {
         if self.empty_flags && !self.flagged_empty(self.current_slot()) {
             self.mark_empty_fast();
@@ -420,9 +420,9 @@ impl PerCpuStack {
     }
 
     #[cold]
-    #[cfg_attr(not(any(loom, target_arch = "x86_64")), allow(dead_code))]
+    #[cfg_attr(not(any(pcpu_loom, target_arch = "x86_64")), allow(dead_code))]
     fn mark_empty_fast(&self) {
-        #[cfg(all(target_arch = "x86_64", not(loom)))]
+        #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
         if let Some(area) = crate::rseq::area::offset() {
             let (base, stride) = self.heads.raw_layout();
             // SAFETY: as in `push_fast`; the section writes only the flag.
@@ -432,7 +432,7 @@ impl PerCpuStack {
                 crate::rseq::raw_mark_empty(area, base, stride, self.heads.cpus() as u32)
             };
         }
-        #[cfg(loom)]
+        #[cfg(pcpu_loom)]
         self.modelled_section(|head| {
             if head.top.load(Ordering::Relaxed) == 0 {
                 head.empty.store(1, Ordering::Relaxed);
@@ -444,7 +444,7 @@ impl PerCpuStack {
     /// runs `f` unless the list is locked (then `false`). The lock is read
     /// with `Acquire` because x86-64 loads are (the only place the real
     /// sections run).
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     fn modelled_section(&self, f: impl FnOnce(&Head)) -> bool {
         let slot = self.current_slot();
         if slot >= self.heads.cpus() {
@@ -564,9 +564,9 @@ impl LockedList<'_> {
     /// sections see the lock and leave the list alone).
     fn exclude_cpu(&self) {
         let Some(cpu) = self.fence_cpu else { return };
-        #[cfg(loom)]
+        #[cfg(pcpu_loom)]
         crate::loom_cpu::fence_cpu(cpu);
-        #[cfg(not(loom))]
+        #[cfg(not(pcpu_loom))]
         {
             // Registration succeeded when the stack chose rseq mode, so the
             // fence cannot be refused.

@@ -1,30 +1,39 @@
 //! The loom shim: every synchronisation primitive the workspace's lock-free
 //! code uses, re-exported from [`loom`](https://docs.rs/loom) under
-//! `--cfg loom` and from `core`/`std` otherwise (the crossbeam and tokio
+//! `--cfg pcpu_loom` and from `core`/`std` otherwise (the crossbeam and tokio
 //! pattern).
 //!
 //! Crates of the workspace import atomics, `UnsafeCell`, threads and the
-//! futex-style wait/wake from here, so one `RUSTFLAGS="--cfg loom"` build
+//! futex-style wait/wake from here, so one `RUSTFLAGS="--cfg pcpu_loom"` build
 //! model-checks all of them. Under loom:
 //! - the CPU id comes from `pcpu::loom_cpu` (a per-loom-thread value),
 //! - rseq operations take their atomic fallback,
 //! - both sides of the asymmetric fence are `fence(SeqCst)`,
 //! - [`futex::wait`] yields to other loom threads (a futex may wake
 //!   spuriously, so callers loop; a lost wake-up shows up as a loom deadlock).
+//!
+//! **The cfg is `pcpu_loom`, not `loom`.** A `--cfg` applies to every
+//! crate of a build: a program that model-checks its own code with
+//! `RUSTFLAGS="--cfg loom"` would otherwise switch these crates to loom
+//! too, and their `const fn new` (not `const` under loom) would stop
+//! compiling in the program's statics. A name of the family's own (as
+//! crossbeam's `crossbeam_loom`) switches them only when asked:
+//! `RUSTFLAGS="--cfg pcpu_loom"` builds the family's models, with or
+//! without the program's own `loom`.
 
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 pub use core::sync::atomic;
-#[cfg(loom)]
+#[cfg(pcpu_loom)]
 pub use loom::sync::atomic;
 
-#[cfg(loom)]
+#[cfg(pcpu_loom)]
 pub use loom::thread;
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 pub use std::thread;
 
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 pub use core::hint;
-#[cfg(loom)]
+#[cfg(pcpu_loom)]
 pub use loom::hint;
 
 /// Publishes `fresh` in `slot` if `slot` is still null and returns what
@@ -49,18 +58,18 @@ pub fn publish_once<T>(
 }
 
 /// `UnsafeCell` with loom's closure-based access API on both builds, so code
-/// written against it compiles unchanged under `--cfg loom`.
+/// written against it compiles unchanged under `--cfg pcpu_loom`.
 pub mod cell {
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     pub use loom::cell::UnsafeCell;
 
     /// A `core::cell::UnsafeCell` with loom's `with`/`with_mut` accessors.
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     #[derive(Debug, Default)]
     #[repr(transparent)]
     pub struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
 
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     impl<T> UnsafeCell<T> {
         /// Wraps `value`.
         pub const fn new(value: T) -> Self {
@@ -96,7 +105,7 @@ pub mod futex {
     ///
     /// May return spuriously (as `FUTEX_WAIT` does): callers re-check their
     /// condition in a loop. Async-signal-safe.
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     pub fn wait(word: &AtomicU32, expected: u32) {
         // SAFETY: FUTEX_WAIT_PRIVATE reads the aligned u32 behind `word`,
         // which lives for the duration of the call; a null timeout waits
@@ -114,7 +123,7 @@ pub mod futex {
     }
 
     /// Like [`wait`], but gives up after `timeout`. Async-signal-safe.
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     pub fn wait_timeout(word: &AtomicU32, expected: u32, timeout: core::time::Duration) {
         let ts = libc::timespec {
             tv_sec: timeout.as_secs().try_into().unwrap_or(libc::time_t::MAX),
@@ -134,7 +143,7 @@ pub mod futex {
 
     /// Wakes up to `count` threads blocked in [`wait`] on `word`.
     /// Async-signal-safe.
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     pub fn wake(word: &AtomicU32, count: u32) {
         let count = count.min(i32::MAX as u32);
         // SAFETY: FUTEX_WAKE_PRIVATE only uses the address of `word` as a key.
@@ -150,7 +159,7 @@ pub mod futex {
 
     /// Loom model of `FUTEX_WAIT`: a spurious wake-up after letting other
     /// threads run.
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     pub fn wait(word: &AtomicU32, expected: u32) {
         use super::atomic::Ordering;
         if word.load(Ordering::SeqCst) == expected {
@@ -159,12 +168,12 @@ pub mod futex {
     }
 
     /// Loom model of a timed `FUTEX_WAIT`: the same as [`wait`].
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     pub fn wait_timeout(word: &AtomicU32, expected: u32, _timeout: core::time::Duration) {
         wait(word, expected);
     }
 
     /// Loom model of `FUTEX_WAKE`: waiters re-check on their own.
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     pub fn wake(_word: &AtomicU32, _count: u32) {}
 }

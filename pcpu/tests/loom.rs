@@ -1,7 +1,7 @@
-//! loom models of the foundation's protocols (`RUSTFLAGS="--cfg loom"`).
+//! loom models of the foundation's protocols (`RUSTFLAGS="--cfg pcpu_loom"`).
 //! Under loom the rseq operations take their atomic/locked fallbacks, the
 //! CPU id is set per model thread, and both fence sides are `fence(SeqCst)`.
-#![cfg(loom)]
+#![cfg(pcpu_loom)]
 
 use std::ptr::NonNull;
 

@@ -16,14 +16,14 @@ pub(crate) struct FutexMutex {
 }
 
 impl FutexMutex {
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     pub(crate) const fn new() -> Self {
         Self {
             state: AtomicU32::new(UNLOCKED),
         }
     }
 
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     pub(crate) fn new() -> Self {
         Self {
             state: AtomicU32::new(UNLOCKED),

@@ -39,7 +39,7 @@ mod futex_mutex;
 #[doc(hidden)]
 pub mod hooks;
 mod lock;
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 mod lock_api_impl;
 mod raw;
 

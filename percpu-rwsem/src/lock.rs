@@ -102,7 +102,7 @@ unsafe impl<T: ?Sized + Send + Sync> Sync for PercpuRwSem<T> {}
 impl<T> PercpuRwSem<T> {
     /// A new unlocked semaphore around `value`. Allocates nothing: the
     /// per-CPU counts come on first use (see [`prepare`](Self::prepare)).
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     pub const fn new(value: T) -> Self {
         Self {
             raw: RawPercpuRwSem::new(),
@@ -111,7 +111,7 @@ impl<T> PercpuRwSem<T> {
     }
 
     /// A new unlocked semaphore around `value` (loom build: not `const`).
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     pub fn new(value: T) -> Self {
         Self {
             raw: RawPercpuRwSem::new(),

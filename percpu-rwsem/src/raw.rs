@@ -208,9 +208,9 @@ pub struct RawPercpuRwSem {
     drain: AtomicU32,
     writer: FutexMutex,
     owner: AtomicUsize,
-    #[cfg_attr(loom, allow(dead_code))]
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
     last_write_ns: AtomicU64,
-    #[cfg_attr(loom, allow(dead_code))]
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
     linger_ns: AtomicU64,
 }
 
@@ -242,9 +242,9 @@ impl core::fmt::Debug for RawPercpuRwSem {
 // anywhere in between sees it as a reader. A `const`-initialised
 // thread-local without a destructor: touching it never allocates or
 // registers anything, even for the first time in a signal handler.
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 std::thread_local!(static READ_DEPTH: Cell<usize> = const { Cell::new(0) });
-#[cfg(loom)]
+#[cfg(pcpu_loom)]
 loom::thread_local!(static READ_DEPTH: Cell<usize> = Cell::new(0));
 
 /// Counts the calling thread in as a reader; returns its depth before.
@@ -274,7 +274,7 @@ fn leave_read() {
 /// An address unique to the calling thread (while it lives), used to
 /// recognise the writer and the thread that took a read guard: the
 /// address of its read depth.
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 #[allow(clippy::inline_always)]
 #[inline(always)]
 pub(crate) fn thread_token() -> usize {
@@ -283,7 +283,7 @@ pub(crate) fn thread_token() -> usize {
 
 /// Under loom, thread-locals of different model threads may share an
 /// address: number the threads instead (the counter is outside the model).
-#[cfg(loom)]
+#[cfg(pcpu_loom)]
 pub(crate) fn thread_token() -> usize {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
     loom::thread_local!(static TOKEN: usize = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
@@ -292,7 +292,7 @@ pub(crate) fn thread_token() -> usize {
 
 /// Monotonic time in nanoseconds (`CLOCK_MONOTONIC`, vDSO, ~20 ns;
 /// async-signal-safe).
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -307,7 +307,7 @@ fn now_ns() -> u64 {
 
 impl RawPercpuRwSem {
     /// An unlocked semaphore; allocates nothing.
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     #[must_use]
     pub const fn new() -> Self {
         Self {
@@ -322,7 +322,7 @@ impl RawPercpuRwSem {
     }
 
     /// An unlocked semaphore (loom build: not `const`).
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     #[must_use]
     pub fn new() -> Self {
         Self {
@@ -529,7 +529,7 @@ impl RawPercpuRwSem {
         futex::wake(&self.drain, 1);
     }
 
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     fn linger_over(&self) -> bool {
         now_ns().wrapping_sub(self.last_write_ns.load(Ordering::Relaxed))
             >= self.linger_ns.load(Ordering::Relaxed)
@@ -551,7 +551,7 @@ impl RawPercpuRwSem {
     /// Under loom time does not pass on its own: the delay is modelled as
     /// always over, so models explore the return to the fast path racing
     /// with writers.
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     fn linger_over(&self) -> bool {
         true
     }
@@ -674,7 +674,7 @@ impl RawPercpuRwSem {
     /// Reopens the gate to slow-path readers (`LINGER`, clearing `WRITER`,
     /// `BLOCK` and `ENTERED`) and wakes sleepers.
     fn release_gate(&self) {
-        #[cfg(not(loom))]
+        #[cfg(not(pcpu_loom))]
         self.last_write_ns.store(now_ns(), Ordering::Relaxed);
         if self.gate.swap(LINGER, Ordering::Release) & PARKED != 0 {
             futex::wake(&self.gate, u32::MAX);

@@ -1,4 +1,4 @@
-//! loom models of the semaphore (`RUSTFLAGS="--cfg loom"`). Each model runs
+//! loom models of the semaphore (`RUSTFLAGS="--cfg pcpu_loom"`). Each model runs
 //! twice: with rseq modelled (see `pcpu::loom_cpu`: the gated fast path
 //! without any fence, the grace period as "wait out every CPU's critical
 //! section") and in the fallback world (atomic counts, `SeqCst` fences).
@@ -7,7 +7,7 @@
 //! fast path races with every writer.
 //! The protected data is a loom `UnsafeCell`: any overlap of a writer with
 //! a reader or writer is reported as a data race.
-#![cfg(loom)]
+#![cfg(pcpu_loom)]
 
 use loom::cell::UnsafeCell;
 use loom::thread;
@@ -161,7 +161,7 @@ fn a_downgraded_writer_sees_its_own_write() {
     model(|| {
         let s = shared();
         let w = thread::spawn(move || write(s));
-        let mut g = s.write();
+        let g = s.write();
         // SAFETY: the write side is held.
         let mine = g.0.with_mut(|p| unsafe {
             *p += 10;

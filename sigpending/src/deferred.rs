@@ -16,11 +16,11 @@ use pcpu::sync::atomic::{AtomicPtr, AtomicUsize};
 use crate::Account;
 
 /// Accounts owing releases, linked through `Account::next_owed`.
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 static OWING: AtomicPtr<Account> = AtomicPtr::new(core::ptr::null_mut());
 
 // Under loom, a static that each model execution starts afresh.
-#[cfg(loom)]
+#[cfg(pcpu_loom)]
 loom::lazy_static! {
     static ref OWING: AtomicPtr<Account> = AtomicPtr::new(core::ptr::null_mut());
 }

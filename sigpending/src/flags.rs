@@ -49,7 +49,7 @@ pub struct TaskFlags {
 
 impl TaskFlags {
     /// A word with no flag set.
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     #[must_use]
     pub const fn new() -> Self {
         Self {
@@ -59,7 +59,7 @@ impl TaskFlags {
     }
 
     /// A word with no flag set (loom build: not `const`).
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     #[must_use]
     pub fn new() -> Self {
         Self {

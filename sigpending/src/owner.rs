@@ -51,7 +51,7 @@ struct StrongCount<T> {
     /// Under loom: `upgrade` is one atomic of `std`, invisible to the
     /// model; a load of this modelled atomic just before it lets the model
     /// interleave other threads between the charge's increment and the pin.
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     point: loom::sync::atomic::AtomicUsize,
 }
 
@@ -61,7 +61,7 @@ impl<T: Send + Sync> Pin for StrongCount<T> {
     }
 
     fn pin(&self) -> bool {
-        #[cfg(loom)]
+        #[cfg(pcpu_loom)]
         self.point.load(loom::sync::atomic::Ordering::Relaxed);
         // `upgrade` increments the strong count unless it is zero; the
         // count then stays with the account until `unpin`.
@@ -114,7 +114,7 @@ impl Owner {
         Self {
             pin: Box::new(StrongCount {
                 weak: Arc::downgrade(owner),
-                #[cfg(loom)]
+                #[cfg(pcpu_loom)]
                 point: loom::sync::atomic::AtomicUsize::new(0),
             }),
         }

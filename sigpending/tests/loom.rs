@@ -1,7 +1,7 @@
-//! loom models (`RUSTFLAGS="--cfg loom"`): owners pinned exactly while
+//! loom models (`RUSTFLAGS="--cfg pcpu_loom"`): owners pinned exactly while
 //! charged, through hierarchies and deferred releases; flags denied and
 //! restored racing remote posts; the pending queue's ring.
-#![cfg(loom)]
+#![cfg(pcpu_loom)]
 
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};

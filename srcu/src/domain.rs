@@ -1,7 +1,7 @@
 //! The SRCU domain: per-CPU read counts in two banks, and grace periods.
 
 use std::marker::PhantomData;
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 use std::sync::PoisonError;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -40,7 +40,7 @@ pub(crate) struct Inner {
     /// The fork generation (`fork::generation`) the helper threads were
     /// last checked in: a child restarts them on its first use of the
     /// domain (`Srcu::revive`).
-    #[cfg_attr(loom, allow(dead_code))]
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
     helpers_gen: AtomicU64,
 }
 
@@ -84,7 +84,7 @@ impl Drop for GpGuard<'_> {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 thread_local! {
     /// Guard sections (`ReadGuard`, and what a consumed lease hands over)
     /// open on this thread, of every domain. Const-initialised without a
@@ -100,14 +100,14 @@ thread_local! {
 #[allow(clippy::inline_always)]
 #[inline(always)]
 pub(crate) fn held_add(delta: isize) {
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     HELD.with(|h| h.set(h.get().wrapping_add_signed(delta)));
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     let _ = delta;
 }
 
 /// Guard sections open on this thread.
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 pub(crate) fn held() -> usize {
     HELD.with(core::cell::Cell::get)
 }
@@ -247,7 +247,7 @@ impl Inner {
     /// counts, every read section open at the fork, so that grace periods
     /// stop waiting for threads that do not exist here. Callers make sure
     /// that no such section can still be ended (see `fork`).
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     pub(crate) fn discount_all(&self) {
         for c in self.counts.iter() {
             for bank in 0..2 {
@@ -257,7 +257,7 @@ impl Inner {
     }
 
     /// The lease sets registered with this domain that still exist.
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     pub(crate) fn lease_hooks(&self) -> Vec<Arc<dyn crate::fork::ForkHooks>> {
         self.lease_sets
             .lock()
@@ -275,7 +275,7 @@ impl Inner {
 
 /// Waiting for readers: spin, then yield, then sleep with a growing delay
 /// (1 us to 1 ms; `expedited`: never sleep).
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 fn backoff(round: u32, expedited: bool) {
     if round < 64 {
         for _ in 0..1u32 << round.min(6) {
@@ -289,7 +289,7 @@ fn backoff(round: u32, expedited: bool) {
 }
 
 /// loom: a waiting loop must let the model run other threads.
-#[cfg(loom)]
+#[cfg(pcpu_loom)]
 fn backoff(_round: u32, _expedited: bool) {
     loom::thread::yield_now();
 }
@@ -377,7 +377,7 @@ impl std::fmt::Debug for Srcu {
 
 impl Srcu {
     /// A new domain; allocates nothing until first use.
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     #[must_use]
     pub const fn new() -> Self {
         Self {
@@ -386,7 +386,7 @@ impl Srcu {
     }
 
     /// A new domain (loom build: not `const`).
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     #[must_use]
     pub fn new() -> Self {
         Self {
@@ -427,7 +427,7 @@ impl Srcu {
         let fresh = Arc::into_raw(Arc::new(Inner::new())).cast_mut();
         // SAFETY: a loser's `fresh` was never shared.
         let p = pcpu::sync::publish_once(&self.inner, fresh, |f| drop(unsafe { Arc::from_raw(f) }));
-        #[cfg(not(loom))]
+        #[cfg(not(pcpu_loom))]
         if p == fresh {
             crate::fork::register(&self.inner_arc());
         }
@@ -536,7 +536,7 @@ impl Srcu {
     /// restarts the expiry threads of its lease sets and, if callbacks are
     /// pending, the reclaimer (the parent's threads do not exist here).
     /// Cheap otherwise (one load). Ordinary context only.
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     pub(crate) fn revive(&self) {
         let inner = self.inner();
         let generation = crate::fork::generation();
@@ -551,7 +551,7 @@ impl Srcu {
         inner.reclaimer.revive(|| self.inner_arc());
     }
 
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     pub(crate) fn revive(&self) {}
 
     /// Drops `value` after a grace period: the usual way to free something

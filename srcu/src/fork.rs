@@ -27,7 +27,7 @@
 //!   the parent's reclaimer was waiting a grace period for is queued again.
 
 // Under loom only the trait is used (fork is no model).
-#![cfg_attr(loom, allow(dead_code, unused_imports))]
+#![cfg_attr(pcpu_loom, allow(dead_code, unused_imports))]
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
@@ -39,14 +39,14 @@ use crate::domain::Inner;
 /// What the fork handlers need of a lease set (type-erased over `T`).
 pub(crate) trait ForkHooks: Send + Sync {
     /// `prepare`: takes the set's locks, pushing their guards on `held`.
-    #[cfg_attr(loom, allow(dead_code))]
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
     fn lock_for_fork(self: Arc<Self>, held: &mut Vec<Box<dyn HeldLock>>);
     /// In the child, before sections are discounted: expires every lease
     /// (nothing else runs in the child yet).
-    #[cfg_attr(loom, allow(dead_code))]
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
     fn expire_in_child(&self);
     /// In the child, on first use: starts the expiry thread anew.
-    #[cfg_attr(loom, allow(dead_code))]
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
     fn restart(self: Arc<Self>);
 }
 
@@ -72,7 +72,7 @@ impl<O: ?Sized + 'static, S: 'static> Drop for Hold<O, S> {
 ///
 /// # Safety
 /// `mutex` lives inside `owner`'s allocation (so `owner` keeps it alive).
-#[cfg_attr(loom, allow(dead_code))]
+#[cfg_attr(pcpu_loom, allow(dead_code))]
 pub(crate) unsafe fn hold<O: ?Sized + 'static, S: 'static>(
     owner: &Arc<O>,
     mutex: &Mutex<S>,
@@ -98,13 +98,13 @@ static DOMAINS: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// The current fork generation.
-#[cfg_attr(loom, allow(dead_code))]
+#[cfg_attr(pcpu_loom, allow(dead_code))]
 pub(crate) fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
 
 /// Registers a new domain with the fork handlers (installed on the first).
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 pub(crate) fn register(inner: &Arc<Inner>) {
     static INSTALL: std::sync::Once = std::sync::Once::new();
     INSTALL.call_once(|| {
@@ -117,7 +117,7 @@ pub(crate) fn register(inner: &Arc<Inner>) {
     domains.push(Arc::downgrade(inner));
 }
 
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 thread_local! {
     /// The locks the forking thread holds across `fork` (set by `prepare`,
     /// released by `parent` or in the child).
@@ -136,7 +136,7 @@ static HANDLED_PID: AtomicU64 = AtomicU64::new(0);
 /// one order (the domain list, then per domain its callback queue and its
 /// list of lease sets, then per lease set its own locks). Each is held
 /// briefly by its users, never while waiting for another.
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 extern "C" fn prepare() {
     FORKING_PID.store(u64::from(std::process::id()), Ordering::Relaxed);
     let domains = DOMAINS.lock().unwrap_or_else(PoisonError::into_inner);
@@ -166,7 +166,7 @@ extern "C" fn prepare() {
 }
 
 /// Releases what `prepare` took (reverse order).
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 fn release() {
     HELD_LOCKS.with(|h| {
         let mut held = h.take();
@@ -178,13 +178,13 @@ fn release() {
 }
 
 /// `pthread_atfork` parent: releases the locks.
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 extern "C" fn parent() {
     release();
 }
 
 /// `pthread_atfork` child.
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 extern "C" fn child() {
     after_fork_in_child();
 }
@@ -206,7 +206,7 @@ extern "C" fn child() {
 /// Allocates (the child of a glibc process may); no other thread exists
 /// when it runs.
 pub fn after_fork_in_child() {
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     {
         let me = u64::from(std::process::id());
         if FORKING_PID.load(Ordering::Relaxed) == me || HANDLED_PID.swap(me, Ordering::AcqRel) == me

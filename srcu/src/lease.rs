@@ -68,7 +68,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// How many expiry ticks make one timeout: a lease expires between
 /// `timeout` and `timeout * (1 + 1/TICKS)` after it was taken.
-#[cfg_attr(loom, allow(dead_code))]
+#[cfg_attr(pcpu_loom, allow(dead_code))]
 const TICKS: u64 = 4;
 
 fn word(generation: u64, state: u64) -> u64 {
@@ -122,7 +122,7 @@ struct Shared<T> {
     /// The expiry thread's control (stop flag, its handle), and its wake-up.
     ctl: (Mutex<Ctl>, Condvar),
     /// Time between expiry ticks (`timeout / TICKS`).
-    #[cfg_attr(loom, allow(dead_code))]
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
     period: Duration,
 }
 
@@ -135,7 +135,7 @@ struct Ctl {
 }
 
 /// Starts the expiry thread of `shared`.
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 fn spawn_expiry<T: Send + Sync + 'static>(shared: &Arc<Shared<T>>) -> JoinHandle<()> {
     let s = Arc::clone(shared);
     std::thread::Builder::new()
@@ -161,7 +161,7 @@ impl<T: Send + Sync + 'static> crate::fork::ForkHooks for Shared<T> {
     }
 
     fn restart(self: Arc<Self>) {
-        #[cfg(not(loom))]
+        #[cfg(not(pcpu_loom))]
         {
             let mut ctl = self.ctl.0.lock().unwrap_or_else(PoisonError::into_inner);
             let generation = crate::fork::generation();
@@ -318,7 +318,7 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
             sets.push(Arc::downgrade(&hooks));
         }
         // loom cannot model a real thread: models call `expire_all`.
-        #[cfg(not(loom))]
+        #[cfg(not(pcpu_loom))]
         {
             let handle = spawn_expiry(&shared);
             shared
@@ -424,14 +424,14 @@ impl<T: Send + Sync + 'static> Drop for LeaseSet<'_, T> {
         };
         cv.notify_all();
         if let Some((generation, t)) = thread {
-            #[cfg(not(loom))]
+            #[cfg(not(pcpu_loom))]
             if generation == crate::fork::generation() {
                 let _ = t.join();
             } else {
                 // Started before a fork: that thread is not in this process.
                 core::mem::forget(t);
             }
-            #[cfg(loom)]
+            #[cfg(pcpu_loom)]
             let _ = (generation, t);
         }
         self.drop_deferred();
@@ -447,7 +447,7 @@ impl<T: Send + Sync + 'static> std::fmt::Debug for LeaseSet<'_, T> {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 fn expiry_loop<T>(shared: &Shared<T>, period: Duration) {
     let (ctl, cv) = &shared.ctl;
     let mut guard = ctl.lock().unwrap_or_else(PoisonError::into_inner);

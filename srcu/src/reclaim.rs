@@ -3,7 +3,7 @@
 
 // Under loom callbacks run inline (see `enqueue`): the thread, its queue and
 // its loop are not built for models.
-#![cfg_attr(loom, allow(dead_code))]
+#![cfg_attr(pcpu_loom, allow(dead_code))]
 
 use std::collections::BTreeSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -72,7 +72,7 @@ impl Reclaimer {
     /// (`inner` provides the shared state it needs).
     /// loom cannot model a real thread: the grace periods and the callback
     /// run inline.
-    #[cfg(loom)]
+    #[cfg(pcpu_loom)]
     pub(crate) fn enqueue(&self, inner: impl FnOnce() -> Arc<Inner>, d: Deferred) {
         let inner = inner();
         for _ in 0..d.grace_periods {
@@ -81,7 +81,7 @@ impl Reclaimer {
         (d.f)();
     }
 
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     pub(crate) fn enqueue(&self, inner: impl FnOnce() -> Arc<Inner>, mut d: Deferred) {
         let mut st = self.lock();
         d.seq = st.next_seq;
@@ -98,7 +98,7 @@ impl Reclaimer {
     /// again, and callbacks the parent's reclaimer had already taken out to
     /// run are the parent's alone: `barrier` in the child does not wait for
     /// them.
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     fn ensure_thread(st: &mut State, inner: impl FnOnce() -> Arc<Inner>) {
         let pid = std::process::id();
         if st.thread.as_ref().is_some_and(|(p, _)| *p == pid) {
@@ -122,7 +122,7 @@ impl Reclaimer {
     }
 
     /// In a fork child: restarts the reclaimer if callbacks are pending.
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     pub(crate) fn revive(&self, inner: impl FnOnce() -> Arc<Inner>) {
         let mut st = self.lock();
         if !st.unfinished.is_empty() {
@@ -132,7 +132,7 @@ impl Reclaimer {
 
     /// The state lock, for the fork handlers (held across `fork` so that
     /// the child inherits a consistent queue).
-    #[cfg(not(loom))]
+    #[cfg(not(pcpu_loom))]
     pub(crate) fn state_lock(&self) -> &Mutex<State> {
         &self.state
     }
@@ -142,11 +142,11 @@ impl Reclaimer {
     /// it (`inner`: for starting a fork child's reclaimer).
     pub(crate) fn barrier(&self, inner: impl FnOnce() -> Arc<Inner>) {
         let mut st = self.lock();
-        #[cfg(not(loom))]
+        #[cfg(not(pcpu_loom))]
         if !st.unfinished.is_empty() {
             Self::ensure_thread(&mut st, inner);
         }
-        #[cfg(loom)]
+        #[cfg(pcpu_loom)]
         let _ = inner;
         let target = st.next_seq;
         #[cfg(test)]
@@ -230,7 +230,7 @@ fn reclaim_loop(inner: &Inner) {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(pcpu_loom)))]
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};

@@ -1,8 +1,8 @@
-//! loom models of SRCU (`RUSTFLAGS="--cfg loom"`), each run with rseq
+//! loom models of SRCU (`RUSTFLAGS="--cfg pcpu_loom"`), each run with rseq
 //! modelled (per-CPU critical sections, membarrier as "wait out every
 //! CPU's section") and in the fallback world. Shared data uses relaxed
 //! accesses only, so every ordering comes from the SRCU protocol.
-#![cfg(loom)]
+#![cfg(pcpu_loom)]
 
 use std::sync::Arc;
 

@@ -27,7 +27,7 @@ const UNAVAILABLE: isize = isize::MIN + 1;
 /// Runs the lookup at load time, before `main` and before any signal
 /// handler of the program can run, so [`offset`] never calls `dlsym` from
 /// a signal handler.
-#[cfg(not(loom))]
+#[cfg(not(pcpu_loom))]
 #[used]
 #[unsafe(link_section = ".init_array")]
 static LOOKUP_AT_LOAD: extern "C" fn() = {
