@@ -44,6 +44,7 @@ pub trait Workload: Sync {
 pub type Build = fn(imp: &str, threads: usize) -> Result<Box<dyn Workload>, String>;
 
 /// A named benchmark with its implementations.
+#[derive(Debug)]
 pub struct Scenario {
     pub name: &'static str,
     pub about: &'static str,

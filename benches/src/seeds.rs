@@ -7,6 +7,7 @@ use crate::scenarios;
 
 /// One scenario of a seed's table: which implementations, and which of
 /// them is the seed's "before" (the ratio's denominator).
+#[derive(Debug)]
 pub struct Part {
     pub scenario: &'static str,
     pub impls: &'static [&'static str],
@@ -14,6 +15,7 @@ pub struct Part {
 }
 
 /// One seed: the patch, its scenarios, and a note on how the table reads.
+#[derive(Debug)]
 pub struct Seed {
     pub id: &'static str,
     pub patch: &'static str,
@@ -114,6 +116,7 @@ pub const SEEDS: &[Seed] = &[
 ];
 
 /// The rows of one seed's table, per part, with the part's "before".
+#[derive(Debug)]
 pub struct SeedResult {
     pub seed: &'static Seed,
     pub parts: Vec<(&'static Part, Vec<Row>, Vec<String>)>,

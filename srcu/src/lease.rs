@@ -734,3 +734,36 @@ impl<T> Drop for LeasedValue<'_, T> {
         self.domain.read_unlock(self.bank);
     }
 }
+
+impl<T: Send + Sync + 'static> std::fmt::Debug for LeaseBlock<'_, '_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseBlock")
+            .field("capacity", &self.slots.len())
+            .field("free", &self.free.get().count_ones())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + Sync + 'static> std::fmt::Debug for Lease<'_, '_, '_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("slot", &self.index)
+            .field("expired", &self.is_expired())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Held<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Leased(v) => f.debug_tuple("Leased").field(&**v).finish(),
+            Self::Stable(s) => f.debug_tuple("Stable").field(&**s).finish(),
+        }
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for LeasedValue<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("LeasedValue").field(&**self).finish()
+    }
+}
