@@ -87,6 +87,21 @@ fn wait_bounded(pid: libc::pid_t, limit: Duration) -> i32 {
     }
 }
 
+/// Forks a child that runs [`in_the_child`]; fails if it fails or hangs.
+fn fork_and_check(round: usize) {
+    // SAFETY: the child only attaches, calls and detaches, then leaves
+    // with `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = in_the_child();
+        // SAFETY: leave the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    assert!(pid > 0, "fork failed");
+    let code = wait_bounded(pid, Duration::from_mins(1));
+    assert_eq!(code, 0, "round {round}: the child's step {code} failed");
+}
+
 #[test]
 fn a_child_forked_amid_attaches_and_hits_attaches_and_detaches() {
     let _hits = probe(hit_in_a_loop).attach().unwrap();
@@ -111,17 +126,7 @@ fn a_child_forked_amid_attaches_and_hits_attaches_and_detaches() {
         let _stop = Stop(&stop);
         for round in 0..12 {
             std::thread::sleep(Duration::from_millis(3));
-            // SAFETY: the child only attaches, calls and detaches, then
-            // leaves with `_exit`.
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                let code = in_the_child();
-                // SAFETY: leave the child at once.
-                unsafe { libc::_exit(code) };
-            }
-            assert!(pid > 0, "fork failed");
-            let code = wait_bounded(pid, Duration::from_mins(1));
-            assert_eq!(code, 0, "round {round}: the child's step {code} failed");
+            fork_and_check(round);
         }
     });
 }
@@ -161,16 +166,7 @@ fn a_child_forked_while_a_handler_runs_attaches_and_detaches() {
             while !INSIDE.load(SeqCst) {
                 std::hint::spin_loop();
             }
-            // SAFETY: as above.
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                let code = in_the_child();
-                // SAFETY: leave the child at once.
-                unsafe { libc::_exit(code) };
-            }
-            assert!(pid > 0, "fork failed");
-            let code = wait_bounded(pid, Duration::from_mins(1));
-            assert_eq!(code, 0, "round {round}: the child's step {code} failed");
+            fork_and_check(round);
         }
     });
 }

@@ -5,11 +5,13 @@
 //! printed with the reasons.
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, c_void};
 use std::fmt::Write as _;
 
-use object::{Object as _, ObjectSymbol as _};
+use common::exported_functions;
 use uprobe_core::{AttachError, Probe, Uprobe};
 
 /// Loads `name` (or finds it loaded), with `known`, one of its functions,
@@ -37,20 +39,6 @@ fn open(name: &str, known: &str) -> Option<(*mut c_void, String)> {
             .into_owned()
     };
     Some((handle, path))
-}
-
-/// Every defined, exported function of the ELF file at `path`.
-fn exported_functions(path: &str) -> Vec<String> {
-    let data = std::fs::read(path).unwrap();
-    let file = object::File::parse(&*data).unwrap();
-    let mut names: Vec<String> = file
-        .dynamic_symbols()
-        .filter(|s| s.kind() == object::SymbolKind::Text && !s.is_undefined() && s.is_global())
-        .filter_map(|s| s.name().ok().map(str::to_string))
-        .collect();
-    names.sort();
-    names.dedup();
-    names
 }
 
 /// Attaches `make(name)` for every name; returns the probes and the

@@ -123,3 +123,18 @@ pub fn same_with_probe(f: unsafe extern "C" fn(u64) -> u64, at: usize, hits: Hit
     let after: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
     assert_eq!(after, plain);
 }
+
+/// Every defined, exported function of the ELF file at `path`, sorted.
+pub fn exported_functions(path: &str) -> Vec<String> {
+    use object::{Object as _, ObjectSymbol as _};
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let mut names: Vec<String> = file
+        .dynamic_symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text && !s.is_undefined() && s.is_global())
+        .filter_map(|s| s.name().ok().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
