@@ -33,8 +33,23 @@
 //! data is copied as it was. A [`PerCpuStack`] lock held by another thread
 //! at `fork()` stays held in the child (that thread does not exist there):
 //! only the `try_` operations are safe on such a stack in the child.
+//!
+//! # Targets
+//! Linux only (glibc's rseq area, futex, membarrier); other systems get a
+//! `compile_error!`. On x86-64 and aarch64 the CPU id comes from the rseq
+//! area and the per-CPU operations are restartable sequences (x86-64; on
+//! aarch64 the atomic fallbacks for now). On any other Linux architecture
+//! the crate builds its generic paths: the CPU id from `sched_getcpu`, the
+//! atomic fallbacks for every operation. `--cfg pcpu_force_generic`
+//! builds those paths on x86-64 and aarch64 too (CI tests the whole
+//! family that way).
 #![cfg_attr(not(test), warn(missing_docs))]
 #![deny(unsafe_op_in_unsafe_fn)]
+
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "pcpu supports Linux only: it reads glibc's rseq area and uses futex and membarrier"
+);
 
 mod counter;
 mod cpu;

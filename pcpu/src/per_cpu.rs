@@ -103,7 +103,7 @@ impl<T> PerCpu<T> {
 
     /// Address of slot 0 and the distance between slots, for the rseq
     /// critical sections.
-    #[cfg_attr(any(pcpu_loom, not(target_arch = "x86_64")), allow(dead_code))]
+    #[cfg_attr(any(pcpu_loom, not(pcpu_arch = "x86_64")), allow(dead_code))]
     #[inline]
     pub(crate) fn raw_layout(&self) -> (*const u8, usize) {
         (self.slots.as_ptr().cast(), size_of::<CachePadded<T>>())

@@ -318,7 +318,7 @@ impl PerCpuStack {
         if !self.use_rseq {
             return false;
         }
-        #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+        #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         if let Some(area) = crate::rseq::area::offset() {
             let (base, stride) = self.heads.raw_layout();
             let (node, next) = (node.as_ptr() as usize, self.link_word(node));
@@ -353,7 +353,7 @@ impl PerCpuStack {
         if !self.use_rseq {
             return Err(());
         }
-        #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+        #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         if let Some(area) = crate::rseq::area::offset() {
             let (base, stride) = self.heads.raw_layout();
             // SAFETY: as in `push_fast`; nodes in a list have readable link
@@ -401,7 +401,7 @@ impl PerCpuStack {
     /// that checks the head again (a flag set by the pop itself could not
     /// be undone if the pop were restarted elsewhere).
     #[inline]
-    #[cfg_attr(not(any(pcpu_loom, target_arch = "x86_64")), allow(dead_code))]
+    #[cfg_attr(not(any(pcpu_loom, pcpu_arch = "x86_64")), allow(dead_code))]
     fn after_local_pop(&self, next: usize) {
         if self.empty_flags && next == 0 {
             self.mark_empty_fast();
@@ -412,7 +412,7 @@ impl PerCpuStack {
     /// flag is clear (left so by a pop that migrated before its flag step,
     /// or a restarted push), set it, so other CPUs stop looking.
     #[inline]
-    #[cfg_attr(not(any(pcpu_loom, target_arch = "x86_64")), allow(dead_code))]
+    #[cfg_attr(not(any(pcpu_loom, pcpu_arch = "x86_64")), allow(dead_code))]
     fn after_local_empty(&self) {
         if self.empty_flags && !self.flagged_empty(self.current_slot()) {
             self.mark_empty_fast();
@@ -420,9 +420,12 @@ impl PerCpuStack {
     }
 
     #[cold]
-    #[cfg_attr(not(any(pcpu_loom, target_arch = "x86_64")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(pcpu_loom, pcpu_arch = "x86_64")),
+        allow(dead_code, clippy::unused_self)
+    )]
     fn mark_empty_fast(&self) {
-        #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+        #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         if let Some(area) = crate::rseq::area::offset() {
             let (base, stride) = self.heads.raw_layout();
             // SAFETY: as in `push_fast`; the section writes only the flag.

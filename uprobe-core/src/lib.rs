@@ -206,50 +206,56 @@
 #![cfg_attr(not(test), warn(missing_docs))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "uprobe-core supports Linux only: it patches code through /proc/self/maps and membarrier \
+     and handles SIGTRAP as Linux delivers it"
+);
+
 // The engine runs on x86-64 and aarch64; elsewhere the crate builds with
 // just its error type.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod blocked_code;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod checks;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod context;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod deferral;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod engine;
 mod error;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod lookup;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod maps;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod probe;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod return_stubs;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod returns;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod symbols;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod table;
-#[cfg(target_arch = "x86_64")]
+#[cfg(uprobe_arch = "x86_64")]
 mod x86_64;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 mod xol;
-#[cfg(target_arch = "x86_64")]
+#[cfg(uprobe_arch = "x86_64")]
 use x86_64 as arch;
-#[cfg(target_arch = "aarch64")]
+#[cfg(uprobe_arch = "aarch64")]
 mod aarch64;
-#[cfg(target_arch = "aarch64")]
+#[cfg(uprobe_arch = "aarch64")]
 use aarch64 as arch;
 
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 pub use arch::Reg;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 pub use context::{EntryContext, ReturnContext};
 pub use error::{AttachError, BlockedPath};
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 pub use probe::{Probe, Uprobe};
 
 /// Switches for the workspace's benchmarks and tests; not part of the
@@ -257,12 +263,12 @@ pub use probe::{Probe, Uprobe};
 /// mechanism (`set_*`, `force_trap_back_slots`) exist only with the
 /// `bench-variants` feature; without it each mechanism is a constant, so
 /// the default build pays nothing for them.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
 #[doc(hidden)]
 pub mod bench_only {
     /// The aarch64 classifier, for the tests that check it against an
     /// independent decoder.
-    #[cfg(target_arch = "aarch64")]
+    #[cfg(uprobe_arch = "aarch64")]
     pub use crate::arch::{Class, classify};
     pub use crate::lookup::Lookup;
     pub use crate::returns::{Pinning, ReturnHold};

@@ -111,7 +111,7 @@ impl Snapshot {
             end: e.end,
             prot: e.prot,
         };
-        if cfg!(target_arch = "aarch64") && bti_guarded(found.start) {
+        if cfg!(uprobe_arch = "aarch64") && bti_guarded(found.start) {
             found.prot |= PROT_BTI;
         }
         Some(found)

@@ -11,7 +11,7 @@
 use core::sync::atomic::{AtomicIsize, Ordering};
 
 /// Offset of `cpu_id` in the kernel's `struct rseq`.
-#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+#[cfg_attr(not(pcpu_arch = "aarch64"), allow(dead_code))]
 pub(crate) const CPU_ID_OFFSET: usize = 4;
 // `rseq_cs` (the pointer to the active critical section) is at offset 8;
 // the x86-64 critical sections hard-code it.
@@ -37,6 +37,17 @@ static LOOKUP_AT_LOAD: extern "C" fn() = {
     lookup_at_load
 };
 
+/// Where this crate cannot read the thread pointer (`pcpu_arch =
+/// "generic"`), the rseq area is never used: every per-CPU operation
+/// takes its atomic fallback.
+#[cfg(pcpu_arch = "generic")]
+#[cold]
+fn lookup() -> isize {
+    OFFSET.store(UNAVAILABLE, Ordering::Relaxed);
+    UNAVAILABLE
+}
+
+#[cfg(not(pcpu_arch = "generic"))]
 #[cold]
 fn lookup() -> isize {
     // SAFETY: dlsym with RTLD_DEFAULT and NUL-terminated names is always
@@ -61,7 +72,7 @@ fn lookup() -> isize {
 }
 
 /// The thread pointer (`TPIDR_EL0`); x86-64 addresses the area `%fs`-relative.
-#[cfg(target_arch = "aarch64")]
+#[cfg(pcpu_arch = "aarch64")]
 #[inline(always)]
 fn thread_pointer() -> usize {
     let tp: usize;
@@ -99,7 +110,7 @@ pub(crate) fn enable_gated() {
 }
 
 /// [`offset`] if rseq fences are registered, else `None`. Async-signal-safe.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(not(pcpu_arch = "x86_64"), allow(dead_code))]
 #[inline]
 pub(crate) fn gated_offset() -> Option<isize> {
     let off = GATED_OFFSET.load(Ordering::Relaxed);
@@ -119,7 +130,7 @@ fn unavailable_or_lookup(off: isize) -> Option<isize> {
 #[inline]
 pub(crate) fn read_cpu_id(off: isize) -> u32 {
     let id: u32;
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(pcpu_arch = "x86_64")]
     // SAFETY: `off` is glibc's `__rseq_offset`: %fs:off is this thread's
     // registered area, whose `cpu_id` the kernel updates (hence a fresh
     // load each call, which `asm!` guarantees).
@@ -127,7 +138,7 @@ pub(crate) fn read_cpu_id(off: isize) -> u32 {
         core::arch::asm!("mov {id:e}, dword ptr fs:[{off} + 4]", off = in(reg) off, id = out(reg) id,
             options(nostack, readonly, preserves_flags));
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(pcpu_arch = "aarch64")]
     // SAFETY: as above, through the thread pointer.
     unsafe {
         id = (thread_pointer().wrapping_add_signed(off) as *const u8)
@@ -135,11 +146,17 @@ pub(crate) fn read_cpu_id(off: isize) -> u32 {
             .cast::<u32>()
             .read_volatile();
     }
+    #[cfg(pcpu_arch = "generic")]
+    {
+        // `offset` is never `Some` here: "not registered".
+        let _ = off;
+        id = u32::MAX;
+    }
     id
 }
 
 /// Whether glibc registered rseq areas for this process's threads.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(not(pcpu_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn registered() -> bool {
     offset().is_some()
 }

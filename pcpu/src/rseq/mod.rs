@@ -34,7 +34,7 @@
 
 #[cfg(not(pcpu_loom))]
 pub(crate) mod area;
-#[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+#[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
 mod x86_64;
 
 use crate::PerCpu;
@@ -46,7 +46,7 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 #[inline]
 #[must_use]
 pub fn available() -> bool {
-    #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+    #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
     {
         area::registered()
     }
@@ -54,7 +54,7 @@ pub fn available() -> bool {
     {
         crate::loom_cpu::rseq_modelled()
     }
-    #[cfg(all(not(pcpu_loom), not(target_arch = "x86_64")))]
+    #[cfg(all(not(pcpu_loom), not(pcpu_arch = "x86_64")))]
     {
         false
     }
@@ -85,7 +85,7 @@ pub fn available() -> bool {
 /// ```
 #[inline]
 pub fn add(counters: &PerCpu<AtomicU64>, delta: u64) {
-    #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+    #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
     if let Some(area) = area::offset() {
         let (base, _) = counters.raw_layout();
         // SAFETY: `area` is glibc's `__rseq_offset`, so `%fs:area` is this
@@ -141,7 +141,7 @@ pub enum GatedAdd {
 pub struct GatedAdder {
     /// `__rseq_offset`, never 0 (the area is not the thread control
     /// block), which gives `Option<GatedAdder>` a niche: one word, one load.
-    #[cfg_attr(not(all(target_arch = "x86_64", not(pcpu_loom))), allow(dead_code))]
+    #[cfg_attr(not(all(pcpu_arch = "x86_64", not(pcpu_loom))), allow(dead_code))]
     offset: core::num::NonZeroIsize,
 }
 
@@ -152,7 +152,7 @@ impl GatedAdder {
     #[inline]
     #[must_use]
     pub fn get() -> Option<Self> {
-        #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+        #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         if let Some(offset) = area::gated_offset().and_then(core::num::NonZeroIsize::new) {
             return Some(Self { offset });
         }
@@ -177,7 +177,7 @@ impl GatedAdder {
         gate: &crate::sync::atomic::AtomicU32,
         delta: u64,
     ) -> GatedAdd {
-        #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+        #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         {
             let (base, _) = counters.raw_layout();
             // SAFETY: as in `add`; the token exists only with rseq fences
@@ -213,7 +213,7 @@ impl GatedAdder {
                 GatedAdd::Added
             })
         }
-        #[cfg(all(not(pcpu_loom), not(target_arch = "x86_64")))]
+        #[cfg(all(not(pcpu_loom), not(pcpu_arch = "x86_64")))]
         {
             let _ = (counters, gate, delta);
             GatedAdd::Unavailable
@@ -258,7 +258,7 @@ pub fn add_if_zero(
 /// the free function makes on every call.
 #[derive(Clone, Copy, Debug)]
 pub struct Adder {
-    #[cfg_attr(not(all(target_arch = "x86_64", not(pcpu_loom))), allow(dead_code))]
+    #[cfg_attr(not(all(pcpu_arch = "x86_64", not(pcpu_loom))), allow(dead_code))]
     offset: core::num::NonZeroIsize,
 }
 
@@ -268,7 +268,7 @@ impl Adder {
     #[inline]
     #[must_use]
     pub fn get() -> Option<Self> {
-        #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+        #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         if let Some(offset) = area::offset().and_then(core::num::NonZeroIsize::new) {
             return Some(Self { offset });
         }
@@ -281,7 +281,7 @@ impl Adder {
     #[allow(clippy::inline_always)] // a call would cost more than the section
     #[inline(always)]
     pub fn add(self, counters: &PerCpu<AtomicU64>, delta: u64) {
-        #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+        #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         {
             let (base, _) = counters.raw_layout();
             // SAFETY: as in `add`.
@@ -290,7 +290,7 @@ impl Adder {
                 add_overflow(counters, delta);
             }
         }
-        #[cfg(not(all(target_arch = "x86_64", not(pcpu_loom))))]
+        #[cfg(not(all(pcpu_arch = "x86_64", not(pcpu_loom))))]
         add(counters, delta);
     }
 }
@@ -313,7 +313,7 @@ impl Adder {
         delta: u64,
     ) {
         assert!(word < N, "counter word out of range");
-        #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+        #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         {
             const {
                 assert!(
@@ -333,7 +333,7 @@ impl Adder {
                 add_word_overflow(counters, word, delta);
             }
         }
-        #[cfg(not(all(target_arch = "x86_64", not(pcpu_loom))))]
+        #[cfg(not(all(pcpu_arch = "x86_64", not(pcpu_loom))))]
         add_word_fallback(counters, word, delta);
     }
 }
@@ -368,7 +368,7 @@ fn add_word_fallback<const N: usize>(counters: &PerCpu<[AtomicU64; N]>, word: us
     counters.current()[word].fetch_add(delta, Ordering::Relaxed);
 }
 
-#[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+#[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
 #[cold]
 fn add_word_overflow<const N: usize>(counters: &PerCpu<[AtomicU64; N]>, word: usize, delta: u64) {
     // SAFETY: the overflow slot always exists.
@@ -376,7 +376,7 @@ fn add_word_overflow<const N: usize>(counters: &PerCpu<[AtomicU64; N]>, word: us
     overflow[word].fetch_add(delta, Ordering::Relaxed);
 }
 
-#[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+#[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
 #[cold]
 fn add_overflow(counters: &PerCpu<AtomicU64>, delta: u64) {
     // SAFETY: the overflow slot always exists.
@@ -430,7 +430,7 @@ pub fn fence_cpu(cpu: usize) -> bool {
     crate::fence::membarrier_rseq_cpu(cpu)
 }
 
-#[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+#[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
 #[allow(unused_imports)]
 pub(crate) use x86_64::{
     DONE, EMPTY, SLOW, mark_empty as raw_mark_empty, pop as raw_pop, push as raw_push,
