@@ -1,7 +1,7 @@
 //! The cost of attaching and detaching many probes: `attach_all` and
 //! `detach_all` of N probes at distinct addresses (N = 100, 1,000,
-//! 10,000), and one `attach` + `detach` while 10,000 others stay
-//! attached:
+//! 10,000), and one `attach` (alone, and with its `detach`) while 10,000
+//! others stay attached:
 //!
 //! ```sh
 //! cargo bench -p uprobe-core --bench attach
@@ -109,6 +109,19 @@ mod many {
                 // SAFETY: as in `probes`.
                 let p = unsafe { Uprobe::address(one) }.attach().expect("attach");
                 p.detach().expect("detach");
+            });
+        });
+        g.bench_function("attach one, 10000 attached", |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    // SAFETY: as in `probes`.
+                    let p = unsafe { Uprobe::address(one) }.attach().expect("attach");
+                    spent += start.elapsed();
+                    p.detach().expect("detach");
+                }
+                spent
             });
         });
         g.finish();
