@@ -340,9 +340,7 @@ fn current() -> Option<&'static ThreadReturns> {
         return Some(unsafe { &*p });
     }
     let threads = THREADS.get()?;
-    let (chunk, element) = threads
-        .made()
-        .find_map(|c| c.free.try_pop().map(|e| (c, e)))?;
+    let (chunk, element) = take_stack(threads)?;
     let tr = &chunk.all[*element as usize];
     threads.taken.fetch_add(1, Ordering::Relaxed);
     tr.element.store(element.into_index(), Ordering::Relaxed);
@@ -350,6 +348,39 @@ fn current() -> Option<&'static ThreadReturns> {
         .store(crate::engine::current_tid(), Ordering::Release);
     CURRENT.set(tr);
     Some(tr)
+}
+
+/// Pops a free per-thread stack. `try_pop` skips a list another thread
+/// has locked for a moment (always so without rseq, where every pop and
+/// push locks its list), so while stacks are free a failed round is
+/// retried: spinning first, then yielding the CPU to a holder that may
+/// have been preempted. Once per thread, at its first return probe hit.
+/// Async-signal-safe (`sched_yield` is a system call).
+fn take_stack(
+    threads: &'static Threads,
+) -> Option<(&'static Chunk, pcpu_freelist::Element<'static, u32>)> {
+    const ROUNDS: usize = 200;
+    const SPINNING: usize = 20;
+    for round in 0..ROUNDS {
+        if let Some(found) = threads
+            .made()
+            .find_map(|c| c.free.try_pop().map(|e| (c, e)))
+        {
+            return Some(found);
+        }
+        if threads.taken.load(Ordering::Relaxed) >= threads.capacity() {
+            return None;
+        }
+        if round < SPINNING {
+            for _ in 0..64 {
+                core::hint::spin_loop();
+            }
+        } else {
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+    }
+    None
 }
 
 /// At an entry trap: tracks the return of the function entered, whose
