@@ -214,34 +214,34 @@ compile_error!(
 
 // The engine runs on x86-64 and aarch64; elsewhere the crate builds with
 // just its error type.
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod blocked_code;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod checks;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod context;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod deferral;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod engine;
 mod error;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod lookup;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod maps;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod probe;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod return_stubs;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod returns;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod symbols;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod table;
 #[cfg(uprobe_arch = "x86_64")]
 mod x86_64;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 mod xol;
 #[cfg(uprobe_arch = "x86_64")]
 use x86_64 as arch;
@@ -250,12 +250,12 @@ mod aarch64;
 #[cfg(uprobe_arch = "aarch64")]
 use aarch64 as arch;
 
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 pub use arch::Reg;
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 pub use context::{EntryContext, ReturnContext};
 pub use error::{AttachError, BlockedPath};
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 pub use probe::{Probe, Uprobe};
 
 /// Switches for the workspace's benchmarks and tests; not part of the
@@ -263,7 +263,7 @@ pub use probe::{Probe, Uprobe};
 /// mechanism (`set_*`, `force_trap_back_slots`) exist only with the
 /// `bench-variants` feature; without it each mechanism is a constant, so
 /// the default build pays nothing for them.
-#[cfg(any(uprobe_arch = "x86_64", uprobe_arch = "aarch64"))]
+#[cfg(uprobe_engine)]
 #[doc(hidden)]
 pub mod bench_only {
     /// The aarch64 classifier, for the tests that check it against an
