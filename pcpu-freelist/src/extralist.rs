@@ -16,7 +16,7 @@
 //! load and its compare-and-swap.
 
 use crossbeam_utils::CachePadded;
-use pcpu::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use pcpu::unstable::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Head word: `version << 32 | (index + 1)`, 0 in the low half when empty.
 pub(crate) struct ExtraList {
@@ -88,7 +88,7 @@ impl ExtraList {
 mod loom_tests {
     use super::ExtraList;
     use loom::sync::Arc;
-    use pcpu::sync::atomic::AtomicU32;
+    use pcpu::unstable::sync::atomic::AtomicU32;
 
     struct Fixture {
         list: ExtraList,

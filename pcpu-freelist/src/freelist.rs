@@ -3,8 +3,8 @@
 use core::ptr::NonNull;
 
 use pcpu::PerCpuStack;
-use pcpu::sync::atomic::AtomicU32;
-use pcpu::sync::cell::UnsafeCell;
+use pcpu::unstable::sync::atomic::AtomicU32;
+use pcpu::unstable::sync::cell::UnsafeCell;
 
 use crate::element::Element;
 use crate::extralist::ExtraList;

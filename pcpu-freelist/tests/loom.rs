@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::thread;
-use pcpu::loom_cpu;
+use pcpu::unstable::loom_cpu;
 use pcpu_freelist::{EmptyHint, FreeList};
 
 /// Checks `f` in both worlds with at most `preemptions` preemptions per

@@ -16,9 +16,12 @@
 //!   [`PerCpuCounter`] and [`PerCpuStack`] are built on them;
 //! - [`fence`] pairs a compiler-only fence on the hot side with
 //!   `membarrier()` on the cold side (asymmetric fences);
-//! - [`sync`] is the loom shim the whole workspace model-checks with;
-//!   [`owed`] is the lock-free list on which signal handlers leave work
-//!   for ordinary context.
+//! - `unstable` (hidden from these docs, **not** a semver promise) holds
+//!   what only the sibling crates of this family use: the loom shim the
+//!   whole workspace model-checks with (`unstable::sync`, futex
+//!   wait/wake included), the lock-free list on which signal handlers
+//!   leave work for ordinary context (`unstable::owed`), and the modelled
+//!   CPU ids under loom (`unstable::loom_cpu`).
 //!
 //! # Async-signal safety
 //! Each item says whether it may be called from a signal handler. In short:
@@ -54,13 +57,24 @@ compile_error!(
 mod counter;
 mod cpu;
 pub mod fence;
-#[cfg(pcpu_loom)]
-pub mod loom_cpu;
-pub mod owed;
 mod per_cpu;
 pub mod rseq;
 mod stack;
-pub mod sync;
+
+/// Plumbing the sibling crates of this family share: **not part of the
+/// stable API**. Anything here may change or go away in any release,
+/// patch releases included; depend on it only from those crates (which
+/// pin this crate's exact version).
+#[doc(hidden)]
+pub mod unstable {
+    #[cfg(pcpu_loom)]
+    pub mod loom_cpu;
+    pub mod owed;
+    pub mod sync;
+}
+#[cfg(pcpu_loom)]
+pub(crate) use unstable::loom_cpu;
+pub(crate) use unstable::sync;
 
 pub use counter::PerCpuCounter;
 #[cfg(not(pcpu_loom))]

@@ -8,7 +8,8 @@ use std::ptr::NonNull;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use loom::thread;
-use pcpu::{PerCpu, PerCpuStack, loom_cpu};
+use pcpu::unstable::loom_cpu;
+use pcpu::{PerCpu, PerCpuStack};
 
 #[test]
 fn counter_sum_is_exact_when_threads_migrate() {
@@ -98,7 +99,7 @@ fn gated_add_after_the_grace_period_sees_the_gate() {
         let gate = Arc::new(AtomicU32::new(0));
         let (c2, g2) = (Arc::clone(&counts), Arc::clone(&gate));
         let reader = thread::spawn(move || {
-            pcpu::loom_cpu::set_current(1);
+            pcpu::unstable::loom_cpu::set_current(1);
             add_if_zero(&c2, &g2, 1)
         });
         gate.store(1, Relaxed);
@@ -145,7 +146,7 @@ struct Debtor {
     next: loom::sync::atomic::AtomicPtr<Debtor>,
 }
 
-impl pcpu::owed::Owing for Debtor {
+impl pcpu::unstable::owed::Owing for Debtor {
     fn owed(&self) -> &AtomicUsize {
         &self.owed
     }
@@ -178,20 +179,20 @@ fn owed_units_are_drained_exactly_once() {
         let (a, b) = (a as usize, b as usize);
         let ower = thread::spawn(move || {
             // SAFETY: the objects are leaked: valid for ever.
-            unsafe { pcpu::owed::owe(head, a as *const Debtor, || {}) };
+            unsafe { pcpu::unstable::owed::owe(head, a as *const Debtor, || {}) };
         });
         // SAFETY: as above.
-        unsafe { pcpu::owed::owe(head, b as *const Debtor, || {}) };
+        unsafe { pcpu::unstable::owed::owe(head, b as *const Debtor, || {}) };
         let drainer = thread::spawn(move || {
             let mut counts = [0usize; 2];
-            pcpu::owed::drain(head, |p, n| tally(&mut counts, p, n));
+            pcpu::unstable::owed::drain(head, |p, n| tally(&mut counts, p, n));
             counts
         });
         // SAFETY: as above.
-        unsafe { pcpu::owed::owe(head, a as *const Debtor, || {}) };
+        unsafe { pcpu::unstable::owed::owe(head, a as *const Debtor, || {}) };
         ower.join().unwrap();
         let mut counts = drainer.join().unwrap();
-        pcpu::owed::drain(head, |p, n| tally(&mut counts, p, n));
+        pcpu::unstable::owed::drain(head, |p, n| tally(&mut counts, p, n));
         assert_eq!(counts, [2, 1], "a unit was lost or handed over twice");
     });
 }

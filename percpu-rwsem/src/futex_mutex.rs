@@ -3,8 +3,8 @@
 //! kernel (`FUTEX_WAIT`), so it takes no user-space lock of its own and is
 //! usable from a signal handler (blocking there is the caller's choice).
 
-use pcpu::sync::atomic::{AtomicU32, Ordering};
-use pcpu::sync::futex;
+use pcpu::unstable::sync::atomic::{AtomicU32, Ordering};
+use pcpu::unstable::sync::futex;
 
 const UNLOCKED: u32 = 0;
 const LOCKED: u32 = 1;

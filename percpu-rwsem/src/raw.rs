@@ -87,8 +87,8 @@ use pcpu::rseq::{self, GatedAdd};
 // A signal fence orders this thread against its own signal handlers, with
 // no instruction; loom has no signals, so it is `core`'s in both builds.
 use core::sync::atomic::compiler_fence;
-use pcpu::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
-use pcpu::sync::futex;
+use pcpu::unstable::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+use pcpu::unstable::sync::futex;
 
 use crate::futex_mutex::FutexMutex;
 #[cfg(feature = "test-hooks")]
@@ -360,9 +360,10 @@ impl RawPercpuRwSem {
     #[cold]
     fn allocate_counts(&self) -> &Counts {
         let fresh = Box::into_raw(Box::new(Counts::new()));
-        // SAFETY: a loser's `fresh` was never shared.
-        let p =
-            pcpu::sync::publish_once(&self.counts, fresh, |f| drop(unsafe { Box::from_raw(f) }));
+        let p = pcpu::unstable::sync::publish_once(&self.counts, fresh, |f| {
+            // SAFETY: a loser's `fresh` was never shared.
+            drop(unsafe { Box::from_raw(f) });
+        });
         // SAFETY: published (by us or the winner); lives until `drop`.
         unsafe { &*p }
     }
@@ -628,7 +629,7 @@ impl RawPercpuRwSem {
     fn spin_until(done: impl Fn() -> bool) -> bool {
         for round in 0..SPIN_ROUNDS {
             for _ in 0..1u32 << round.min(5) {
-                pcpu::sync::hint::spin_loop();
+                pcpu::unstable::sync::hint::spin_loop();
             }
             if done() {
                 return true;

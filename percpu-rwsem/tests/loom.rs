@@ -1,5 +1,5 @@
 //! loom models of the semaphore (`RUSTFLAGS="--cfg pcpu_loom"`). Each model runs
-//! twice: with rseq modelled (see `pcpu::loom_cpu`: the gated fast path
+//! twice: with rseq modelled (see `pcpu::unstable::loom_cpu`: the gated fast path
 //! without any fence, the grace period as "wait out every CPU's critical
 //! section") and in the fallback world (atomic counts, `SeqCst` fences).
 //! Futex waits are yields (a lost wake-up becomes a model that never
@@ -33,7 +33,7 @@ fn shared() -> &'static PercpuRwSem<Data> {
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let f = std::sync::Arc::new(f);
     for rseq in [true, false] {
-        pcpu::loom_cpu::set_rseq_modelled(rseq);
+        pcpu::unstable::loom_cpu::set_rseq_modelled(rseq);
         let mut b = loom::model::Builder::new();
         b.preemption_bound = Some(2);
         let f = std::sync::Arc::clone(&f);
@@ -87,7 +87,7 @@ fn writer_waits_for_a_reader_that_started_first_and_left_on_another_thread() {
         // The read side is released by another thread than the one that
         // took it, on another modelled CPU.
         let r = thread::spawn(move || {
-            pcpu::loom_cpu::set_current(1);
+            pcpu::unstable::loom_cpu::set_current(1);
             // SAFETY: the read side is still held (by this guard).
             let still = g.0.with(|p| unsafe { *p });
             drop(g);

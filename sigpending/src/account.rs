@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
-use pcpu::sync::atomic::{AtomicPtr, AtomicUsize, Ordering, fence};
+use pcpu::unstable::sync::atomic::{AtomicPtr, AtomicUsize, Ordering, fence};
 
 use crate::Owner;
 

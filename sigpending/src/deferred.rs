@@ -2,7 +2,7 @@
 //! [`Release::Deferred`](crate::Release::Deferred) goes 1 -> 0 (a signal
 //! handler, say), carried out by [`release_deferred`] in ordinary context.
 //!
-//! Each account has an `owed` count and a link (`pcpu::owed`, shared with
+//! Each account has an `owed` count and a link (`pcpu::unstable::owed`, shared with
 //! `srcu`'s deferred drops). The first release owed (`owed` 0 -> 1) takes
 //! a strong reference on the account and lists it; later ones only count.
 //! `release_deferred` takes the whole list with one swap, runs each
@@ -10,8 +10,8 @@
 
 use std::sync::Arc;
 
-use pcpu::owed::{Owing, drain, owe};
-use pcpu::sync::atomic::{AtomicPtr, AtomicUsize};
+use pcpu::unstable::owed::{Owing, drain, owe};
+use pcpu::unstable::sync::atomic::{AtomicPtr, AtomicUsize};
 
 use crate::Account;
 

@@ -3,7 +3,7 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use pcpu::sync::atomic::{AtomicU32, Ordering};
+use pcpu::unstable::sync::atomic::{AtomicU32, Ordering};
 
 /// One thread's flag word: other threads post requests with
 /// [`set`](Self::set); the owning thread consumes them with

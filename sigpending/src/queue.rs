@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use pcpu::sync::atomic::{AtomicU64, Ordering};
+use pcpu::unstable::sync::atomic::{AtomicU64, Ordering};
 
 use crate::ring::Ring;
 use crate::{Account, ChargeError};

@@ -16,8 +16,8 @@
 use core::mem::MaybeUninit;
 
 use crossbeam_utils::CachePadded;
-use pcpu::sync::atomic::{AtomicUsize, Ordering};
-use pcpu::sync::cell::UnsafeCell;
+use pcpu::unstable::sync::atomic::{AtomicUsize, Ordering};
+use pcpu::unstable::sync::cell::UnsafeCell;
 
 struct Slot<T> {
     seq: AtomicUsize,

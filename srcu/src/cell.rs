@@ -4,7 +4,7 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
-use pcpu::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use crate::{ReadGuard, Srcu};
 

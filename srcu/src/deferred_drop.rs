@@ -9,12 +9,12 @@
 //! each node has an `owed` count and a link. The first reference owed
 //! (`owed` 0 -> 1) pushes the node on a Treiber stack; later ones only
 //! count; the drain drops as many references as each node owed
-//! (`pcpu::owed`, shared with `sigpending`'s deferred owner releases).
+//! (`pcpu::unstable::owed`, shared with `sigpending`'s deferred owner releases).
 
 use std::sync::Arc;
 
-use pcpu::owed::{Owing, drain as drain_owed, owe};
-use pcpu::sync::atomic::{AtomicPtr, AtomicUsize};
+use pcpu::unstable::owed::{Owing, drain as drain_owed, owe};
+use pcpu::unstable::sync::atomic::{AtomicPtr, AtomicUsize};
 
 use crate::cell::Node;
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use pcpu::PerCpu;
-use pcpu::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use crate::reclaim::Reclaimer;
 
@@ -425,8 +425,10 @@ impl Srcu {
     #[cold]
     fn allocate(&self) -> &Inner {
         let fresh = Arc::into_raw(Arc::new(Inner::new())).cast_mut();
-        // SAFETY: a loser's `fresh` was never shared.
-        let p = pcpu::sync::publish_once(&self.inner, fresh, |f| drop(unsafe { Arc::from_raw(f) }));
+        let p = pcpu::unstable::sync::publish_once(&self.inner, fresh, |f| {
+            // SAFETY: a loser's `fresh` was never shared.
+            drop(unsafe { Arc::from_raw(f) });
+        });
         #[cfg(not(pcpu_loom))]
         if p == fresh {
             crate::fork::register(&self.inner_arc());

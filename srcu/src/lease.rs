@@ -51,7 +51,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
-use pcpu::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
+use pcpu::unstable::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
 use crate::Srcu;
 use crate::cell::{Node, SrcuCell, Strong};

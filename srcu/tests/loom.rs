@@ -19,7 +19,7 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 fn model_bounded(preemptions: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
     let f = Arc::new(f);
     for rseq in [true, false] {
-        pcpu::loom_cpu::set_rseq_modelled(rseq);
+        pcpu::unstable::loom_cpu::set_rseq_modelled(rseq);
         let mut b = loom::model::Builder::new();
         b.preemption_bound = preemptions;
         let f = Arc::clone(&f);
@@ -40,7 +40,7 @@ fn reader_that_began_before_synchronize_is_waited_for() {
         let published = leak(AtomicBool::new(true));
         let freed = leak(AtomicBool::new(false));
         let reader = thread::spawn(move || {
-            pcpu::loom_cpu::set_current(1);
+            pcpu::unstable::loom_cpu::set_current(1);
             let g = domain.read_lock();
             if published.load(Relaxed) {
                 assert!(
@@ -67,7 +67,7 @@ fn raw_section_ended_on_another_thread_is_waited_for() {
         let index = domain.read_lock_raw();
         let saw = published.load(Relaxed);
         let ender = thread::spawn(move || {
-            pcpu::loom_cpu::set_current(1);
+            pcpu::unstable::loom_cpu::set_current(1);
             if saw {
                 assert!(!freed.load(Relaxed), "freed before the section ended");
             }
@@ -142,11 +142,11 @@ fn lease_expiry_racing_consumption_and_retirement() {
         let block = set.block(1);
         let lease = block.lease(cell).unwrap();
         let expirer = thread::spawn(move || {
-            pcpu::loom_cpu::set_current(1);
+            pcpu::unstable::loom_cpu::set_current(1);
             set.expire_all();
         });
         let retirer = thread::spawn(move || {
-            pcpu::loom_cpu::set_current(2);
+            pcpu::unstable::loom_cpu::set_current(2);
             cell.replace(None);
         });
         if let Some(held) = lease.consume() {
@@ -184,7 +184,7 @@ fn lease_expiry_versus_consumption_exhaustive() {
         let block = set.block(1);
         let lease = block.lease(cell).unwrap();
         let expirer = thread::spawn(move || {
-            pcpu::loom_cpu::set_current(1);
+            pcpu::unstable::loom_cpu::set_current(1);
             set.expire_all()
         });
         let held = lease.consume();
@@ -238,12 +238,12 @@ fn drop_later_racing_the_drain_drops_each_reference_once() {
         other.replace(None);
         assert_eq!(drops.load(Relaxed), 0);
         let pusher = thread::spawn(move || {
-            pcpu::loom_cpu::set_current(1);
+            pcpu::unstable::loom_cpu::set_current(1);
             set.drop_later(a);
         });
         set.drop_later(x);
         let drainer = thread::spawn(move || {
-            pcpu::loom_cpu::set_current(2);
+            pcpu::unstable::loom_cpu::set_current(2);
             set.drop_deferred()
         });
         set.drop_later(b);
@@ -282,7 +282,7 @@ fn lease_in_a_reused_slot_racing_expiry() {
         let block = set.block(1);
         let first = block.lease(cell).unwrap();
         let expirer = thread::spawn(move || {
-            pcpu::loom_cpu::set_current(1);
+            pcpu::unstable::loom_cpu::set_current(1);
             set.expire_all()
         });
         let first_expired = matches!(first.consume(), Some(Held::Stable(_)));

@@ -6,7 +6,7 @@
 //! Crates of the workspace import atomics, `UnsafeCell`, threads and the
 //! futex-style wait/wake from here, so one `RUSTFLAGS="--cfg pcpu_loom"` build
 //! model-checks all of them. Under loom:
-//! - the CPU id comes from `pcpu::loom_cpu` (a per-loom-thread value),
+//! - the CPU id comes from `pcpu::unstable::loom_cpu` (a per-loom-thread value),
 //! - rseq operations take their atomic fallback,
 //! - both sides of the asymmetric fence are `fence(SeqCst)`,
 //! - [`futex::wait`] yields to other loom threads (a futex may wake
