@@ -123,24 +123,29 @@ struct Resolved {
 
 /// The resolved list for one set of loaded objects (the dynamic linker's
 /// load generation).
-type Cache = Option<(Option<(u64, u64)>, Vec<Resolved>)>;
+type Cache = Option<(Option<(u64, u64)>, std::sync::Arc<[Resolved]>)>;
 
 static CACHE: Mutex<Cache> = Mutex::new(None);
 
 /// Refuses `addr` if it lies in one of the functions above. Resolved once
 /// per set of loaded objects. Not async-signal-safe.
+///
+/// The cache is only ever tried, never waited for: another thread that
+/// holds it (or held it at a `fork`, which leaves it locked forever in
+/// the child) makes this call resolve the list itself.
 pub(crate) fn refuse(addr: usize) -> Result<(), AttachError> {
     let generation = crate::symbols::load_generation();
-    let mut cache = CACHE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let fresh = matches!(&*cache, Some((g, _)) if g.is_some() && *g == generation);
-    if !fresh {
-        *cache = Some((generation, resolve_all()));
-    }
-    let Some((_, functions)) = &*cache else {
-        return Ok(());
-    };
+    let cached = CACHE.try_lock().ok().and_then(|cache| match &*cache {
+        Some((g, functions)) if g.is_some() && *g == generation => Some(functions.clone()),
+        _ => None,
+    });
+    let functions = cached.unwrap_or_else(|| {
+        let functions = resolve_all();
+        if let Ok(mut cache) = CACHE.try_lock() {
+            *cache = Some((generation, functions.clone()));
+        }
+        functions
+    });
     let hit = functions
         .iter()
         .find(|f| addr == f.start || (f.size > 0 && (f.start..f.start + f.size).contains(&addr)));
@@ -154,7 +159,7 @@ pub(crate) fn refuse(addr: usize) -> Result<(), AttachError> {
     }
 }
 
-fn resolve_all() -> Vec<Resolved> {
+fn resolve_all() -> std::sync::Arc<[Resolved]> {
     let mut found = Vec::new();
     for &(name, lookup, path) in FUNCTIONS {
         let own = crate::symbols::dlsym_in(Some("libc.so.6"), name);

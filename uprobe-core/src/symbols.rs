@@ -337,16 +337,20 @@ fn index_of(path: &Path) -> Option<std::sync::Arc<SymbolIndex>> {
         meta.modified().ok(),
         std::os::unix::fs::MetadataExt::ino(&meta),
     );
-    let mut indexes = INDEXES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let indexes = indexes.get_or_insert_with(Default::default);
-    if let Some((seen, index)) = indexes.get(path)
+    // Tried, never waited for: a lock another thread holds (or held at a
+    // `fork`, which leaves it locked forever in the child) makes this call
+    // read the file itself. Never held while a file is read.
+    if let Ok(indexes) = INDEXES.try_lock()
+        && let Some((seen, index)) = indexes.as_ref().and_then(|i| i.get(path))
         && *seen == stamp
     {
         return Some(index.clone());
     }
     let index = std::sync::Arc::new(SymbolIndex::read(path)?);
-    indexes.insert(path.to_path_buf(), (stamp, index.clone()));
+    if let Ok(mut indexes) = INDEXES.try_lock() {
+        indexes
+            .get_or_insert_with(Default::default)
+            .insert(path.to_path_buf(), (stamp, index.clone()));
+    }
     Some(index)
 }
