@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::ffi::{CStr, c_void};
 use std::process::{Command, Stdio};
 
-use common::exported_functions;
+use common::{emulated, exported_functions};
 use uprobe_core::{AttachError, BlockedPath, Probe, Uprobe};
 
 /// The path of the libc this process runs.
@@ -70,15 +70,6 @@ fn workload() -> Vec<String> {
     out.push(format!("{status:?}"));
     out.push(std::fs::read_to_string("/proc/self/comm").unwrap());
     out
-}
-
-/// Whether an emulator (qemu-user) runs this test: it answers
-/// `/proc/self/exe` for the program, but not the per-task entries.
-fn emulated() -> bool {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
-    std::fs::read_link("/proc/self/exe").ok()
-        != std::fs::read_link(format!("/proc/self/task/{tid}/exe")).ok()
 }
 
 #[test]

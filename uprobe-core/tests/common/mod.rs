@@ -138,3 +138,12 @@ pub fn exported_functions(path: &str) -> Vec<String> {
     names.dedup();
     names
 }
+
+/// Whether an emulator (qemu-user) runs this test: it answers
+/// `/proc/self/exe` for the program, but not the per-task entries.
+pub fn emulated() -> bool {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    std::fs::read_link("/proc/self/exe").ok()
+        != std::fs::read_link(format!("/proc/self/task/{tid}/exe")).ok()
+}
