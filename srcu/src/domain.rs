@@ -460,7 +460,6 @@ impl Srcu {
     /// [`read_unlock_raw`](Self::read_unlock_raw), from any thread.
     /// **Async-signal-safe.**
     #[inline]
-    #[must_use = "the read section lasts until read_unlock_raw"]
     pub fn read_lock_raw(&self) -> ReadIndex {
         ReadIndex(self.inner().read_lock() as u8)
     }

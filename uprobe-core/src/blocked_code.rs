@@ -39,6 +39,7 @@ use std::sync::Mutex;
 
 use crate::AttachError;
 use crate::error::BlockedPath;
+use crate::symbols::find_function;
 
 /// Where to look a name up.
 #[derive(Clone, Copy)]
@@ -148,7 +149,7 @@ pub(crate) fn refuse(addr: usize) -> Result<(), AttachError> {
     });
     let hit = functions
         .iter()
-        .find(|f| addr == f.start || (f.size > 0 && (f.start..f.start + f.size).contains(&addr)));
+        .find(|f| (f.start..f.start + f.size.max(1)).contains(&addr));
     match hit {
         Some(f) => Err(AttachError::SignalsBlocked {
             addr,
@@ -160,29 +161,23 @@ pub(crate) fn refuse(addr: usize) -> Result<(), AttachError> {
 }
 
 fn resolve_all() -> std::sync::Arc<[Resolved]> {
-    let mut found = Vec::new();
+    let mut found: Vec<Resolved> = Vec::new();
     for &(name, lookup, path) in FUNCTIONS {
-        let own = crate::symbols::dlsym_in(Some("libc.so.6"), name);
+        let own = find_function(Some("libc.so.6"), name).ok();
         let reached = match lookup {
             Lookup::Libc => None,
-            Lookup::Interposable => {
-                crate::symbols::dlsym_in(None, name).filter(|&a| Some(a) != own)
-            }
+            Lookup::Interposable => find_function(None, name).ok(),
         };
-        for start in own.into_iter().chain(reached) {
-            found.push((start, name, path));
+        for f in own.into_iter().chain(reached) {
+            if !found.iter().any(|r| r.start == f.start) {
+                found.push(Resolved {
+                    start: f.start,
+                    size: f.size,
+                    name,
+                    path,
+                });
+            }
         }
     }
-    let starts: Vec<usize> = found.iter().map(|f| f.0).collect();
-    let sizes = crate::symbols::sizes_of(&starts);
-    found
-        .into_iter()
-        .zip(sizes)
-        .map(|((start, name, path), size)| Resolved {
-            start,
-            size,
-            name,
-            path,
-        })
-        .collect()
+    found.into()
 }

@@ -206,45 +206,6 @@ pub(crate) fn covering_function(addr: usize) -> Option<Function> {
     })
 }
 
-/// The size of the function starting at each of `starts` (0 where no
-/// symbol of its object says).
-pub(crate) fn sizes_of(starts: &[usize]) -> Vec<usize> {
-    starts
-        .iter()
-        .map(|&start| {
-            covering_function(start)
-                .filter(|f| f.start == start)
-                .map_or(0, |f| f.size)
-        })
-        .collect()
-}
-
-/// What a call to `name` from `object` reaches: `dlsym` on `object`
-/// (already loaded), or on every loaded object in the global scope for
-/// `None`. Not async-signal-safe.
-pub(crate) fn dlsym_in(object: Option<&str>, name: &str) -> Option<usize> {
-    let cname = CString::new(name).ok()?;
-    // SAFETY: dlopen with RTLD_NOLOAD only finds an already loaded object;
-    // dlsym resolves on that handle (or the global scope); dlclose drops
-    // the reference dlopen added.
-    unsafe {
-        let addr = match object {
-            None => libc::dlsym(libc::RTLD_DEFAULT, cname.as_ptr()),
-            Some(o) => {
-                let o = CString::new(o).ok()?;
-                let handle = libc::dlopen(o.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
-                if handle.is_null() {
-                    return None;
-                }
-                let addr = libc::dlsym(handle, cname.as_ptr());
-                libc::dlclose(handle);
-                addr
-            }
-        };
-        (!addr.is_null()).then_some(addr as usize)
-    }
-}
-
 /// A name's entry in an object's [`SymbolIndex`].
 struct Named {
     /// Its address in the file (before the load bias).
