@@ -37,6 +37,19 @@ pub(crate) fn threads_blocking_sigtrap() -> Vec<i32> {
     blocking
 }
 
+/// The ids of this process's threads now (`/proc/self/task`). Not
+/// async-signal-safe.
+#[cfg(uprobe_arch = "x86_64")]
+pub(crate) fn thread_ids() -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
 fn scan_sigtrap_blockers() -> Vec<i32> {
     let bit = 1u64 << (libc::SIGTRAP - 1);
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {

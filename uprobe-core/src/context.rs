@@ -15,7 +15,9 @@
 /// A probe hit from inside a handler runs no handler (it counts as missed).
 /// Every method is async-signal-safe.
 pub struct EntryContext<'a> {
-    pub(crate) uc: &'a mut libc::ucontext_t,
+    /// The registers: the signal frame's (a trap) or the trampoline's
+    /// saved ones (an optimized probe), in the same layout.
+    pub(crate) frame: &'a mut crate::arch::Frame,
     pub(crate) addr: usize,
     pub(crate) ip_changed: bool,
     pub(crate) remove: bool,
@@ -24,9 +26,9 @@ pub struct EntryContext<'a> {
 }
 
 impl<'a> EntryContext<'a> {
-    pub(crate) fn new(uc: &'a mut libc::ucontext_t, addr: usize) -> Self {
+    pub(crate) fn new(frame: &'a mut crate::arch::Frame, addr: usize) -> Self {
         Self {
-            uc,
+            frame,
             addr,
             ip_changed: false,
             remove: false,
@@ -71,7 +73,10 @@ impl core::fmt::Debug for EntryContext<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("EntryContext")
             .field("probe_addr", &format_args!("{:#x}", self.addr))
-            .field("pc", &format_args!("{:#x}", crate::arch::pc(self.uc)))
+            .field(
+                "pc",
+                &format_args!("{:#x}", crate::arch::frame_pc(self.frame)),
+            )
             .finish_non_exhaustive()
     }
 }

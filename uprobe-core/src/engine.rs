@@ -24,12 +24,15 @@
 //! unpublishes, then waits for a grace period before freeing.
 
 use core::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
+
+use pcpu::PerCpuCounter;
 
 use crate::arch::{BREAKPOINT, Emulation, analyze, apply};
 use crate::context::EntryContext;
 use crate::maps::{Mapping, Patch, Snapshot, write_patches};
+use crate::mode::{Mode, NotOptimized};
 use crate::{AttachError, error::os_error};
 
 /// The handler of one consumer.
@@ -42,8 +45,28 @@ pub(crate) struct Consumer {
     pub(crate) ret: Option<crate::returns::ReturnProbe>,
     /// Only hits of this thread run the handler (0: every thread).
     pub(crate) only_tid: i32,
-    pub(crate) hits: AtomicU64,
+    /// Hits that ran the handler, counted per CPU (no cache line shared
+    /// by the threads hitting the probe).
+    pub(crate) hits: PerCpuCounter,
     pub(crate) removed: AtomicBool,
+    /// The function the probe was made for (start, size; size 0:
+    /// unknown), which the multi-instruction jump needs.
+    pub(crate) function: Option<(usize, usize)>,
+    /// Keep the address on the trap path.
+    pub(crate) trap_only: bool,
+}
+
+/// How a site runs now (writer only).
+pub(crate) enum SiteMode {
+    /// Its breakpoint, for this reason.
+    Trap(NotOptimized),
+    /// Its breakpoint, with a trampoline made and the jump to write
+    /// once the breakpoint is in (during an attach only).
+    #[cfg(uprobe_arch = "x86_64")]
+    Ready(crate::jump::Jump),
+    /// A jump into its trampoline.
+    #[cfg(uprobe_arch = "x86_64")]
+    Jump(crate::jump::Jump),
 }
 
 /// A probed address: the displaced instruction and its consumers.
@@ -54,18 +77,65 @@ pub(crate) struct Site {
     map: Mapping,
     emulation: Emulation,
     consumers: AtomicPtr<Vec<Arc<Consumer>>>,
-    /// Hits that ran no handler (the thread was already in the engine).
-    missed: AtomicU64,
+    /// Hits that ran no handler (the thread was already in the engine),
+    /// per CPU.
+    missed: PerCpuCounter,
     /// Whether the breakpoint is in the code (false once every probe was
     /// disarmed because the program replaced the SIGTRAP handler).
     /// Writer only.
     armed: AtomicBool,
+    /// Where a trap hit continues instead of the emulation (0: none):
+    /// the trampoline's relocated copy, once the site has one.
+    resume_at: AtomicUsize,
+    /// How the site runs (writer only; the handler never looks).
+    mode: Mutex<SiteMode>,
 }
 
 impl Site {
     /// The probed address.
     pub(crate) fn addr(&self) -> usize {
         self.addr
+    }
+
+    /// The mapping the site was attached in.
+    #[cfg(uprobe_arch = "x86_64")]
+    pub(crate) fn mapping(&self) -> Mapping {
+        self.map
+    }
+
+    /// Sends trap hits to `at` (see `resume_at`). Writer only.
+    #[cfg(uprobe_arch = "x86_64")]
+    pub(crate) fn set_resume_at(&self, at: usize) {
+        self.resume_at.store(at, Ordering::Release);
+    }
+
+    fn mode(&self) -> std::sync::MutexGuard<'_, SiteMode> {
+        self.mode
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the site runs through a jump now.
+    fn is_jump(&self) -> bool {
+        match *self.mode() {
+            SiteMode::Trap(_) => false,
+            #[cfg(uprobe_arch = "x86_64")]
+            SiteMode::Ready(_) => false,
+            #[cfg(uprobe_arch = "x86_64")]
+            SiteMode::Jump(_) => true,
+        }
+    }
+
+    /// Whether the site's breakpoint or jump is still in the code (false
+    /// after an unload, when other code or nothing is there now). The
+    /// address must be mapped.
+    fn in_code(&self) -> bool {
+        match &*self.mode() {
+            #[cfg(uprobe_arch = "x86_64")]
+            SiteMode::Jump(j) => j.in_code(),
+            // SAFETY: the caller's contract.
+            _ => unsafe { crate::arch::is_breakpoint_at(self.addr) },
+        }
     }
 }
 /// Guards the table and the sites' consumer lists against readers: every
@@ -128,8 +198,13 @@ fn hold_writer_across_fork() {
     }
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // SAFETY: plain functions, run by the C library around fork().
-        unsafe { libc::pthread_atfork(Some(prepare), Some(release), Some(release)) };
+        // SAFETY: plain functions, run by the C library around fork();
+        // child handlers run in registration order, so the thread id is
+        // forgotten before anything asks for it.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(forget_tid));
+            libc::pthread_atfork(Some(prepare), Some(release), Some(release));
+        }
     });
 }
 
@@ -154,10 +229,28 @@ fn lookup(addr: usize) -> Option<&'static Site> {
     crate::table::find(addr).map(|(_, site)| site)
 }
 
-/// The calling thread's kernel id. Async-signal-safe.
+std::thread_local! {
+    /// The thread's kernel id, once asked for (0: not yet); reset in a
+    /// fork child.
+    static TID: Cell<i32> = const { Cell::new(0) };
+}
+
+/// The calling thread's kernel id (a system call the first time only).
+/// Async-signal-safe.
 pub(crate) fn current_tid() -> i32 {
+    let cached = TID.get();
+    if cached != 0 {
+        return cached;
+    }
     // SAFETY: gettid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) as i32 };
+    TID.set(tid);
+    tid
+}
+
+/// Forgets the cached thread id (the forking thread's, in a fork child).
+extern "C" fn forget_tid() {
+    TID.set(0);
 }
 
 /// The handler that was installed for SIGTRAP before ours.
@@ -312,6 +405,13 @@ pub(crate) fn fatal(msg: &[u8]) -> ! {
     std::process::abort();
 }
 
+/// Whether the calling thread is inside the engine's trap handler (a
+/// signal handler that interrupted it can ask). Async-signal-safe.
+#[cfg(uprobe_arch = "x86_64")]
+pub(crate) fn in_trap_handler() -> bool {
+    DEPTH.get() > 0
+}
+
 /// Marks the thread as inside the engine; returns whether it already was
 /// (then no handler may run). Async-signal-safe.
 pub(crate) fn enter() -> bool {
@@ -361,11 +461,30 @@ fn handle_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
     }
 }
 
-/// One hit on `site`: consumers, then the displaced instruction.
+/// One trap hit on `site`: consumers, then the displaced instruction.
 fn hit(site: &Site, uc: &mut libc::ucontext_t) {
+    if run_consumers(site, crate::arch::frame_of(uc)) {
+        return;
+    }
+    let resume_at = site.resume_at.load(Ordering::Acquire);
+    if resume_at != 0 {
+        // The trampoline's relocated copy of the replaced instructions.
+        crate::arch::set_pc(uc, resume_at);
+    } else {
+        // SAFETY: the thread trapped on this very instruction.
+        unsafe { apply(&site.emulation, uc) };
+    }
+}
+
+/// Runs the consumers of `site` with the registers `frame` (unless the
+/// thread is already inside the engine: then the hit is counted as
+/// missed). Both ways in share it: the trap handler and the trampolines.
+/// Returns whether a handler moved the instruction pointer.
+/// Async-signal-safe; inside a read section of [`DOMAIN`].
+pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool {
     let mut ip_changed = false;
     if IN_ENGINE.replace(true) {
-        site.missed.fetch_add(1, Ordering::Relaxed);
+        site.missed.add(1);
     } else {
         let _abort = AbortOnUnwind::new();
         // SAFETY: lists are freed only after a grace period, and we are in
@@ -379,8 +498,8 @@ fn hit(site: &Site, uc: &mut libc::ucontext_t) {
             {
                 continue;
             }
-            c.hits.fetch_add(1, Ordering::Relaxed);
-            let mut cx = EntryContext::new(uc, site.addr);
+            c.hits.add(1);
+            let mut cx = EntryContext::new(frame, site.addr);
             (c.handler)(&mut cx);
             ip_changed |= cx.ip_changed;
             if cx.remove {
@@ -388,20 +507,29 @@ fn hit(site: &Site, uc: &mut libc::ucontext_t) {
             }
             let (cookie, track_return) = (cx.cookie, !cx.skip_return);
             if let Some(ret) = c.ret.as_ref().filter(|_| track_return) {
-                let (sp, ret_at) = crate::arch::return_address_at(uc);
-                // SAFETY: return consumers are attached at a function's
-                // first instruction, where `ret_at` holds its return
-                // address (checked at attach, or `Uprobe::address`'s
-                // contract).
-                unsafe { crate::returns::prepare(ret, site.addr, cookie, sp, ret_at) };
+                track_return_of(ret, site.addr, cookie, frame);
             }
         }
         IN_ENGINE.set(false);
     }
-    if !ip_changed {
-        // SAFETY: the thread trapped on this very instruction.
-        unsafe { apply(&site.emulation, uc) };
-    }
+    ip_changed
+}
+
+/// Tracks the return of the function entered at `func` (kept out of
+/// line: most hits have no return probe, and their path stays short).
+/// Async-signal-safe.
+#[inline(never)]
+fn track_return_of(
+    ret: &crate::returns::ReturnProbe,
+    func: usize,
+    cookie: u64,
+    frame: &mut crate::arch::Frame,
+) {
+    let (sp, ret_at) = crate::arch::return_address_at(frame);
+    // SAFETY: return consumers are attached at a function's first
+    // instruction, where `ret_at` holds its return address (checked at
+    // attach, or `Uprobe::address`'s contract).
+    unsafe { crate::returns::prepare(ret, func, cookie, sp, ret_at) };
 }
 
 /// Passes a trap that is not ours to the handler installed before ours, or
@@ -536,9 +664,93 @@ pub(crate) unsafe fn attach_many(
         let _ = unpublish(&last, &batch.maps, &mut garbage);
         result = Err((first, e));
     }
+    if result.is_ok() {
+        let made: Vec<usize> = batch.writes.iter().map(|&(_, _, addr)| addr).collect();
+        choose_modes(&made, &batch.to_trap);
+    }
     collect(garbage, &table, false);
     result
 }
+
+/// Writes the jumps of the sites just made that are ready for one (each
+/// site's mode then says how it runs); `to_trap` (optimized sites a
+/// trap-only probe joined) go back to their breakpoints. `WRITER` is
+/// held; every new site's breakpoint is in the code and synced.
+#[cfg(uprobe_arch = "x86_64")]
+fn choose_modes(made: &[usize], to_trap: &[usize]) {
+    let mut ready = Vec::new();
+    for &addr in made {
+        let Some(site) = lookup(addr) else { continue };
+        let mut guard = site.mode();
+        if matches!(*guard, SiteMode::Ready(_)) {
+            let SiteMode::Ready(jump) =
+                core::mem::replace(&mut *guard, SiteMode::Trap(NotOptimized::CodeChanged))
+            else {
+                unreachable!("matched above");
+            };
+            ready.push((site, jump));
+        }
+    }
+    let sites: Vec<&Site> = ready.iter().map(|(s, _)| *s).collect();
+    for (site, result) in sites.into_iter().zip(crate::jump::optimize(ready)) {
+        *site.mode() = match result {
+            Ok(jump) => SiteMode::Jump(jump),
+            Err(why) => SiteMode::Trap(why),
+        };
+    }
+    let back: Vec<&Site> = to_trap.iter().filter_map(|&a| lookup(a)).collect();
+    to_traps(&back, &NotOptimized::TrapOnly);
+}
+
+/// A site attached inside the range of another site's jump (ready or
+/// written): that site goes back to its breakpoint for good, and sends
+/// its trap hits through the emulation again (its relocated copy would
+/// skip the new breakpoint). `WRITER` is held.
+#[cfg(uprobe_arch = "x86_64")]
+fn take_back_covering_jump(addr: usize) {
+    for k in 1..crate::arch::MAX_INSN_LEN {
+        let Some(site) = addr.checked_sub(k).and_then(lookup) else {
+            continue;
+        };
+        let covers = match &*site.mode() {
+            SiteMode::Ready(j) | SiteMode::Jump(j) => j.covers(addr),
+            SiteMode::Trap(_) => false,
+        };
+        if covers {
+            to_traps(&[site], &NotOptimized::OtherProbeInRange { at: addr });
+            let mut mode = site.mode();
+            if matches!(*mode, SiteMode::Ready(_)) {
+                *mode = SiteMode::Trap(NotOptimized::OtherProbeInRange { at: addr });
+            }
+            site.set_resume_at(0);
+        }
+    }
+}
+
+/// Off jumps and back to breakpoints, with `why` as the new mode.
+/// `WRITER` is held.
+#[cfg(uprobe_arch = "x86_64")]
+fn to_traps(sites: &[&Site], why: &NotOptimized) {
+    let mut modes: Vec<_> = sites.iter().map(|s| s.mode()).collect();
+    let jumps: Vec<(&crate::jump::Jump, Mapping)> = modes
+        .iter()
+        .zip(sites)
+        .filter_map(|(m, s)| match &**m {
+            SiteMode::Jump(j) => Some((j, s.map)),
+            _ => None,
+        })
+        .collect();
+    crate::jump::unoptimize(&jumps);
+    drop(jumps);
+    for m in &mut modes {
+        if matches!(**m, SiteMode::Jump(_)) {
+            **m = SiteMode::Trap(why.clone());
+        }
+    }
+}
+
+#[cfg(not(uprobe_arch = "x86_64"))]
+fn choose_modes(_made: &[usize], _to_trap: &[usize]) {}
 
 /// What every attach of a batch checks against, looked at once for the
 /// batch (`WRITER` is held, so no attach of ours changes it meanwhile).
@@ -557,6 +769,8 @@ struct Batch {
     pending: std::collections::HashSet<usize>,
     /// Items looked at so far.
     items: usize,
+    /// Optimized sites that a trap-only consumer joined: back to traps.
+    to_trap: Vec<usize>,
 }
 
 impl Batch {
@@ -571,6 +785,7 @@ impl Batch {
             writes: Vec::new(),
             pending: std::collections::HashSet::new(),
             items: 0,
+            to_trap: Vec::new(),
         })
     }
 }
@@ -590,11 +805,12 @@ unsafe fn attach_one(
         return Err(AttachError::NotCode { addr });
     };
     if let Some((slot, site)) = crate::table::find(addr) {
-        let live = batch.pending.contains(&addr)
-            || (site.armed.load(Ordering::Relaxed)
-                // SAFETY: `addr` is in an executable mapping.
-                && unsafe { crate::arch::is_breakpoint_at(addr) });
+        let live =
+            batch.pending.contains(&addr) || (site.armed.load(Ordering::Relaxed) && site.in_code());
         if live {
+            if consumer.trap_only && site.is_jump() {
+                batch.to_trap.push(addr);
+            }
             let mut list = current_list(site).clone();
             list.push(consumer);
             garbage.push(Garbage::List(publish_list(site, list)));
@@ -604,6 +820,10 @@ unsafe fn attach_one(
         // code mapped at the same address since) or was disarmed: the
         // site must not swallow this attach. Its consumers' probes detach
         // without anything to restore.
+        #[cfg(uprobe_arch = "x86_64")]
+        if let SiteMode::Jump(j) = &*site.mode() {
+            crate::jump::clear_cell(j);
+        }
         crate::table::remove(slot);
         garbage.push(Garbage::Site(core::ptr::from_ref(site).cast_mut()));
     }
@@ -618,15 +838,39 @@ unsafe fn attach_one(
         return Err(AttachError::ForeignBreakpoint { addr });
     }
     let emulation = analyze(addr, bytes)?;
+    #[cfg(uprobe_arch = "x86_64")]
+    take_back_covering_jump(addr);
     let site = Box::into_raw(Box::new(Site {
         addr,
         original: core::array::from_fn(|i| bytes[i]),
         map,
         emulation,
         consumers: AtomicPtr::new(Box::into_raw(Box::new(vec![consumer]))),
-        missed: AtomicU64::new(0),
+        missed: PerCpuCounter::new(),
         armed: AtomicBool::new(true),
+        resume_at: AtomicUsize::new(0),
+        mode: Mutex::new(SiteMode::Trap(NotOptimized::TrapOnly)),
     }));
+    // SAFETY: just made, not published yet.
+    let made = unsafe { &*site };
+    let consumer = &current_list(made)[0];
+    #[cfg(uprobe_arch = "x86_64")]
+    {
+        let (function, trap_only) = (consumer.function, consumer.trap_only);
+        *made.mode() = match crate::jump::prepare(made, function, maps, trap_only) {
+            _ if trap_only => SiteMode::Trap(NotOptimized::TrapOnly),
+            Ok(jump) => SiteMode::Ready(jump),
+            Err(why) => SiteMode::Trap(why),
+        };
+    }
+    #[cfg(not(uprobe_arch = "x86_64"))]
+    {
+        *made.mode() = SiteMode::Trap(if consumer.trap_only {
+            NotOptimized::TrapOnly
+        } else {
+            NotOptimized::Architecture
+        });
+    }
     // Publish the analysis; the breakpoint follows (`attach_many`).
     if let Some(old) = crate::table::insert(site) {
         garbage.push(Garbage::Table(old));
@@ -698,6 +942,19 @@ fn unpublish(
     maps: &Snapshot,
     garbage: &mut Vec<Garbage>,
 ) -> Result<(), AttachError> {
+    #[cfg(uprobe_arch = "x86_64")]
+    {
+        // Jumps back to breakpoints first; the trampolines' cells then
+        // name no site (a thread still on its way through one runs no
+        // handler once the grace period that follows is over).
+        let all: Vec<&Site> = sites.iter().map(|&(_, s)| s).collect();
+        for site in &all {
+            if let SiteMode::Jump(j) = &*site.mode() {
+                crate::jump::clear_cell(j);
+            }
+        }
+        to_traps(&all, &NotOptimized::TrapOnly);
+    }
     let mut failed = disarm(sites.iter().map(|&(_, site)| site), maps);
     let mut first_error = None;
     for (i, &(slot, site)) in sites.iter().enumerate() {
@@ -722,7 +979,8 @@ fn disarm<'s>(sites: impl Iterator<Item = &'s Site>, maps: &Snapshot) -> Vec<(us
     let mut armed = Vec::new();
     let mut patches = Vec::new();
     for (i, site) in sites.enumerate() {
-        if !site.armed.load(Ordering::Relaxed) {
+        // A site running through a jump needs no signal: it stays.
+        if !site.armed.load(Ordering::Relaxed) || site.is_jump() {
             continue;
         }
         let still_ours = maps.code_mapping_of(site.addr).is_some()
@@ -768,7 +1026,7 @@ fn check_trap_handler() -> Result<(), AttachError> {
     let sites = crate::table::sites();
     let was_armed = sites
         .iter()
-        .filter(|s| s.armed.load(Ordering::Relaxed))
+        .filter(|s| s.armed.load(Ordering::Relaxed) && !s.is_jump())
         .count();
     let not_restored = disarm(sites.into_iter(), &Snapshot::read()).len();
     let disarmed = was_armed - not_restored;
@@ -783,9 +1041,21 @@ pub(crate) fn armed(addr: usize) -> bool {
     lookup(addr).is_some_and(|s| s.armed.load(Ordering::Relaxed))
 }
 
+/// How the site at `addr` runs (`None` if nothing is attached there).
+pub(crate) fn mode(addr: usize) -> Option<Mode> {
+    let _w = writer();
+    lookup(addr).map(|s| match &*s.mode() {
+        SiteMode::Trap(why) => Mode::Trap(why.clone()),
+        #[cfg(uprobe_arch = "x86_64")]
+        SiteMode::Ready(_) => Mode::Trap(NotOptimized::CodeChanged),
+        #[cfg(uprobe_arch = "x86_64")]
+        SiteMode::Jump(_) => Mode::Jump,
+    })
+}
+
 /// Hits that ran no handler at `addr` (0 if nothing is attached there).
 pub(crate) fn missed(addr: usize) -> u64 {
-    crate::lookup::with_read_side(|| lookup(addr).map_or(0, |s| s.missed.load(Ordering::Relaxed)))
+    crate::lookup::with_read_side(|| lookup(addr).map_or(0, |s| s.missed.sum()))
 }
 
 fn current_list(site: &Site) -> &Vec<Arc<Consumer>> {

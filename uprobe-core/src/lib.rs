@@ -225,10 +225,14 @@ mod deferral;
 #[cfg(uprobe_engine)]
 mod engine;
 mod error;
+#[cfg(uprobe_arch = "x86_64")]
+mod jump;
 #[cfg(uprobe_engine)]
 mod lookup;
 #[cfg(uprobe_engine)]
 mod maps;
+#[cfg(uprobe_engine)]
+mod mode;
 #[cfg(uprobe_engine)]
 mod probe;
 #[cfg(uprobe_engine)]
@@ -255,6 +259,8 @@ pub use arch::Reg;
 #[cfg(uprobe_engine)]
 pub use context::{EntryContext, ReturnContext};
 pub use error::{AttachError, BlockedPath};
+#[cfg(uprobe_engine)]
+pub use mode::{Mode, NotOptimized};
 #[cfg(uprobe_engine)]
 pub use probe::{Probe, Uprobe};
 

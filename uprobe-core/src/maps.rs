@@ -164,10 +164,11 @@ fn bti_guarded(start: usize) -> bool {
         .is_some_and(|flags| flags.split_whitespace().any(|f| f == "bt"))
 }
 
-/// One patch of code: `bytes` (one byte on x86-64, one aligned 4-byte
-/// instruction on aarch64: a single store either way, so a thread running
-/// the code sees the old or the new instruction, never a mix) at `addr`,
-/// inside mapping `map`.
+/// One patch of code: `bytes` at `addr`, inside mapping `map`: one byte
+/// on x86-64 or one aligned 4-byte instruction on aarch64 (a single store
+/// either way, so a thread running the code sees the old or the new
+/// instruction, never a mix), or the tail of an x86-64 jump, which a
+/// breakpoint on the byte before it keeps every thread away from.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Patch<'a> {
     pub(crate) map: Mapping,
@@ -203,10 +204,17 @@ pub(crate) unsafe fn write_patches(
     for group in order.chunk_by(|&a, &b| patches[a].addr / page == patches[b].addr / page) {
         let first = &patches[group[0]];
         let base = first.addr & !(page - 1);
+        // A jump's tail may run onto the next page (of the same mapping).
+        let end = group
+            .iter()
+            .map(|&i| patches[i].addr + patches[i].bytes.len())
+            .max()
+            .unwrap_or(base);
+        let span = (end - base).div_ceil(page) * page;
         let writable = first.map.prot | libc::PROT_WRITE | libc::PROT_EXEC;
         // SAFETY: `base` is a page of a live mapping; execute stays on,
         // so threads running it meanwhile are unaffected.
-        if unsafe { libc::mprotect(base as *mut libc::c_void, page, writable) } != 0 {
+        if unsafe { libc::mprotect(base as *mut libc::c_void, span, writable) } != 0 {
             let e = crate::error::os_error("mprotect (add write)");
             failed.extend(group.iter().map(|&i| (i, e.clone())));
             continue;
@@ -222,7 +230,15 @@ pub(crate) unsafe fn write_patches(
                 [a, b, c, d] if addr.is_multiple_of(4) => unsafe {
                     core::ptr::write_volatile(addr as *mut u32, u32::from_le_bytes([a, b, c, d]));
                 },
-                _ => unreachable!("code is patched one byte or one aligned word at a time"),
+                // The tail of a jump, behind a breakpoint on its first
+                // byte (the caller's contract): no thread runs these
+                // bytes while they are written.
+                _ => {
+                    for (k, &b) in bytes.iter().enumerate() {
+                        // SAFETY: the page(s) are writable now.
+                        unsafe { core::ptr::write_volatile((addr + k) as *mut u8, b) };
+                    }
+                }
             }
             crate::arch::flush_code(addr, bytes.len());
         }
@@ -230,7 +246,7 @@ pub(crate) unsafe fn write_patches(
         // failure leaves the page writable as well as executable; the
         // patches stand, and nothing is reported for them (the code is
         // what the caller wanted).
-        unsafe { libc::mprotect(base as *mut libc::c_void, page, first.map.prot) };
+        unsafe { libc::mprotect(base as *mut libc::c_void, span, first.map.prot) };
     }
     // Cross-modifying code: every thread serialises before running it.
     // Where the kernel lacks SYNC_CORE, the mprotect calls above have

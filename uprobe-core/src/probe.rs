@@ -2,7 +2,7 @@
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::AttachError;
 use crate::context::{EntryContext, ReturnContext};
@@ -43,6 +43,8 @@ pub struct Uprobe {
     invalid: Option<AttachError>,
     /// Attach even in code glibc runs with every signal blocked.
     allow_blocked: bool,
+    /// Keep the probe on the trap path.
+    trap_only: bool,
 }
 
 impl Uprobe {
@@ -66,6 +68,7 @@ impl Uprobe {
             function: None,
             invalid: None,
             allow_blocked: false,
+            trap_only: false,
         }
     }
 
@@ -157,6 +160,7 @@ impl Uprobe {
             function: Some(function),
             invalid: None,
             allow_blocked: false,
+            trap_only: false,
         }
     }
 
@@ -298,6 +302,17 @@ impl Uprobe {
         self
     }
 
+    /// Keeps the probe on the trap path (a breakpoint and the SIGTRAP
+    /// handler) even where its site could take a jump. The mode is the
+    /// address's: a trap-only probe joining an optimized address turns it
+    /// back into a breakpoint, which it stays until every probe there is
+    /// detached.
+    #[must_use]
+    pub fn trap_only(mut self) -> Self {
+        self.trap_only = true;
+        self
+    }
+
     /// Patches the breakpoint in (the first consumer at an address) or adds
     /// this consumer to the probe already there. Not async-signal-safe.
     pub fn attach(self) -> Result<Probe, AttachError> {
@@ -324,8 +339,10 @@ impl Uprobe {
                     handler: p.handler.unwrap_or_else(|| Box::new(|_| {})),
                     ret: p.ret_handler.map(|h| ReturnProbe::new(h, p.max_active)),
                     only_tid: p.only_tid,
-                    hits: AtomicU64::new(0),
+                    hits: pcpu::PerCpuCounter::new(),
                     removed: AtomicBool::new(false),
+                    function: p.function.as_ref().map(|f| (f.start, f.size)),
+                    trap_only: p.trap_only,
                 });
                 (p.addr, consumer)
             })
@@ -371,7 +388,17 @@ impl Probe {
     /// Hits that ran this probe's handler.
     #[must_use]
     pub fn hits(&self) -> u64 {
-        self.consumer.hits.load(Ordering::Relaxed)
+        self.consumer.hits.sum()
+    }
+
+    /// How hits of this probe reach the engine: through a jump into a
+    /// trampoline ([`Mode::Jump`], no signal), or a breakpoint and the
+    /// SIGTRAP handler, with the reason ([`Mode::Trap`]). The mode belongs
+    /// to the address (every probe there shares it). Not
+    /// async-signal-safe.
+    #[must_use]
+    pub fn mode(&self) -> crate::Mode {
+        engine::mode(self.addr).unwrap_or(crate::Mode::Trap(crate::NotOptimized::CodeChanged))
     }
 
     /// Return handlers of this probe run so far.

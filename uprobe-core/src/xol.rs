@@ -250,21 +250,28 @@ fn publish_region(base: usize) -> Result<(), AttachError> {
 /// Writes a slot's code, keeping its page executable throughout (other
 /// slots on it may be running).
 fn write_slot(slot: usize, code: &[u8]) -> Result<(), AttachError> {
+    write_code(slot, code)
+}
+
+/// Writes fresh generated code at `at` (inside one page of a region of
+/// ours, not yet run by any thread), keeping the page executable
+/// throughout: other code on it may be running. Not async-signal-safe.
+pub(crate) fn write_code(at: usize, code: &[u8]) -> Result<(), AttachError> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let base = slot & !(page - 1);
+    let base = at & !(page - 1);
     let rx = libc::PROT_READ | libc::PROT_EXEC;
-    // SAFETY: `base` is a page of a region we mapped; slots never straddle
-    // pages (64 divides the page size).
+    // SAFETY: `base` is a page of a region we mapped; the code does not
+    // straddle pages (slots are 64 bytes, trampolines 128, aligned).
     if unsafe { libc::mprotect(base as *mut libc::c_void, page, rx | libc::PROT_WRITE) } != 0 {
-        return Err(crate::error::os_error("mprotect (XOL slot)"));
+        return Err(crate::error::os_error("mprotect (generated code)"));
     }
-    // SAFETY: the slot is ours, unused so far, and writable now.
-    unsafe { core::ptr::copy_nonoverlapping(code.as_ptr(), slot as *mut u8, code.len()) };
-    crate::arch::flush_code(slot, code.len());
+    // SAFETY: the code's place is ours, unused so far, and writable now.
+    unsafe { core::ptr::copy_nonoverlapping(code.as_ptr(), at as *mut u8, code.len()) };
+    crate::arch::flush_code(at, code.len());
     // SAFETY: as above.
     if unsafe { libc::mprotect(base as *mut libc::c_void, page, rx) } != 0 {
-        return Err(crate::error::os_error("mprotect (XOL slot)"));
+        return Err(crate::error::os_error("mprotect (generated code)"));
     }
     Ok(())
 }
@@ -297,6 +304,19 @@ fn map_region_anywhere() -> Result<Region, AttachError> {
 /// address space nearest to it, away from where the main stack and the
 /// `brk` heap grow.
 fn map_region_near(addr: usize) -> Result<Region, AttachError> {
+    let base = map_near(addr, REGION_SIZE)?;
+    publish_region(base)?;
+    Ok(Region {
+        base,
+        free: FreeList::new(core::iter::repeat_n((), REGION_SIZE / SLOT_SIZE)),
+    })
+}
+
+/// Maps `size` bytes (a power of two, at least a page) readable and
+/// executable, aligned to `size`, within reach of `addr`: in the free gap
+/// of the address space nearest to it, away from where the main stack
+/// and the `brk` heap grow. Not async-signal-safe.
+pub(crate) fn map_near(addr: usize, size: usize) -> Result<usize, AttachError> {
     let mut taken: Vec<(usize, usize)> = crate::maps::taken_ranges();
     taken.sort_unstable();
     let lo = addr.saturating_sub(REACH);
@@ -306,12 +326,12 @@ fn map_region_near(addr: usize) -> Result<Region, AttachError> {
         .iter()
         .flat_map(|&(start, end)| {
             [
-                start.saturating_sub(REGION_SIZE) & !(REGION_SIZE - 1),
-                (end + REGION_SIZE - 1) & !(REGION_SIZE - 1),
+                start.saturating_sub(size) & !(size - 1),
+                (end + size - 1) & !(size - 1),
             ]
         })
-        .filter(|&b| b >= lo && b + REGION_SIZE <= hi && b >= 0x10000)
-        .filter(|&b| !taken.iter().any(|&(s, e)| b < e && s < b + REGION_SIZE))
+        .filter(|&b| b >= lo && b + size <= hi && b >= 0x10000)
+        .filter(|&b| !taken.iter().any(|&(s, e)| b < e && s < b + size))
         .collect();
     candidates.sort_unstable_by_key(|&b| b.abs_diff(addr));
     for base in candidates {
@@ -319,7 +339,7 @@ fn map_region_near(addr: usize) -> Result<Region, AttachError> {
         let p = unsafe {
             libc::mmap(
                 base as *mut libc::c_void,
-                REGION_SIZE,
+                size,
                 libc::PROT_READ | libc::PROT_EXEC,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
                 -1,
@@ -327,20 +347,16 @@ fn map_region_near(addr: usize) -> Result<Region, AttachError> {
             )
         };
         if p as usize == base {
-            publish_region(base)?;
-            return Ok(Region {
-                base,
-                free: FreeList::new(core::iter::repeat_n((), REGION_SIZE / SLOT_SIZE)),
-            });
+            return Ok(base);
         }
         if p != libc::MAP_FAILED {
             // An old kernel ignoring the flag put it elsewhere.
             // SAFETY: unmapping what this call mapped.
-            unsafe { libc::munmap(p, REGION_SIZE) };
+            unsafe { libc::munmap(p, size) };
         }
     }
     Err(AttachError::Os {
-        what: "no room for out-of-line slots within reach of the probed code",
+        what: "no room for generated code within reach of the probed code",
         errno: libc::ENOMEM,
     })
 }

@@ -72,6 +72,24 @@ fn attach_every(
     (probes, refused)
 }
 
+/// The probes counted by how they run: `jump`, or the kind of reason
+/// they stay on their breakpoint.
+fn modes(probes: &[Probe]) -> BTreeMap<String, usize> {
+    let mut modes = BTreeMap::new();
+    for p in probes {
+        let key = match p.mode() {
+            uprobe_core::Mode::Jump => "jump".to_string(),
+            uprobe_core::Mode::Trap(why) => format!("trap: {why:?}")
+                .split([' ', '{', '('])
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        *modes.entry(key).or_insert(0) += 1;
+    }
+    modes
+}
+
 fn kind(e: &AttachError) -> String {
     match e {
         AttachError::Unsupported { why, .. } => format!("unsupported: {why}"),
@@ -216,6 +234,11 @@ fn check_library(lib: &str, known: &str, workload: fn(*mut c_void) -> Vec<u8>) {
             probes.len(),
             if returns { "returns" } else { "hits" },
         );
+        let modes = modes(&probes);
+        println!("  modes: {modes:?}");
+        if cfg!(target_arch = "x86_64") {
+            assert!(modes.contains_key("jump"), "no site took a jump");
+        }
         assert!(!probes.is_empty());
         assert!(hits > 0, "the workload reached no probe");
         assert!(

@@ -38,9 +38,15 @@ pub fn all() -> Vec<Scenario> {
         #[cfg(target_arch = "x86_64")]
         uprobe::RIPREL,
         #[cfg(target_arch = "x86_64")]
+        uprobe::NOP5,
+        #[cfg(target_arch = "x86_64")]
+        uprobe::ENTRY,
+        #[cfg(target_arch = "x86_64")]
         uretprobe::NOP,
         #[cfg(target_arch = "x86_64")]
         uretprobe::LIFETIME,
+        #[cfg(target_arch = "x86_64")]
+        uretprobe::ENTRY,
     ]
 }
 

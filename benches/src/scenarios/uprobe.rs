@@ -5,7 +5,9 @@
 //! (`none`): the trig-uprobe-* benchmarks of the kernel's selftests.
 
 use std::ffi::CString;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use pcpu::PerCpuCounter;
 
 use crate::harness::{Scenario, Workload};
 
@@ -13,39 +15,93 @@ core::arch::global_asm!(
     ".text",
     // The engine's targets.
     ".globl bench_u_nop",
+    ".type bench_u_nop, @function",
     "bench_u_nop:",
     "nop",
     "ret",
+    ".size bench_u_nop, . - bench_u_nop",
     ".globl bench_u_push",
+    ".type bench_u_push, @function",
     "bench_u_push:",
     "push rbp",
     "pop rbp",
     "ret",
+    ".size bench_u_push, . - bench_u_push",
     ".globl bench_u_ret",
+    ".type bench_u_ret, @function",
     "bench_u_ret:",
     "ret",
+    ".size bench_u_ret, . - bench_u_ret",
     ".globl bench_u_riprel",
+    ".type bench_u_riprel, @function",
     "bench_u_riprel:",
     "mov rax, [rip + bench_data]",
     "ret",
+    ".size bench_u_riprel, . - bench_u_riprel",
     // The kernel's copies (a kernel uprobe writes its own int3 into the
     // page; removing it restores the file's bytes, which would erase ours).
     ".globl bench_k_nop",
+    ".type bench_k_nop, @function",
     "bench_k_nop:",
     "nop",
     "ret",
+    ".size bench_k_nop, . - bench_k_nop",
     ".globl bench_k_push",
+    ".type bench_k_push, @function",
     "bench_k_push:",
     "push rbp",
     "pop rbp",
     "ret",
+    ".size bench_k_push, . - bench_k_push",
     ".globl bench_k_ret",
+    ".type bench_k_ret, @function",
     "bench_k_ret:",
     "ret",
+    ".size bench_k_ret, . - bench_k_ret",
     ".globl bench_k_riprel",
+    ".type bench_k_riprel, @function",
     "bench_k_riprel:",
     "mov rax, [rip + bench_data]",
     "ret",
+    ".size bench_k_riprel, . - bench_k_riprel",
+    // Trap-free candidates (sized, so the engine knows each function's
+    // extent): a 5-byte nop, and a real prologue of three instructions.
+    ".globl bench_u_nop5",
+    ".type bench_u_nop5, @function",
+    "bench_u_nop5:",
+    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+    "ret",
+    ".size bench_u_nop5, . - bench_u_nop5",
+    ".globl bench_k_nop5",
+    ".type bench_k_nop5, @function",
+    "bench_k_nop5:",
+    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+    "ret",
+    ".size bench_k_nop5, . - bench_k_nop5",
+    ".globl bench_u_entry",
+    ".type bench_u_entry, @function",
+    "bench_u_entry:",
+    "push rbp",
+    "mov rbp, rsp",
+    "push rbx",
+    "mov rbx, rdi",
+    "lea rax, [rbx + 1]",
+    "pop rbx",
+    "pop rbp",
+    "ret",
+    ".size bench_u_entry, . - bench_u_entry",
+    ".globl bench_k_entry",
+    ".type bench_k_entry, @function",
+    "bench_k_entry:",
+    "push rbp",
+    "mov rbp, rsp",
+    "push rbx",
+    "mov rbx, rdi",
+    "lea rax, [rbx + 1]",
+    "pop rbx",
+    "pop rbp",
+    "ret",
+    ".size bench_k_entry, . - bench_k_entry",
     ".data",
     ".balign 8",
     "bench_data:",
@@ -62,7 +118,29 @@ unsafe extern "C" {
     fn bench_k_ret();
     fn bench_u_riprel();
     fn bench_k_riprel();
+    fn bench_u_nop5();
+    fn bench_k_nop5();
+    fn bench_u_entry();
+    fn bench_k_entry();
 }
+
+/// The trap-free scenarios' implementations: the engine's default (a
+/// jump), the same probe kept on its breakpoint, the kernel, unprobed.
+const JUMP_IMPLS: &[&str] = &["uprobe-core", "uprobe-core+trap", "kernel", "none"];
+
+pub const NOP5: Scenario = Scenario {
+    name: "uprobe-nop5",
+    about: "call a function that starts with a 5-byte nop, probed: uprobe-core runs it through a jump into a trampoline (no signal), +trap keeps the breakpoint; the kernel (6.18+) optimizes this form itself",
+    impls: JUMP_IMPLS,
+    build: build_nop5,
+};
+
+pub const ENTRY: Scenario = Scenario {
+    name: "uprobe-entry",
+    about: "call a function with a real prologue (push rbp; mov rbp, rsp; push rbx; ...), probed at its entry: uprobe-core relocates the three instructions into a trampoline and jumps there, +trap keeps the breakpoint; the kernel emulates push rbp",
+    impls: JUMP_IMPLS,
+    build: build_entry,
+};
 
 const IMPLS: &[&str] = &["uprobe-core", "kernel", "none"];
 
@@ -148,8 +226,23 @@ fn build_riprel(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String>
     build(imp, bench_u_riprel, bench_k_riprel)
 }
 
-/// Hits the engine's consumer counted.
-static HITS: AtomicU64 = AtomicU64::new(0);
+fn build_nop5(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    build(imp, bench_u_nop5, bench_k_nop5)
+}
+
+fn build_entry(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    build(imp, bench_u_entry, bench_k_entry)
+}
+
+/// The engine's probe for implementation `imp` on the function at `addr`
+/// (through its symbol, so a multi-instruction entry can take a jump):
+/// on its breakpoint for the trap variants (`+trap`, `+twotrap...`, and
+/// the seed-001 lookup variants, which measure the trap path's lookup).
+pub(super) fn engine_probe(imp: &str, addr: usize) -> Result<uprobe_core::Uprobe, String> {
+    let probe = uprobe_core::Uprobe::at(addr).map_err(|e| e.to_string())?;
+    let trap = imp.contains("trap") || imp.contains("rwsem") || imp.contains("rwlock");
+    Ok(if trap { probe.trap_only() } else { probe })
+}
 
 fn build(
     imp: &str,
@@ -167,20 +260,20 @@ fn build(
     });
     Ok(match imp {
         _ if imp.starts_with("uprobe-core") => {
-            HITS.store(0, Relaxed);
-            // SAFETY: a function's address starts an instruction.
-            let probe = unsafe { uprobe_core::Uprobe::address(ours as *const () as usize) }
-                .on_entry(|_| {
-                    HITS.fetch_add(1, Relaxed);
-                })
+            // The consumer counts per CPU: a shared counter would be the
+            // one cache line every hit writes.
+            let count = Arc::new(PerCpuCounter::new());
+            let counted = Arc::clone(&count);
+            let probe = engine_probe(imp, ours as *const () as usize)?
+                .on_entry(move |_| counted.add(1))
                 .attach()
                 .map_err(|e| e.to_string())?;
             Box::new(Calls {
                 target: ours,
-                guard: probe,
-                check: |probe, ops| {
+                guard: (probe, count),
+                check: |(probe, count), ops| {
                     let hits = probe.hits();
-                    if hits >= ops && HITS.load(Relaxed) == hits {
+                    if hits >= ops && count.sum() == hits {
                         Ok(())
                     } else {
                         Err(format!("{hits} hits for {ops} calls"))

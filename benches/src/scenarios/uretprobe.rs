@@ -1,4 +1,4 @@
-//! `uretprobe-nop`: a call to a function whose return is probed, with the
+//! `uretprobe-nop` and `uretprobe-entry`: a call to a function whose return is probed, with the
 //! engine's return probe (`uprobe-core`: an entry trap, then the plain-code
 //! return trampoline, with an in-flight limit whose account pins the probe
 //! on 0 -> 1 only; `uprobe-core+get-put`: a reference per pending return
@@ -20,19 +20,50 @@ use crate::harness::{Scenario, Workload};
 core::arch::global_asm!(
     ".text",
     ".globl bench_u_rnop",
+    ".type bench_u_rnop, @function",
     "bench_u_rnop:",
     "nop",
     "ret",
+    ".size bench_u_rnop, . - bench_u_rnop",
     // The kernel's copy (its uprobe writes its own int3 into the page).
     ".globl bench_k_rnop",
+    ".type bench_k_rnop, @function",
     "bench_k_rnop:",
     "nop",
     "ret",
+    ".size bench_k_rnop, . - bench_k_rnop",
+    // A real prologue, for the trap-free entry and return.
+    ".globl bench_u_rentry",
+    ".type bench_u_rentry, @function",
+    "bench_u_rentry:",
+    "push rbp",
+    "mov rbp, rsp",
+    "push rbx",
+    "mov rbx, rdi",
+    "lea rax, [rbx + 1]",
+    "pop rbx",
+    "pop rbp",
+    "ret",
+    ".size bench_u_rentry, . - bench_u_rentry",
+    ".globl bench_k_rentry",
+    ".type bench_k_rentry, @function",
+    "bench_k_rentry:",
+    "push rbp",
+    "mov rbp, rsp",
+    "push rbx",
+    "mov rbx, rdi",
+    "lea rax, [rbx + 1]",
+    "pop rbx",
+    "pop rbp",
+    "ret",
+    ".size bench_k_rentry, . - bench_k_rentry",
 );
 
 unsafe extern "C" {
     fn bench_u_rnop();
     fn bench_k_rnop();
+    fn bench_u_rentry();
+    fn bench_k_rentry();
 }
 
 pub const NOP: Scenario = Scenario {
@@ -49,22 +80,35 @@ pub const LIFETIME: Scenario = Scenario {
     build: build_lifetime,
 };
 
+pub const ENTRY: Scenario = Scenario {
+    name: "uretprobe-entry",
+    about: "call a function with a real prologue (push rbp; mov rbp, rsp; push rbx; ...) with a return probe, one counting return handler: uprobe-core enters through a jump and returns through the plain-code trampoline (no signal at all), +trap enters by a breakpoint; the kernel's uretprobe",
+    impls: &["uprobe-core", "uprobe-core+trap", "kernel", "none"],
+    build: build_entry,
+};
+
 /// Return handlers run.
 static RETURNS: AtomicU64 = AtomicU64::new(0);
 
-fn engine_probe() -> Result<Box<dyn Workload>, String> {
+/// A counting return probe on `target`, as implementation `imp` asks
+/// (`limit`: with an in-flight account).
+fn engine_probe(
+    imp: &str,
+    target: unsafe extern "C" fn(),
+    limit: bool,
+) -> Result<Box<dyn Workload>, String> {
     RETURNS.store(0, Relaxed);
-    // SAFETY: a function's address starts an instruction.
-    let probe = unsafe { uprobe_core::Uprobe::address(bench_u_rnop as *const () as usize) }
-        .on_return(|_| {
+    let mut probe =
+        super::uprobe::engine_probe(imp, target as *const () as usize)?.on_return(|_| {
             RETURNS.fetch_add(1, Relaxed);
-        })
+        });
+    if limit {
         // Never reached: the account counts, it does not refuse.
-        .max_active(NonZeroUsize::new(1 << 20).expect("non-zero"))
-        .attach()
-        .map_err(|e| e.to_string())?;
+        probe = probe.max_active(NonZeroUsize::new(1 << 20).expect("non-zero"));
+    }
+    let probe = probe.attach().map_err(|e| e.to_string())?;
     Ok(Box::new(Calls {
-        target: bench_u_rnop,
+        target,
         guard: probe,
         check: |probe, ops| {
             let returns = probe.returns();
@@ -80,6 +124,39 @@ fn engine_probe() -> Result<Box<dyn Workload>, String> {
     }))
 }
 
+/// The kernel's uretprobe on `target`, or the unprobed call.
+fn other(
+    imp: &str,
+    target: unsafe extern "C" fn(),
+    kernels: unsafe extern "C" fn(),
+) -> Result<Box<dyn Workload>, String> {
+    match imp {
+        "kernel" => Ok(Box::new(Calls {
+            target: kernels,
+            guard: KernelUprobe::attach(kernels as *const () as usize, true)?,
+            check: |probe, ops| match probe.count() {
+                Some(n) if n >= ops => Ok(()),
+                n => Err(format!("kernel uretprobe counted {n:?} for {ops} calls")),
+            },
+        })),
+        "none" => Ok(Box::new(Calls {
+            target,
+            guard: (),
+            check: |(), _| Ok(()),
+        })),
+        _ => unreachable!("unknown implementation {imp}"),
+    }
+}
+
+fn build_entry(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    set_return_hold(ReturnHold::Lease);
+    set_in_flight_pinning(Pinning::OnTransition);
+    match imp {
+        "uprobe-core" | "uprobe-core+trap" => engine_probe(imp, bench_u_rentry, false),
+        _ => other(imp, bench_u_rentry, bench_k_rentry),
+    }
+}
+
 fn build_nop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     set_return_hold(ReturnHold::Lease);
     set_in_flight_pinning(if imp == "uprobe-core+get-put" {
@@ -88,21 +165,8 @@ fn build_nop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
         Pinning::OnTransition
     });
     match imp {
-        "uprobe-core" | "uprobe-core+get-put" => engine_probe(),
-        "kernel" => Ok(Box::new(Calls {
-            target: bench_k_rnop,
-            guard: KernelUprobe::attach(bench_k_rnop as *const () as usize, true)?,
-            check: |probe, ops| match probe.count() {
-                Some(n) if n >= ops => Ok(()),
-                n => Err(format!("kernel uretprobe counted {n:?} for {ops} calls")),
-            },
-        })),
-        "none" => Ok(Box::new(Calls {
-            target: bench_u_rnop,
-            guard: (),
-            check: |(), _| Ok(()),
-        })),
-        _ => unreachable!("unknown implementation {imp}"),
+        "uprobe-core" | "uprobe-core+get-put" => engine_probe(imp, bench_u_rnop, true),
+        _ => other(imp, bench_u_rnop, bench_k_rnop),
     }
 }
 
@@ -114,5 +178,5 @@ fn build_lifetime(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, Strin
         "refcount" => ReturnHold::Refcount,
         _ => unreachable!("unknown implementation {imp}"),
     });
-    engine_probe()
+    engine_probe(imp, bench_u_rnop, true)
 }

@@ -53,7 +53,7 @@ impl EntryContext<'_> {
     /// A register's value (for `Pc`: the probed address).
     #[must_use]
     pub fn reg(&self, reg: Reg) -> u64 {
-        get(&self.uc.uc_mcontext, reg)
+        get(&self.frame.uc_mcontext, reg)
     }
 
     /// Sets a register. Setting `Pc` redirects the thread: the probed
@@ -62,7 +62,7 @@ impl EntryContext<'_> {
         if reg == Reg::Pc {
             self.ip_changed = true;
         }
-        set(&mut self.uc.uc_mcontext, reg, value);
+        set(&mut self.frame.uc_mcontext, reg, value);
     }
 
     /// The `n`th integer argument (0-based) of the AAPCS64 calling
@@ -70,14 +70,14 @@ impl EntryContext<'_> {
     /// eight register arguments.
     #[must_use]
     pub fn arg(&self, n: usize) -> Option<u64> {
-        (n < ARGS).then(|| self.uc.uc_mcontext.regs[n])
+        (n < ARGS).then(|| self.frame.uc_mcontext.regs[n])
     }
 }
 
 /// Where the function just entered keeps its return address: the stack
 /// pointer at entry (which orders frames) and the link register in the
 /// signal frame.
-pub(crate) fn return_address_at(uc: &mut libc::ucontext_t) -> (usize, *mut usize) {
+pub(crate) fn return_address_at(uc: &mut super::Frame) -> (usize, *mut usize) {
     let sp = uc.uc_mcontext.sp as usize;
     (sp, (&raw mut uc.uc_mcontext.regs[30]).cast())
 }

@@ -63,7 +63,7 @@ impl EntryContext<'_> {
         if reg == Reg::Rip && !self.ip_changed {
             return self.addr as u64;
         }
-        self.uc.uc_mcontext.gregs[reg.greg()] as u64
+        self.frame[reg.greg()] as u64
     }
 
     /// Sets a register. Setting `Rip` redirects the thread: the probed
@@ -72,7 +72,7 @@ impl EntryContext<'_> {
         if reg == Reg::Rip {
             self.ip_changed = true;
         }
-        self.uc.uc_mcontext.gregs[reg.greg()] = value as i64;
+        self.frame[reg.greg()] = value as i64;
     }
 
     /// The `n`th integer argument (0-based) of the System V calling
@@ -86,8 +86,8 @@ impl EntryContext<'_> {
 
 /// Where the function just entered keeps its return address: the stack
 /// pointer (the slot's address, which orders frames) and the slot.
-pub(crate) fn return_address_at(uc: &mut libc::ucontext_t) -> (usize, *mut usize) {
-    let sp = uc.uc_mcontext.gregs[libc::REG_RSP as usize] as usize;
+pub(crate) fn return_address_at(frame: &mut super::Frame) -> (usize, *mut usize) {
+    let sp = frame[libc::REG_RSP as usize] as usize;
     (sp, sp as *mut usize)
 }
 

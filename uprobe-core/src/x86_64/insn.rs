@@ -255,7 +255,7 @@ fn is_branch(e: &Emulation) -> bool {
 /// first opcode byte, the second byte of `0f xx`, and the prefixes that
 /// make an instruction unsafe to move (segment overrides ES/CS/SS/DS,
 /// LOCK). Applies to emulated instructions too.
-fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'static str> {
+pub(super) fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'static str> {
     let prefix_len = bytes
         .iter()
         .take_while(|b| {
@@ -328,7 +328,7 @@ fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'static str>
     }
 }
 
-fn has_operand_size_override(bytes: &[u8]) -> bool {
+pub(super) fn has_operand_size_override(bytes: &[u8]) -> bool {
     bytes
         .iter()
         .take_while(|b| {

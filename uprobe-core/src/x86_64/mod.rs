@@ -4,6 +4,7 @@
 mod context;
 mod emulate;
 mod insn;
+pub(crate) mod jump;
 pub(crate) mod trampoline;
 pub(crate) mod xol;
 
@@ -33,6 +34,26 @@ pub(crate) fn breakpoint_address(info: &libc::siginfo_t, uc: &libc::ucontext_t) 
 pub(crate) unsafe fn is_breakpoint_at(addr: usize) -> bool {
     // SAFETY: the caller's contract.
     unsafe { core::ptr::read_volatile(addr as *const u8) == BREAKPOINT[0] }
+}
+
+/// The registers a handler reads and writes, in `ucontext_t`'s `gregs`
+/// layout: the signal frame's own (a trap), or the copy an optimized
+/// probe's trampoline saved on the stack in the same layout.
+pub(crate) type Frame = [libc::greg_t; 23];
+
+/// The register frame of a signal's context.
+pub(crate) fn frame_of(uc: &mut libc::ucontext_t) -> &mut Frame {
+    &mut uc.uc_mcontext.gregs
+}
+
+/// The instruction pointer of a register frame.
+pub(crate) fn frame_pc(frame: &Frame) -> usize {
+    frame[libc::REG_RIP as usize] as usize
+}
+
+/// Sets the instruction pointer of a register frame.
+pub(crate) fn set_frame_pc(frame: &mut Frame, addr: usize) {
+    frame[libc::REG_RIP as usize] = addr as i64;
 }
 
 /// The interrupted thread's instruction pointer.

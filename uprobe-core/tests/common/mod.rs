@@ -100,14 +100,16 @@ pub enum HitsPerCall {
     AtLeastOne,
 }
 
-/// Runs `f(x)` for a few inputs without a probe, with a probe at `at`, and
-/// after detaching it: the same results every time, the breakpoint written
-/// while attached and the original byte back afterwards.
+/// Runs `f(x)` for a few inputs without a probe, with a trap-only probe
+/// at `at` (these tests are about the trap path), and after detaching it:
+/// the same results every time, the breakpoint written while attached and
+/// the original byte back afterwards.
 pub fn same_with_probe(f: unsafe extern "C" fn(u64) -> u64, at: usize, hits: HitsPerCall) {
     let inputs = [0u64, 1, 7, 9, 10, 11, 1 << 40];
     let plain: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
     let original = byte_at(at);
     let probe = probe_at(at)
+        .trap_only()
         .attach()
         .unwrap_or_else(|e| panic!("attach at {at:#x}: {e}"));
     assert_eq!(byte_at(at), 0xcc, "int3 written");

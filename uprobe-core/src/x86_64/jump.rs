@@ -1,0 +1,491 @@
+//! x86-64 trap-free probes: which sites can take a `jmp rel32` into a
+//! per-probe trampoline ([`plan`]), and the trampoline's code ([`build`],
+//! with the common entry routine every trampoline calls).
+//!
+//! **A trampoline** (immutable once written, never freed; see
+//! `crate::jump` for the patching protocol):
+//!
+//! ```text
+//!  +0  .quad cell            the probe's JumpCell (which site it serves)
+//!  +8  .quad entry           uprobe_core_jump_entry (the common routine)
+//! +16  lea rsp, [rsp-128]    step over the interrupted code's red zone
+//! +21  call [rip-19]         -> entry: saves, runs the consumers, restores
+//! +27  lea rsp, [rsp+128]    (entry returns here unless a handler set RIP)
+//! +35  the replaced instructions, relocated (RIP-relative operands
+//!      re-targeted; a final `call rel32` becomes a push of the original
+//!      return address and a `jmp`, so the callee returns to the probed
+//!      code, not here)
+//!      jmp back              to the first byte after the replaced range
+//! ```
+//!
+//! **The common routine** saves the flags (then clears DF, as the ABI
+//! wants), every general-purpose register (in `ucontext_t`'s `gregs`
+//! layout, so handlers get the same [`Frame`](super::Frame) as on the
+//! trap path) and `xmm0`-`xmm15`, calls [`jump_hit`] with the frame,
+//! restores, and returns into the trampoline, or, when a handler moved
+//! the instruction pointer, `ret 128`s to the new address with the stack
+//! pointer the thread had at the probe. Not saved: the upper halves of
+//! `ymm`/`zmm`, the mask registers, the x87 stack and MXCSR (a full
+//! `xsave` costs ~170 ns here; the engine's code uses none of them, and
+//! handlers must not either, as for the return trampoline).
+
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
+    InstructionBlock, MemoryOperand, Mnemonic, OpKind, Register,
+};
+
+use crate::jump::NotOptimized;
+
+/// The `jmp rel32` written over a site.
+pub(crate) const JUMP_LEN: usize = 5;
+/// Offsets in a trampoline: the cell pointer, the entry routine's
+/// pointer, the code, where `entry` returns to, and the relocated copy.
+const CELL_AT: usize = 0;
+const ENTRY_PTR_AT: usize = 8;
+pub(crate) const CODE_AT: usize = 16;
+const RESUME_AT: usize = 27;
+const COPY_AT: usize = 35;
+/// Bytes a trampoline may take (prologue plus relocated code).
+pub(crate) const TRAMPOLINE_SIZE: usize = 128;
+
+/// What a site's optimization replaces: whole instructions from `start`,
+/// `len` (>= 5) bytes, decoded.
+pub(crate) struct Plan {
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+    insns: Vec<Instruction>,
+}
+
+impl Plan {
+    /// Whether the range holds several instructions.
+    pub(crate) fn has_interior(&self) -> bool {
+        self.insns.len() > 1
+    }
+}
+
+/// The function around a site, for the multi-instruction form: its
+/// start and its whole code.
+pub(crate) struct Function<'a> {
+    pub(crate) start: usize,
+    pub(crate) code: &'a [u8],
+}
+
+/// Decides whether the instruction at `addr` (whose bytes start `here`)
+/// can be replaced by a jump, and which instructions the jump covers:
+///
+/// - one instruction of 5 bytes or more, anywhere;
+/// - or, at a function's first instruction (`function` known, with its
+///   whole code), the first instructions up to at least 5 bytes, if the
+///   whole function decodes, no direct branch in it lands inside the
+///   range (past its first byte), it has no indirect jump (a jump table
+///   could land there), and no instruction of the range but the last
+///   changes control flow.
+///
+/// Every replaced instruction must be relocatable: not refused by the
+/// kernel's tables, not an indirect call, a far branch, an `rcx` loop or
+/// transactional memory. Not async-signal-safe.
+pub(crate) fn plan(
+    addr: usize,
+    here: &[u8],
+    function: Option<Function<'_>>,
+) -> Result<Plan, NotOptimized> {
+    let first = Decoder::with_ip(64, here, addr as u64, DecoderOptions::NONE).decode();
+    if first.is_invalid() {
+        return Err(NotOptimized::NotRelocatable {
+            why: "the instruction does not decode",
+        });
+    }
+    if first.len() >= JUMP_LEN {
+        relocatable(&here[..first.len()], &first)?;
+        return Ok(Plan {
+            start: addr,
+            len: first.len(),
+            insns: vec![first],
+        });
+    }
+    let Some(function) = function else {
+        return Err(NotOptimized::TooShort {
+            len: first.len(),
+            why: "shorter than a jump, and not a function's first instruction with a known size",
+        });
+    };
+    if function.start != addr {
+        return Err(NotOptimized::TooShort {
+            len: first.len(),
+            why: "shorter than a jump, and not the function's first instruction",
+        });
+    }
+    let mut all = Vec::new();
+    let mut decoder = Decoder::with_ip(64, function.code, addr as u64, DecoderOptions::NONE);
+    while decoder.can_decode() {
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return Err(NotOptimized::Undecodable {
+                at: insn.ip() as usize,
+            });
+        }
+        all.push(insn);
+    }
+    // The range: instructions from the entry until a jump fits.
+    let mut len = 0;
+    let mut range = Vec::new();
+    for insn in &all {
+        if len >= JUMP_LEN {
+            break;
+        }
+        if !range.is_empty() {
+            let prev: &Instruction = range.last().expect("non-empty");
+            if prev.flow_control() != FlowControl::Next {
+                return Err(NotOptimized::ControlFlowInRange {
+                    at: prev.ip() as usize,
+                });
+            }
+        }
+        let off = insn.ip() as usize - addr;
+        relocatable(&function.code[off..off + insn.len()], insn)?;
+        len += insn.len();
+        range.push(*insn);
+    }
+    if len < JUMP_LEN {
+        return Err(NotOptimized::TooShort {
+            len,
+            why: "the whole function is shorter than a jump",
+        });
+    }
+    for insn in &all {
+        if matches!(
+            insn.flow_control(),
+            FlowControl::IndirectBranch | FlowControl::XbeginXabortXend
+        ) {
+            return Err(NotOptimized::IndirectJump {
+                at: insn.ip() as usize,
+            });
+        }
+        if is_near_branch(insn) {
+            let target = insn.near_branch_target() as usize;
+            if target > addr && target < addr + len {
+                return Err(NotOptimized::BranchIntoRange {
+                    from: insn.ip() as usize,
+                    target,
+                });
+            }
+        }
+    }
+    Ok(Plan {
+        start: addr,
+        len,
+        insns: range,
+    })
+}
+
+fn is_near_branch(insn: &Instruction) -> bool {
+    (0..insn.op_count()).any(|i| {
+        matches!(
+            insn.op_kind(i),
+            OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+        )
+    })
+}
+
+/// Whether `insn` (its bytes `bytes`) can run relocated in a trampoline.
+fn relocatable(bytes: &[u8], insn: &Instruction) -> Result<(), NotOptimized> {
+    let refuse = |why| Err(NotOptimized::NotRelocatable { why });
+    if let Err(why) = super::insn::refuse_by_table(bytes, insn) {
+        return refuse(why);
+    }
+    match insn.flow_control() {
+        FlowControl::IndirectCall => refuse("an indirect call"),
+        FlowControl::Interrupt | FlowControl::Exception => refuse("raises an exception"),
+        FlowControl::XbeginXabortXend => refuse("transactional memory"),
+        _ if insn.is_call_far()
+            || insn.is_jmp_far()
+            || insn.is_call_far_indirect()
+            || insn.is_jmp_far_indirect() =>
+        {
+            refuse("a far branch")
+        }
+        _ if matches!(
+            insn.mnemonic(),
+            Mnemonic::Loop | Mnemonic::Loope | Mnemonic::Loopne | Mnemonic::Jrcxz | Mnemonic::Jecxz
+        ) =>
+        {
+            refuse("an rcx loop (no rel32 form to relocate it to)")
+        }
+        _ if super::insn::has_operand_size_override(bytes) && is_near_branch(insn) => {
+            refuse("a 66-prefixed branch")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// For each instruction of a range, its address and that of its
+/// relocated copy.
+pub(crate) type Moves = Vec<(usize, usize)>;
+
+/// A trampoline's code for `plan`, to be written at `base`, serving the
+/// cell at `cell`; and, for each instruction of the range, where its
+/// relocated copy starts in the trampoline (a thread stopped at that
+/// instruction moves there). Not async-signal-safe.
+pub(crate) fn build(
+    plan: &Plan,
+    base: usize,
+    cell: usize,
+) -> Result<(Vec<u8>, Moves), NotOptimized> {
+    let mut code = vec![0xcc_u8; COPY_AT];
+    code[CELL_AT..CELL_AT + 8].copy_from_slice(&(cell as u64).to_le_bytes());
+    let entry = uprobe_core_jump_entry as *const () as u64;
+    code[ENTRY_PTR_AT..ENTRY_PTR_AT + 8].copy_from_slice(&entry.to_le_bytes());
+    // lea rsp, [rsp-128]
+    code[CODE_AT..CODE_AT + 5].copy_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x80]);
+    // call [rip + disp32]: the entry pointer, relative to the next byte.
+    let disp = ENTRY_PTR_AT as i32 - RESUME_AT as i32;
+    code[CODE_AT + 5..CODE_AT + 7].copy_from_slice(&[0xff, 0x15]);
+    code[CODE_AT + 7..RESUME_AT].copy_from_slice(&disp.to_le_bytes());
+    // lea rsp, [rsp+128]
+    code[RESUME_AT..COPY_AT].copy_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x80, 0, 0, 0]);
+
+    let cannot = |_| NotOptimized::NotRelocatable {
+        why: "cannot be encoded at the trampoline",
+    };
+    let mut insns = Vec::new();
+    // Which of `insns` starts the copy of each range instruction.
+    let mut firsts = Vec::new();
+    for insn in &plan.insns {
+        firsts.push(insns.len());
+        if insn.flow_control() == FlowControl::Call {
+            // The callee must return to the probed code: push the
+            // original return address (no flags touched), then jump.
+            let ret = insn.next_ip();
+            insns.push(
+                Instruction::with2(
+                    Code::Lea_r64_m,
+                    Register::RSP,
+                    MemoryOperand::with_base_displ(Register::RSP, -8),
+                )
+                .map_err(cannot)?,
+            );
+            for (off, half) in [(0, ret as u32), (4, (ret >> 32) as u32)] {
+                insns.push(
+                    Instruction::with2(
+                        Code::Mov_rm32_imm32,
+                        MemoryOperand::with_base_displ(Register::RSP, off),
+                        half,
+                    )
+                    .map_err(cannot)?,
+                );
+            }
+            insns.push(
+                Instruction::with_branch(Code::Jmp_rel32_64, insn.near_branch_target())
+                    .map_err(cannot)?,
+            );
+        } else {
+            insns.push(*insn);
+        }
+    }
+    let back = (plan.start + plan.len) as u64;
+    insns.push(Instruction::with_branch(Code::Jmp_rel32_64, back).map_err(cannot)?);
+    let copy = base + COPY_AT;
+    let block = InstructionBlock::new(&insns, copy as u64);
+    let encoded = BlockEncoder::encode(
+        64,
+        block,
+        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+    )
+    .map_err(|_| NotOptimized::NotRelocatable {
+        why: "cannot be relocated to the trampoline",
+    })?;
+    if COPY_AT + encoded.code_buffer.len() > TRAMPOLINE_SIZE {
+        return Err(NotOptimized::NotRelocatable {
+            why: "relocated, it does not fit a trampoline",
+        });
+    }
+    code.extend_from_slice(&encoded.code_buffer);
+    let moves = plan
+        .insns
+        .iter()
+        .zip(&firsts)
+        .map(|(insn, &k)| {
+            (
+                insn.ip() as usize,
+                copy + encoded.new_instruction_offsets[k] as usize,
+            )
+        })
+        .collect();
+    Ok((code, moves))
+}
+
+/// The `jmp rel32` from `start` to trampoline `base`.
+pub(crate) fn jump_bytes(start: usize, base: usize) -> [u8; JUMP_LEN] {
+    let rel = (base + CODE_AT) as i64 - (start + JUMP_LEN) as i64;
+    let rel = i32::try_from(rel).expect("trampolines are placed within rel32 reach");
+    let mut b = [0xe9, 0, 0, 0, 0];
+    b[1..].copy_from_slice(&rel.to_le_bytes());
+    b
+}
+
+/// Where a thread that trapped at the range's start continues after the
+/// consumers ran (the relocated copy, past the call into the engine).
+pub(crate) fn copy_start(base: usize) -> usize {
+    base + COPY_AT
+}
+
+/// What the common routine hands [`jump_hit`]: the saved registers, then
+/// the return address of the trampoline's `call` (which names the
+/// trampoline, and which a handler's new RIP replaces).
+#[repr(C)]
+pub(crate) struct JumpFrame {
+    pub(crate) regs: super::Frame,
+    pub(crate) ret: u64,
+}
+
+impl JumpFrame {
+    /// The trampoline whose `call` made this frame.
+    pub(crate) fn trampoline(&self) -> usize {
+        self.ret as usize - RESUME_AT
+    }
+
+    /// The cell pointer written at the trampoline's start.
+    pub(crate) fn cell(&self) -> usize {
+        // SAFETY: the trampoline's first word is its cell pointer, written
+        // before any jump to it and never changed.
+        unsafe { ((self.trampoline() + CELL_AT) as *const usize).read() }
+    }
+
+    /// The stack pointer the thread had at the probed instruction.
+    pub(crate) fn probed_sp(&self) -> u64 {
+        core::ptr::from_ref(self) as u64 + size_of::<Self>() as u64 + 128
+    }
+}
+
+// The common routine. Entered by a trampoline's `call`, with the red zone
+// stepped over; builds a `JumpFrame` (gregs indexes 18-22 unused),
+// realigns the stack for the xmm saves and the call, and returns through
+// the frame's `ret` slot: `ret` when it is the trampoline's own return
+// address, `ret 128` (the red zone back) when a handler set RIP.
+core::arch::global_asm!(
+    ".pushsection .text.uprobe_core_jump_entry,\"ax\",@progbits",
+    ".p2align 4",
+    ".globl uprobe_core_jump_entry",
+    ".hidden uprobe_core_jump_entry",
+    "uprobe_core_jump_entry:",
+    // `lea`, not `sub`: nothing may touch the flags before they are saved.
+    "lea rsp, [rsp - 40]",
+    "pushfq",
+    "cld",
+    "sub rsp, 16",
+    "push rcx",
+    "push rax",
+    "push rdx",
+    "push rbx",
+    "push rbp",
+    "push rsi",
+    "push rdi",
+    "push r15",
+    "push r14",
+    "push r13",
+    "push r12",
+    "push r11",
+    "push r10",
+    "push r9",
+    "push r8",
+    "mov rdi, rsp",
+    "mov rbx, rsp",
+    "and rsp, -16",
+    "sub rsp, 256",
+    "movaps [rsp + 0], xmm0",
+    "movaps [rsp + 16], xmm1",
+    "movaps [rsp + 32], xmm2",
+    "movaps [rsp + 48], xmm3",
+    "movaps [rsp + 64], xmm4",
+    "movaps [rsp + 80], xmm5",
+    "movaps [rsp + 96], xmm6",
+    "movaps [rsp + 112], xmm7",
+    "movaps [rsp + 128], xmm8",
+    "movaps [rsp + 144], xmm9",
+    "movaps [rsp + 160], xmm10",
+    "movaps [rsp + 176], xmm11",
+    "movaps [rsp + 192], xmm12",
+    "movaps [rsp + 208], xmm13",
+    "movaps [rsp + 224], xmm14",
+    "movaps [rsp + 240], xmm15",
+    "call {hit}",
+    "movaps xmm0, [rsp + 0]",
+    "movaps xmm1, [rsp + 16]",
+    "movaps xmm2, [rsp + 32]",
+    "movaps xmm3, [rsp + 48]",
+    "movaps xmm4, [rsp + 64]",
+    "movaps xmm5, [rsp + 80]",
+    "movaps xmm6, [rsp + 96]",
+    "movaps xmm7, [rsp + 112]",
+    "movaps xmm8, [rsp + 128]",
+    "movaps xmm9, [rsp + 144]",
+    "movaps xmm10, [rsp + 160]",
+    "movaps xmm11, [rsp + 176]",
+    "movaps xmm12, [rsp + 192]",
+    "movaps xmm13, [rsp + 208]",
+    "movaps xmm14, [rsp + 224]",
+    "movaps xmm15, [rsp + 240]",
+    "mov rsp, rbx",
+    "test eax, eax",
+    "jnz 2f",
+    "pop r8",
+    "pop r9",
+    "pop r10",
+    "pop r11",
+    "pop r12",
+    "pop r13",
+    "pop r14",
+    "pop r15",
+    "pop rdi",
+    "pop rsi",
+    "pop rbp",
+    "pop rbx",
+    "pop rdx",
+    "pop rax",
+    "pop rcx",
+    "lea rsp, [rsp + 16]",
+    "popfq",
+    "lea rsp, [rsp + 40]",
+    "ret",
+    "2:",
+    "pop r8",
+    "pop r9",
+    "pop r10",
+    "pop r11",
+    "pop r12",
+    "pop r13",
+    "pop r14",
+    "pop r15",
+    "pop rdi",
+    "pop rsi",
+    "pop rbp",
+    "pop rbx",
+    "pop rdx",
+    "pop rax",
+    "pop rcx",
+    "lea rsp, [rsp + 16]",
+    "popfq",
+    "lea rsp, [rsp + 40]",
+    "ret 128",
+    ".popsection",
+    hit = sym jump_hit,
+);
+
+unsafe extern "C" {
+    /// The common routine above (not callable from Rust: it expects a
+    /// trampoline's `call`).
+    fn uprobe_core_jump_entry();
+}
+
+/// What the common routine calls: fills in what the pushes could not
+/// (the stack pointer and instruction pointer at the probe), runs the
+/// consumers, and says whether a handler moved RIP (then `frame.ret` is
+/// the new address). Async-signal-safe.
+extern "C" fn jump_hit(frame: &mut JumpFrame) -> u32 {
+    frame.regs[libc::REG_RSP as usize] = frame.probed_sp() as i64;
+    let moved = crate::jump::on_jump(frame.cell(), &mut frame.regs);
+    if moved {
+        frame.ret = frame.regs[libc::REG_RIP as usize] as u64;
+    }
+    u32::from(moved)
+}

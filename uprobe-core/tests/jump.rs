@@ -1,0 +1,542 @@
+//! Trap-free probes on x86-64: which sites take a jump and why others do
+//! not, identical results and registers through a trampoline, handlers
+//! that redirect, return probes, and probes hit where signals cannot
+//! help (every signal blocked, a replaced SIGTRAP handler, a
+//! `posix_spawn` child).
+#![cfg(target_arch = "x86_64")]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+use common::{byte_at, call, fn_addr};
+use uprobe_core::{Mode, NotOptimized, Reg, Uprobe};
+
+core::arch::global_asm!(
+    ".text",
+    // A 5-byte nop, as USDT and patchable-entry sites have.
+    ".globl j_nop5",
+    ".type j_nop5, @function",
+    "j_nop5:",
+    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+    "lea rax, [rdi + 5]",
+    "ret",
+    ".size j_nop5, . - j_nop5",
+    // A real prologue: push rbp; mov rbp, rsp; push rbx (5 bytes, three
+    // instructions).
+    ".globl j_prologue",
+    ".type j_prologue, @function",
+    "j_prologue:",
+    "push rbp",
+    "mov rbp, rsp",
+    "push rbx",
+    "mov rbx, rdi",
+    "lea rax, [rbx + rbx*2]",
+    "pop rbx",
+    "pop rbp",
+    "ret",
+    ".size j_prologue, . - j_prologue",
+    // A RIP-relative load inside a multi-instruction range.
+    ".globl j_riprel",
+    ".type j_riprel, @function",
+    "j_riprel:",
+    "push rbx",
+    "mov rax, [rip + j_data]",
+    "add rax, rdi",
+    "pop rbx",
+    "ret",
+    ".size j_riprel, . - j_riprel",
+    // A call as the last instruction of the range: the callee must return
+    // to the original code (and see the original return address).
+    ".globl j_call_last",
+    ".type j_call_last, @function",
+    "j_call_last:",
+    "push rbx",
+    "call j_helper",
+    "add rax, 1",
+    "pop rbx",
+    "ret",
+    ".size j_call_last, . - j_call_last",
+    ".globl j_helper",
+    ".type j_helper, @function",
+    "j_helper:",
+    "mov rax, [rsp]",
+    "lea rdx, [rip + j_call_last + 6]",
+    "sub rax, rdx",
+    "add rax, rdi",
+    "ret",
+    ".size j_helper, . - j_helper",
+    // Too short: 4 bytes in all.
+    ".globl j_short",
+    ".type j_short, @function",
+    "j_short:",
+    "lea eax, [rdi + 1]",
+    "ret",
+    ".size j_short, . - j_short",
+    // A loop back to the second instruction of the range.
+    ".globl j_loop_in",
+    ".type j_loop_in, @function",
+    "j_loop_in:",
+    "xor eax, eax",
+    "2:",
+    "add rax, 1",
+    "sub rdi, 1",
+    "jg 2b",
+    "ret",
+    ".size j_loop_in, . - j_loop_in",
+    // An indirect jump somewhere in the function.
+    ".globl j_indirect",
+    ".type j_indirect, @function",
+    "j_indirect:",
+    "push rbx",
+    "mov rax, rdi",
+    "pop rbx",
+    "lea rcx, [rip + 3f]",
+    "jmp rcx",
+    "3:",
+    "ret",
+    ".size j_indirect, . - j_indirect",
+    // A return inside what the range would be.
+    ".globl j_ret_in",
+    ".type j_ret_in, @function",
+    "j_ret_in:",
+    "mov eax, edi",
+    "ret",
+    "nop",
+    "nop",
+    "nop",
+    ".size j_ret_in, . - j_ret_in",
+    // A load at an interior boundary of the range (+1), where a thread
+    // can be parked on a missing page.
+    ".globl j_park",
+    ".type j_park, @function",
+    "j_park:",
+    "push rbx",
+    "mov eax, [rdi]",
+    "mov ebx, eax",
+    "lea eax, [rbx + 1]",
+    "pop rbx",
+    "ret",
+    ".size j_park, . - j_park",
+    // Where a redirected hit goes.
+    ".globl j_elsewhere",
+    ".type j_elsewhere, @function",
+    "j_elsewhere:",
+    "mov eax, 99",
+    "ret",
+    ".size j_elsewhere, . - j_elsewhere",
+    ".data",
+    ".balign 8",
+    "j_data:",
+    ".quad 1000",
+    ".text",
+);
+
+unsafe extern "C" {
+    fn j_nop5(x: u64) -> u64;
+    fn j_prologue(x: u64) -> u64;
+    fn j_riprel(x: u64) -> u64;
+    fn j_call_last(x: u64) -> u64;
+    fn j_short(x: u64) -> u64;
+    fn j_loop_in(x: u64) -> u64;
+    fn j_indirect(x: u64) -> u64;
+    fn j_ret_in(x: u64) -> u64;
+    fn j_elsewhere(x: u64) -> u64;
+    fn j_park(x: u64) -> u64;
+}
+
+/// A probe on `f`'s entry, found through the symbol table (so the
+/// function's size is known).
+fn at_entry(f: unsafe extern "C" fn(u64) -> u64) -> Uprobe {
+    Uprobe::at(fn_addr(f)).unwrap_or_else(|e| panic!("no symbol: {e}"))
+}
+
+/// `f` gives the same results with a counting probe on its entry as
+/// without, the probe takes the mode `want` says, sees every call with
+/// its first argument, and the code is restored after detach.
+fn same_through(f: unsafe extern "C" fn(u64) -> u64, jump: bool) {
+    let inputs = [0u64, 1, 7, 1 << 40];
+    let plain: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
+    let at = fn_addr(f);
+    let original: Vec<u8> = (0..8).map(|i| byte_at(at + i)).collect();
+    let sum = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&sum);
+    let probe = at_entry(f)
+        .on_entry(move |cx| {
+            seen.fetch_add(cx.arg(0).unwrap(), SeqCst);
+        })
+        .attach()
+        .unwrap();
+    assert_eq!(probe.mode().is_jump(), jump, "mode: {:?}", probe.mode());
+    assert_eq!(byte_at(at), if jump { 0xe9 } else { 0xcc });
+    let probed: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
+    assert_eq!(probed, plain);
+    assert_eq!(probe.hits(), inputs.len() as u64);
+    assert_eq!(sum.load(SeqCst), inputs.iter().sum::<u64>());
+    probe.detach().unwrap();
+    let after: Vec<u8> = (0..8).map(|i| byte_at(at + i)).collect();
+    assert_eq!(after, original, "code restored");
+    assert_eq!(
+        inputs.iter().map(|&x| call(f, x)).collect::<Vec<_>>(),
+        plain
+    );
+}
+
+#[test]
+fn a_five_byte_nop_takes_a_jump() {
+    same_through(j_nop5, true);
+}
+
+#[test]
+fn a_prologue_of_three_instructions_takes_a_jump() {
+    same_through(j_prologue, true);
+}
+
+#[test]
+fn a_rip_relative_load_inside_the_range_is_retargeted() {
+    same_through(j_riprel, true);
+}
+
+#[test]
+fn a_call_ending_the_range_returns_to_the_original_code() {
+    // j_helper returns (its return address - (j_call_last + 6)) + x: 0
+    // plus x when it was called from the original code.
+    assert_eq!(call(j_call_last, 5), 6);
+    same_through(j_call_last, true);
+}
+
+#[test]
+fn a_five_byte_nop_without_a_symbol_takes_a_jump() {
+    let probe = common::probe_at(fn_addr(j_nop5)).attach().unwrap();
+    assert_eq!(probe.mode(), Mode::Jump);
+    assert_eq!(call(j_nop5, 1), 6);
+    assert_eq!(probe.hits(), 1);
+}
+
+fn refused(f: unsafe extern "C" fn(u64) -> u64) -> NotOptimized {
+    let probe = at_entry(f).attach().unwrap();
+    let before = call(f, 3);
+    let Mode::Trap(why) = probe.mode() else {
+        panic!("optimized");
+    };
+    assert_eq!(byte_at(fn_addr(f)), 0xcc);
+    assert_eq!(probe.hits(), 1, "still probed, by its breakpoint");
+    drop(probe);
+    assert_eq!(call(f, 3), before);
+    why
+}
+
+#[test]
+fn each_refusal_says_why() {
+    assert!(
+        matches!(refused(j_short), NotOptimized::TooShort { .. }),
+        "{:?}",
+        refused(j_short)
+    );
+    let why = refused(j_loop_in);
+    assert!(
+        matches!(why, NotOptimized::BranchIntoRange { target, .. } if target == fn_addr(j_loop_in) + 2),
+        "{why:?}"
+    );
+    let why = refused(j_indirect);
+    assert!(matches!(why, NotOptimized::IndirectJump { .. }), "{why:?}");
+    let why = refused(j_ret_in);
+    assert!(
+        matches!(why, NotOptimized::ControlFlowInRange { at } if at == fn_addr(j_ret_in) + 2),
+        "{why:?}"
+    );
+    // Without a symbol the function's extent is unknown: a short first
+    // instruction stays on its breakpoint.
+    let probe = common::probe_at(fn_addr(j_prologue)).attach().unwrap();
+    assert!(
+        matches!(probe.mode(), Mode::Trap(NotOptimized::TooShort { .. })),
+        "{:?}",
+        probe.mode()
+    );
+}
+
+#[test]
+fn trap_only_keeps_the_breakpoint_and_turns_an_address_back() {
+    let trap = at_entry(j_nop5).trap_only().attach().unwrap();
+    assert_eq!(trap.mode(), Mode::Trap(NotOptimized::TrapOnly));
+    assert_eq!(byte_at(fn_addr(j_nop5)), 0xcc);
+    drop(trap);
+    let jump = at_entry(j_nop5).attach().unwrap();
+    assert_eq!(jump.mode(), Mode::Jump);
+    let trap = at_entry(j_nop5).trap_only().attach().unwrap();
+    assert_eq!(jump.mode(), Mode::Trap(NotOptimized::TrapOnly));
+    assert_eq!(byte_at(fn_addr(j_nop5)), 0xcc);
+    assert_eq!(call(j_nop5, 2), 7);
+    assert_eq!((jump.hits(), trap.hits()), (1, 1));
+}
+
+#[test]
+fn handlers_read_and_write_registers_through_a_trampoline() {
+    let probe = at_entry(j_prologue)
+        .on_entry(|cx| {
+            assert_eq!(cx.reg(Reg::Rip), cx.probe_addr() as u64);
+            let x = cx.reg(Reg::Rdi);
+            cx.set_reg(Reg::Rdi, x + 1);
+        })
+        .attach()
+        .unwrap();
+    assert_eq!(probe.mode(), Mode::Jump);
+    assert_eq!(call(j_prologue, 10), 33);
+}
+
+#[test]
+fn a_handler_that_sets_rip_redirects_the_thread() {
+    let probe = at_entry(j_prologue)
+        .on_entry(|cx| cx.set_reg(Reg::Rip, j_elsewhere as *const () as u64))
+        .attach()
+        .unwrap();
+    assert_eq!(probe.mode(), Mode::Jump);
+    for _ in 0..3 {
+        assert_eq!(call(j_prologue, 10), 99);
+    }
+}
+
+#[test]
+fn the_stack_pointer_is_the_one_at_the_probe() {
+    // At the entry, [rsp] is the return address into the caller.
+    let ret = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&ret);
+    let probe = at_entry(j_nop5)
+        .on_entry(move |cx| {
+            // SAFETY: at a function's entry rsp points at its return
+            // address.
+            let r = unsafe { (cx.reg(Reg::Rsp) as *const u64).read() };
+            seen.store(r, SeqCst);
+        })
+        .attach()
+        .unwrap();
+    assert_eq!(probe.mode(), Mode::Jump);
+    call(j_nop5, 0);
+    let r = ret.load(SeqCst) as usize;
+    let here = common::call as *const () as usize;
+    assert!(
+        r > here && r < here + 4096,
+        "return address {r:#x} not in the caller {here:#x}"
+    );
+}
+
+#[test]
+fn return_probes_through_a_trampoline() {
+    let returned = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&returned);
+    let probe = at_entry(j_prologue)
+        .on_entry(|cx| cx.set_cookie(cx.arg(0).unwrap()))
+        .on_return(move |cx| {
+            seen.fetch_add(cx.return_value() + 1000 * cx.cookie(), SeqCst);
+        })
+        .attach()
+        .unwrap();
+    assert_eq!(probe.mode(), Mode::Jump);
+    assert_eq!(call(j_prologue, 2), 6);
+    assert_eq!(call(j_prologue, 3), 9);
+    assert_eq!(probe.returns(), 2);
+    assert_eq!(returned.load(SeqCst), 6 + 2000 + 9 + 3000);
+}
+
+#[test]
+fn a_thread_with_every_signal_blocked_hits_an_optimized_probe() {
+    let probe = at_entry(j_prologue).attach().unwrap();
+    assert_eq!(probe.mode(), Mode::Jump);
+    let r = std::thread::spawn(|| {
+        // SAFETY: blocking every signal of this thread only.
+        unsafe {
+            let mut all: libc::sigset_t = core::mem::zeroed();
+            libc::sigfillset(&raw mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &raw const all, core::ptr::null_mut());
+        }
+        (0..100).map(|x| call(j_prologue, x)).sum::<u64>()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(r, 3 * (0..100).sum::<u64>());
+    assert_eq!(probe.hits(), 100);
+}
+
+#[test]
+fn an_optimized_probe_survives_a_replaced_trap_handler() {
+    let probe = at_entry(j_prologue).attach().unwrap();
+    let trap = at_entry(j_short).attach().unwrap();
+    assert_eq!(probe.mode(), Mode::Jump);
+    // SAFETY: replacing SIGTRAP's disposition (the program's right).
+    unsafe { libc::signal(libc::SIGTRAP, libc::SIG_IGN) };
+    // The next attach notices, disarms the breakpoint probe only.
+    let err = at_entry(j_nop5).attach().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            uprobe_core::AttachError::TrapHandlerReplaced { disarmed: 1 }
+        ),
+        "{err}"
+    );
+    assert!(!trap.is_armed());
+    assert!(probe.is_armed());
+    assert_eq!(call(j_prologue, 4), 12);
+    assert_eq!(probe.hits(), 1);
+    assert_eq!(call(j_short, 4), 5);
+    assert_eq!(trap.hits(), 0);
+}
+
+#[test]
+fn a_spawned_child_runs_through_an_optimized_probe() {
+    // posix_spawn's child shares the parent's memory until it execs:
+    // the hit is counted here. `execve` begins with `mov eax, 59`.
+    let probe = Uprobe::in_object("libc.so.6", "execve")
+        .unwrap()
+        .allow_blocked_signal_paths()
+        .attach()
+        .unwrap();
+    if !probe.mode().is_jump() {
+        eprintln!("skipped: execve is not optimized here: {:?}", probe.mode());
+        return;
+    }
+    let status = std::process::Command::new("/bin/true").status().unwrap();
+    assert!(status.success());
+    assert!(probe.hits() >= 1, "the child's execve was not seen");
+}
+
+#[test]
+fn optimizing_and_unoptimizing_under_callers_thousands_of_times() {
+    // Multi-instruction range: every optimization checks the callers'
+    // threads, which are often stopped inside it.
+    let rounds = if common::emulated() { 200 } else { 2000 };
+    let runs = Arc::new(AtomicU64::new(0));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut jumps = 0;
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let stop = &stop;
+            s.spawn(move || {
+                let mut x = t;
+                while !stop.load(SeqCst) {
+                    assert_eq!(call(j_prologue, x), 3 * x);
+                    x = (x + 2) % 1_000_000;
+                }
+            });
+        }
+        let _stop = common::StopOnDrop(&stop);
+        for round in 0..rounds {
+            let counter = Arc::clone(&runs);
+            let mut probe = at_entry(j_prologue).on_entry(move |_| {
+                counter.fetch_add(1, SeqCst);
+            });
+            if round % 10 == 9 {
+                probe = probe.trap_only();
+            }
+            let probe = probe.attach().unwrap();
+            jumps += usize::from(probe.mode().is_jump());
+            let before = probe.hits();
+            assert_eq!(call(j_prologue, 1), 3);
+            assert!(probe.hits() > before, "a hit while attached was lost");
+            probe.detach().unwrap();
+            let after_detach = runs.load(SeqCst);
+            std::thread::yield_now();
+            assert_eq!(
+                runs.load(SeqCst),
+                after_detach,
+                "a handler ran after detach returned"
+            );
+        }
+    });
+    println!("{jumps} of {rounds} rounds through a jump");
+    assert!(
+        jumps > rounds / 2,
+        "only {jumps} of {rounds} rounds took a jump"
+    );
+}
+
+/// userfaultfd, to park a thread on a missing page: the thread stops at
+/// the load, an instruction boundary inside the range, and stays there
+/// (in the kernel) until the page is filled.
+mod uffd {
+    const UFFDIO_API: u64 = 0xc018_aa3f;
+    const UFFDIO_REGISTER: u64 = 0xc020_aa00;
+    const UFFDIO_COPY: u64 = 0xc028_aa03;
+    const UFFD_USER_MODE_ONLY: i32 = 1;
+
+    /// A userfaultfd watching one missing anonymous page: (fd, page).
+    pub fn missing_page() -> Option<(i32, usize)> {
+        // SAFETY: plain system calls on memory and descriptors of ours.
+        unsafe {
+            let mut fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) as i32;
+            if fd < 0 {
+                fd = libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | UFFD_USER_MODE_ONLY)
+                    as i32;
+            }
+            if fd < 0 {
+                return None;
+            }
+            let mut api = [0xaa_u64, 0, 0];
+            if libc::ioctl(fd, UFFDIO_API as _, api.as_mut_ptr()) != 0 {
+                return None;
+            }
+            let page = libc::mmap(
+                core::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if page == libc::MAP_FAILED {
+                return None;
+            }
+            // range (start, len), mode MISSING, ioctls (out)
+            let mut reg = [page as u64, 4096, 1, 0];
+            if libc::ioctl(fd, UFFDIO_REGISTER as _, reg.as_mut_ptr()) != 0 {
+                return None;
+            }
+            Some((fd, page as usize))
+        }
+    }
+
+    /// Waits until a thread faults on the page.
+    pub fn wait_fault(fd: i32) {
+        let mut msg = [0u8; 32];
+        // SAFETY: reading one uffd_msg into our buffer.
+        let n = unsafe { libc::read(fd, msg.as_mut_ptr().cast(), 32) };
+        assert_eq!(n, 32, "uffd read");
+        assert_eq!(msg[0], 0x12, "a page fault event");
+    }
+
+    /// Fills the page with `value` in its first word, waking the faulting
+    /// thread.
+    pub fn fill(fd: i32, page: usize, value: u32) {
+        let mut src = vec![0u8; 4096];
+        src[..4].copy_from_slice(&value.to_le_bytes());
+        // dst, src, len, mode, copy (out)
+        let mut copy = [page as u64, src.as_ptr() as u64, 4096, 0, 0];
+        // SAFETY: UFFDIO_COPY of our buffer into our registered page.
+        let rc = unsafe { libc::ioctl(fd, UFFDIO_COPY as _, copy.as_mut_ptr()) };
+        assert_eq!(rc, 0, "UFFDIO_COPY");
+    }
+}
+
+/// A thread parked at an instruction boundary inside the range (its load
+/// waits for a missing page) while the site is optimized: the engine
+/// must move it to the relocated copy, or it would resume in the middle
+/// of the jump. It then finishes its call with the right result.
+#[test]
+fn a_thread_parked_inside_the_range_is_moved_before_the_jump_is_written() {
+    let Some((fd, page)) = uffd::missing_page() else {
+        println!("skipped: userfaultfd is not available here");
+        return;
+    };
+    let parked = std::thread::spawn(move || call(j_park, page as u64));
+    uffd::wait_fault(fd);
+    // The thread is stopped at j_park + 1, inside the 5 bytes the jump
+    // replaces (push rbx; mov eax, [rdi]; mov ebx, eax).
+    let probe = at_entry(j_park).attach().unwrap();
+    assert_eq!(probe.mode(), Mode::Jump, "{:?}", probe.mode());
+    assert_eq!(byte_at(fn_addr(j_park)), 0xe9);
+    uffd::fill(fd, page, 41);
+    assert_eq!(parked.join().unwrap(), 42);
+    // And the probe works for later calls.
+    assert_eq!(call(j_park, page as u64), 42);
+    assert_eq!(probe.hits(), 1);
+}
