@@ -87,6 +87,9 @@ pub(crate) struct Site {
     /// Where a trap hit continues instead of the emulation (0: none):
     /// the trampoline's relocated copy, once the site has one.
     resume_at: AtomicUsize,
+    /// Where the range of a jump placed after the `endbr64` at `addr`
+    /// starts while a breakpoint there belongs to this site (0: none).
+    landing: AtomicUsize,
     /// How the site runs (writer only; the handler never looks).
     mode: Mutex<SiteMode>,
 }
@@ -101,6 +104,19 @@ impl Site {
     #[cfg(uprobe_arch = "x86_64")]
     pub(crate) fn mapping(&self) -> Mapping {
         self.map
+    }
+
+    /// The original bytes the breakpoint covers.
+    #[cfg(uprobe_arch = "x86_64")]
+    pub(crate) fn original_bytes(&self) -> &[u8] {
+        &self.original
+    }
+
+    /// Makes a breakpoint at `at` (the start of a jump's range after the
+    /// site's `endbr64`) this site's; 0: none. Writer only.
+    #[cfg(uprobe_arch = "x86_64")]
+    pub(crate) fn set_landing(&self, at: usize) {
+        self.landing.store(at, Ordering::Release);
     }
 
     /// Sends trap hits to `at` (see `resume_at`). Writer only.
@@ -447,7 +463,12 @@ fn handle_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
         crate::deferral::restore(uc);
         return;
     }
-    if crate::lookup::with_read_side(|| lookup(addr).map(|site| hit(site, uc))).is_some() {
+    let found = crate::lookup::with_read_side(|| {
+        lookup(addr)
+            .or_else(|| landing_site(addr))
+            .map(|site| hit(site, uc))
+    });
+    if found.is_some() {
         return;
     }
     // SAFETY: `addr` is the breakpoint the thread just executed, so it is
@@ -459,6 +480,15 @@ fn handle_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
         // it.
         crate::arch::set_pc(uc, addr);
     }
+}
+
+/// The site whose jump, placed after its `endbr64`, starts at `addr`,
+/// while a breakpoint there is the site's. Async-signal-safe.
+fn landing_site(addr: usize) -> Option<&'static Site> {
+    const ENDBR64_LEN: usize = 4;
+    addr.checked_sub(ENDBR64_LEN)
+        .and_then(lookup)
+        .filter(|s| s.landing.load(Ordering::Acquire) == addr)
 }
 
 /// One trap hit on `site`: consumers, then the displaced instruction.
@@ -742,9 +772,10 @@ fn to_traps(sites: &[&Site], why: &NotOptimized) {
         .collect();
     crate::jump::unoptimize(&jumps);
     drop(jumps);
-    for m in &mut modes {
+    for (m, site) in modes.iter_mut().zip(sites) {
         if matches!(**m, SiteMode::Jump(_)) {
             **m = SiteMode::Trap(why.clone());
+            site.landing.store(0, Ordering::Release);
         }
     }
 }
@@ -849,6 +880,7 @@ unsafe fn attach_one(
         missed: PerCpuCounter::new(),
         armed: AtomicBool::new(true),
         resume_at: AtomicUsize::new(0),
+        landing: AtomicUsize::new(0),
         mode: Mutex::new(SiteMode::Trap(NotOptimized::TrapOnly)),
     }));
     // SAFETY: just made, not published yet.

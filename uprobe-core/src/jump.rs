@@ -77,6 +77,9 @@ pub(crate) struct Trampoline {
 /// A site that runs through a jump: the range the jump covers and what
 /// was there.
 pub(crate) struct Jump {
+    /// The probed address: `start`, or the `endbr64` before it.
+    site: usize,
+    /// Where the jump goes.
     pub(crate) start: usize,
     /// Bytes of whole instructions the trampoline runs (>= the jump).
     len: usize,
@@ -142,17 +145,16 @@ pub(crate) fn prepare(
     if plan.start + JUMP_LEN > code_end {
         return Err(NotOptimized::CrossesMapping);
     }
-    if let Some(at) =
-        (plan.start + 1..plan.start + plan.len).find(|&a| crate::table::find(a).is_some())
-    {
+    if let Some(at) = (addr + 1..plan.start + plan.len).find(|&a| crate::table::find(a).is_some()) {
         return Err(NotOptimized::OtherProbeInRange { at });
     }
-    let original = &here[..plan.len];
-    let trampoline = trampoline_for(&plan, original)?;
+    let original = &here[plan.start - addr..plan.start - addr + plan.len];
+    let trampoline = trampoline_for(&plan, original, addr)?;
     if plan.has_interior() {
         site.set_resume_at(arch_jump::copy_start(trampoline.base));
     }
     Ok(Jump {
+        site: addr,
         start: plan.start,
         len: plan.len,
         bytes: arch_jump::jump_bytes(plan.start, trampoline.base),
@@ -162,9 +164,15 @@ pub(crate) fn prepare(
 }
 
 impl Jump {
-    /// Whether `addr` lies inside the range, past its first byte.
+    /// Whether `addr` lies inside the range, past the probed address.
     pub(crate) fn covers(&self, addr: usize) -> bool {
-        addr > self.start && addr < self.start + self.len
+        addr > self.site && addr < self.start + self.len
+    }
+
+    /// Whether the jump comes after an `endbr64` that stays in place (the
+    /// probed address is the landing pad's).
+    fn after_landing_pad(&self) -> bool {
+        self.start != self.site
     }
 }
 
@@ -172,6 +180,7 @@ impl Jump {
 /// regions they are carved from: `(base, bytes used)`.
 #[derive(Default)]
 struct Trampolines {
+    /// By (probed address, the range's original bytes).
     by_key: HashMap<(usize, Vec<u8>), &'static Trampoline>,
     regions: Vec<(usize, usize)>,
 }
@@ -181,14 +190,18 @@ static TRAMPOLINES: Mutex<Option<Trampolines>> = Mutex::new(None);
 /// Bytes per region of trampolines.
 const REGION_SIZE: usize = 64 * 1024;
 
-/// The trampoline for `plan`, made (and written) if new. `original` is
-/// the range's bytes. Not async-signal-safe.
-fn trampoline_for(plan: &Plan, original: &[u8]) -> Result<&'static Trampoline, NotOptimized> {
+/// The trampoline for `plan` of the probe at `site`, made (and written)
+/// if new. `original` is the range's bytes. Not async-signal-safe.
+fn trampoline_for(
+    plan: &Plan,
+    original: &[u8],
+    site: usize,
+) -> Result<&'static Trampoline, NotOptimized> {
     let mut guard = TRAMPOLINES
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let all = guard.get_or_insert_with(Trampolines::default);
-    let key = (plan.start, original.to_vec());
+    let key = (site, original.to_vec());
     if let Some(&t) = all.by_key.get(&key) {
         return Ok(t);
     }
@@ -207,7 +220,7 @@ fn trampoline_for(plan: &Plan, original: &[u8]) -> Result<&'static Trampoline, N
         base
     };
     let cell: &'static JumpCell = Box::leak(Box::new(JumpCell {
-        addr: plan.start,
+        addr: site,
         site: AtomicPtr::new(core::ptr::null_mut()),
     }));
     let (code, moves) = arch_jump::build(plan, base, core::ptr::from_ref(cell) as usize)?;
@@ -230,12 +243,18 @@ unsafe fn read_code(addr: usize) -> [u8; JUMP_LEN] {
 /// its first byte, and every thread has synced since it was written).
 /// Returns, per site, the jump or why not. `WRITER` is held.
 pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimized>> {
-    let candidates: Vec<&Site> = ready.iter().map(|(s, _)| *s).collect();
+    let sites: Vec<&Site> = ready.iter().map(|(s, _)| *s).collect();
     let mut results: Vec<Result<Jump, NotOptimized>> = ready
         .into_iter()
         .map(|(_, j)| {
             // SAFETY: planned inside executable mappings.
-            if unsafe { read_code(j.start) }[0] == crate::arch::BREAKPOINT[0] {
+            let (at_site, at_start) = unsafe { (read_code(j.site)[0], read_code(j.start)) };
+            let expected = if j.after_landing_pad() {
+                at_start == j.original
+            } else {
+                at_start[1..] == j.original[1..]
+            };
+            if at_site == crate::arch::BREAKPOINT[0] && expected {
                 Ok(j)
             } else {
                 Err(NotOptimized::CodeChanged)
@@ -244,15 +263,27 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
         .collect();
     // Step 1: trap hits continue in the trampoline; the cell names the
     // site.
-    for (site, r) in candidates.iter().zip(&results) {
+    for (site, r) in sites.iter().zip(&results) {
         if let Ok(j) = r {
             site.set_resume_at(arch_jump::copy_start(j.trampoline.base));
             j.trampoline
                 .cell
                 .site
                 .store(core::ptr::from_ref(*site).cast_mut(), Ordering::Release);
+            if j.after_landing_pad() {
+                site.set_landing(j.start);
+            }
         }
     }
+    // After a landing pad, the range's own first byte gets a breakpoint
+    // too (a thread may have run the `endbr64` before the site's
+    // breakpoint was written); the trap handler knows it as the site's.
+    patch_step(&sites, &mut results, |_, j| {
+        if !j.after_landing_pad() {
+            return Step::Skip;
+        }
+        Step::Write(j.start, crate::arch::BREAKPOINT.to_vec())
+    });
     // Step 2: no thread stopped inside a multi-instruction range.
     let interior: Vec<&Jump> = results
         .iter()
@@ -269,64 +300,111 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
         }
     }
     // Step 3: the tail, then the first byte, each checked first.
-    let write_step = |results: &mut Vec<Result<Jump, NotOptimized>>, from: usize, to: usize| {
-        let mut patches = Vec::new();
-        let mut which = Vec::new();
-        for (k, (site, r)) in candidates.iter().zip(results.iter()).enumerate() {
-            let Ok(j) = r else { continue };
+    for (from, to, before) in [(1, JUMP_LEN, true), (0, 1, false)] {
+        patch_step(&sites, &mut results, |_, j| {
             // SAFETY: mapped (planned inside executable mappings).
             let now = unsafe { read_code(j.start) };
-            let expected_tail = if from == 1 { &j.original } else { &j.bytes };
-            if now[0] != crate::arch::BREAKPOINT[0] || now[1..] != expected_tail[1..] {
-                which.push((k, false));
-                continue;
+            let tail = if before { &j.original } else { &j.bytes };
+            if now[0] != crate::arch::BREAKPOINT[0] || now[1..] != tail[1..] {
+                return Step::Mismatch;
             }
-            patches.push(Patch {
-                map: site.mapping(),
-                addr: j.start + from,
-                bytes: &j.bytes[from..to],
-            });
-            which.push((k, true));
+            Step::Write(j.start + from, j.bytes[from..to].to_vec())
+        });
+    }
+    // The landing pads back in place: `endbr64`, then the jump. (Should
+    // this fail, the jump stands behind the site's breakpoint: still
+    // correct, as trap hits go to the copy.)
+    patch_step(&sites, &mut results, |site, j| {
+        if !j.after_landing_pad() {
+            return Step::Skip;
         }
-        // SAFETY: the breakpoint on the first byte keeps every thread out
-        // of the tail (step 2 moved those stopped inside), and the first
-        // byte is written last, over a breakpoint, once the tail is in.
-        let failed = unsafe { write_patches(&patches) }.err().unwrap_or_default();
-        let mut p = 0;
-        for (k, written) in which {
-            let bad = !written || failed.iter().any(|(i, _)| *i == p);
-            if written {
-                p += 1;
-            }
-            if bad {
-                results[k] = Err(NotOptimized::CodeChanged);
-            }
-        }
-    };
-    write_step(&mut results, 1, JUMP_LEN);
-    write_step(&mut results, 0, 1);
+        Step::Write(j.site, site.original_bytes().to_vec())
+    });
     // A site left on its breakpoint keeps sending trap hits to the
     // trampoline's copy (always correct: the copy never changes, and a
     // failed step may have left the jump's tail behind the breakpoint).
     results
 }
 
-/// Puts the breakpoint back in place of each jump and restores the tail
-/// (the first byte keeps the breakpoint: the site is a trap site again).
-/// Jumps no longer in the code (unloaded) are skipped. `WRITER` is held.
+/// What one step of the patching does for one jump.
+enum Step {
+    /// Nothing (the step is not for this jump).
+    Skip,
+    /// Writes these bytes at this address.
+    Write(usize, Vec<u8>),
+    /// The code is not what the previous step left: give up on the jump.
+    Mismatch,
+}
+
+/// One step of the patching for every jump still on its way: the writes
+/// `step` asks for, with one instruction-stream sync for all of them. A
+/// jump whose check or write fails is given up (its site stays on its
+/// breakpoint, [`NotOptimized::CodeChanged`]).
+fn patch_step(
+    sites: &[&Site],
+    results: &mut [Result<Jump, NotOptimized>],
+    step: impl Fn(&Site, &Jump) -> Step,
+) {
+    let mut writes = Vec::new();
+    for (k, (site, r)) in sites.iter().zip(results.iter()).enumerate() {
+        let Ok(j) = r else { continue };
+        match step(site, j) {
+            Step::Skip => {}
+            Step::Write(addr, bytes) => writes.push((k, site.mapping(), addr, bytes)),
+            Step::Mismatch => writes.push((k, site.mapping(), 0, Vec::new())),
+        }
+    }
+    let patches: Vec<Patch<'_>> = writes
+        .iter()
+        .filter(|w| !w.3.is_empty())
+        .map(|(_, map, addr, bytes)| Patch {
+            map: *map,
+            addr: *addr,
+            bytes,
+        })
+        .collect();
+    // SAFETY: each step writes what the protocol allows at that point (a
+    // breakpoint over an instruction's first byte, the jump's tail behind
+    // one, the jump's first byte over one, a landing pad's first byte
+    // over one), after checking the code is what the step before left.
+    let failed = unsafe { write_patches(&patches) }.err().unwrap_or_default();
+    let mut p = 0;
+    for (k, _, _, bytes) in &writes {
+        let bad = bytes.is_empty() || failed.iter().any(|(i, _)| *i == p);
+        if !bytes.is_empty() {
+            p += 1;
+        }
+        if bad {
+            results[*k] = Err(NotOptimized::CodeChanged);
+        }
+    }
+}
+
+/// Puts the breakpoint back in place of each jump and restores the tail:
+/// the site is a trap site again, its breakpoint on the probed address
+/// (for a jump after a landing pad: on the `endbr64`, with the range's
+/// first byte restored last). Jumps no longer in the code (unloaded) are
+/// skipped. `WRITER` is held.
 pub(crate) fn unoptimize(jumps: &[(&Jump, crate::maps::Mapping)]) {
     let live: Vec<&(&Jump, crate::maps::Mapping)> =
         jumps.iter().filter(|(j, _)| j.in_code()).collect();
-    let first: Vec<Patch<'_>> = live
-        .iter()
-        .map(|(j, map)| Patch {
+    let mut first: Vec<Patch<'_>> = Vec::new();
+    for (j, map) in &live {
+        first.push(Patch {
             map: *map,
             addr: j.start,
             bytes: &crate::arch::BREAKPOINT,
-        })
-        .collect();
-    // SAFETY: a breakpoint over the jump's first byte: a thread fetches
-    // the jump or the breakpoint.
+        });
+        if j.after_landing_pad() {
+            first.push(Patch {
+                map: *map,
+                addr: j.site,
+                bytes: &crate::arch::BREAKPOINT,
+            });
+        }
+    }
+    // SAFETY: breakpoints over the first bytes of instructions (the jump,
+    // the landing pad): a thread fetches the old byte or the breakpoint.
     let _ = unsafe { write_patches(&first) };
     let tails: Vec<Patch<'_>> = live
         .iter()
@@ -339,6 +417,18 @@ pub(crate) fn unoptimize(jumps: &[(&Jump, crate::maps::Mapping)]) {
     // SAFETY: the breakpoint keeps threads out of the tail; no thread can
     // be stopped inside a single jump instruction.
     let _ = unsafe { write_patches(&tails) };
+    let heads: Vec<Patch<'_>> = live
+        .iter()
+        .filter(|(j, _)| j.after_landing_pad())
+        .map(|(j, map)| Patch {
+            map: *map,
+            addr: j.start,
+            bytes: &j.original[..1],
+        })
+        .collect();
+    // SAFETY: the range's first byte restored over our breakpoint, the
+    // rest of the instruction being whole again.
+    let _ = unsafe { write_patches(&heads) };
 }
 
 /// Clears a detached site's cell: trampoline hits from now on run no

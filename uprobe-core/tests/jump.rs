@@ -37,6 +37,20 @@ core::arch::global_asm!(
     "pop rbp",
     "ret",
     ".size j_prologue, . - j_prologue",
+    // A CET landing pad, then the same prologue.
+    ".globl j_endbr",
+    ".type j_endbr, @function",
+    "j_endbr:",
+    "endbr64",
+    "push rbp",
+    "mov rbp, rsp",
+    "push rbx",
+    "mov rbx, rdi",
+    "lea rax, [rbx + rbx*2]",
+    "pop rbx",
+    "pop rbp",
+    "ret",
+    ".size j_endbr, . - j_endbr",
     // A RIP-relative load inside a multi-instruction range.
     ".globl j_riprel",
     ".type j_riprel, @function",
@@ -144,6 +158,7 @@ unsafe extern "C" {
     fn j_ret_in(x: u64) -> u64;
     fn j_elsewhere(x: u64) -> u64;
     fn j_park(x: u64) -> u64;
+    fn j_endbr(x: u64) -> u64;
 }
 
 /// A probe on `f`'s entry, found through the symbol table (so the
@@ -169,7 +184,13 @@ fn same_through(f: unsafe extern "C" fn(u64) -> u64, jump: bool) {
         .attach()
         .unwrap();
     assert_eq!(probe.mode().is_jump(), jump, "mode: {:?}", probe.mode());
-    assert_eq!(byte_at(at), if jump { 0xe9 } else { 0xcc });
+    if original[..4] == [0xf3, 0x0f, 0x1e, 0xfa] && jump {
+        // The landing pad stays; the jump follows it.
+        assert_eq!(byte_at(at), 0xf3);
+        assert_eq!(byte_at(at + 4), 0xe9);
+    } else {
+        assert_eq!(byte_at(at), if jump { 0xe9 } else { 0xcc });
+    }
     let probed: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
     assert_eq!(probed, plain);
     assert_eq!(probe.hits(), inputs.len() as u64);
@@ -191,6 +212,16 @@ fn a_five_byte_nop_takes_a_jump() {
 #[test]
 fn a_prologue_of_three_instructions_takes_a_jump() {
     same_through(j_prologue, true);
+}
+
+#[test]
+fn an_endbr64_entry_keeps_its_landing_pad() {
+    same_through(j_endbr, true);
+    // Called indirectly, as IBT checks.
+    let f: unsafe extern "C" fn(u64) -> u64 = std::hint::black_box(j_endbr);
+    let probe = at_entry(j_endbr).attach().unwrap();
+    assert_eq!(call(f, 5), 15);
+    assert_eq!(probe.hits(), 1);
 }
 
 #[test]
@@ -402,9 +433,19 @@ fn a_spawned_child_runs_through_an_optimized_probe() {
 
 #[test]
 fn optimizing_and_unoptimizing_under_callers_thousands_of_times() {
+    churn(j_prologue, 2000);
+}
+
+#[test]
+fn optimizing_after_a_landing_pad_under_callers() {
+    churn(j_endbr, 1000);
+}
+
+/// Attaches and detaches a probe on `f` (which returns 3x) `rounds` times,
+/// one round in ten trap-only, while two threads call it.
+fn churn(f: unsafe extern "C" fn(u64) -> u64, rounds: usize) {
     // Multi-instruction range: every optimization checks the callers'
     // threads, which are often stopped inside it.
-    let rounds = if common::emulated() { 200 } else { 2000 };
     let runs = Arc::new(AtomicU64::new(0));
     let stop = std::sync::atomic::AtomicBool::new(false);
     let mut jumps = 0;
@@ -414,7 +455,7 @@ fn optimizing_and_unoptimizing_under_callers_thousands_of_times() {
             s.spawn(move || {
                 let mut x = t;
                 while !stop.load(SeqCst) {
-                    assert_eq!(call(j_prologue, x), 3 * x);
+                    assert_eq!(call(f, x), 3 * x);
                     x = (x + 2) % 1_000_000;
                 }
             });
@@ -422,7 +463,7 @@ fn optimizing_and_unoptimizing_under_callers_thousands_of_times() {
         let _stop = common::StopOnDrop(&stop);
         for round in 0..rounds {
             let counter = Arc::clone(&runs);
-            let mut probe = at_entry(j_prologue).on_entry(move |_| {
+            let mut probe = at_entry(f).on_entry(move |_| {
                 counter.fetch_add(1, SeqCst);
             });
             if round % 10 == 9 {
@@ -431,7 +472,7 @@ fn optimizing_and_unoptimizing_under_callers_thousands_of_times() {
             let probe = probe.attach().unwrap();
             jumps += usize::from(probe.mode().is_jump());
             let before = probe.hits();
-            assert_eq!(call(j_prologue, 1), 3);
+            assert_eq!(call(f, 1), 3);
             assert!(probe.hits() > before, "a hit while attached was lost");
             probe.detach().unwrap();
             let after_detach = runs.load(SeqCst);

@@ -74,6 +74,8 @@ pub(crate) struct Function<'a> {
 /// can be replaced by a jump, and which instructions the jump covers:
 ///
 /// - one instruction of 5 bytes or more, anywhere;
+/// - a function's first instruction being `endbr64`, the same after it
+///   (the landing pad stays in place);
 /// - or, at a function's first instruction (`function` known, with its
 ///   whole code), the first instructions up to at least 5 bytes, if the
 ///   whole function decodes, no direct branch in it lands inside the
@@ -94,6 +96,21 @@ pub(crate) fn plan(
         return Err(NotOptimized::NotRelocatable {
             why: "the instruction does not decode",
         });
+    }
+    if first.mnemonic() == Mnemonic::Endbr64 {
+        // The landing pad stays: indirect calls must still find it on
+        // machines that enforce IBT. The jump goes right after it.
+        let skip = first.len();
+        return plan(
+            addr + skip,
+            &here[skip..],
+            function.and_then(|f| {
+                (f.code.len() > skip).then(|| Function {
+                    start: f.start + skip,
+                    code: &f.code[skip..],
+                })
+            }),
+        );
     }
     if first.len() >= JUMP_LEN {
         relocatable(&here[..first.len()], &first)?;
