@@ -6,9 +6,19 @@
 //! cargo bench -p uprobe-core --bench hit -- --save-baseline plain
 //! cargo bench -p uprobe-core --bench hit --features bench-variants -- --baseline plain
 //! ```
+//!
+//! `uprobe-jump`: a trap-free hit (a 5-byte nop at the entry, one counting
+//! consumer) against the bare call of the same function, and an entry and
+//! return through a jump on a real prologue:
+//!
+//! ```sh
+//! cargo bench -p uprobe-core --bench hit -- uprobe-jump
+//! ```
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
     use criterion::Criterion;
 
     core::arch::global_asm!(
@@ -21,11 +31,73 @@ mod x86 {
         "hit_rnop:",
         "nop",
         "ret",
+        ".globl hit_nop5",
+        ".type hit_nop5, @function",
+        "hit_nop5:",
+        ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+        "ret",
+        ".size hit_nop5, . - hit_nop5",
+        ".globl hit_bare5",
+        ".type hit_bare5, @function",
+        "hit_bare5:",
+        ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+        "ret",
+        ".size hit_bare5, . - hit_bare5",
+        ".globl hit_entry",
+        ".type hit_entry, @function",
+        "hit_entry:",
+        "push rbp",
+        "mov rbp, rsp",
+        "push rbx",
+        "mov rbx, rdi",
+        "lea rax, [rbx + 1]",
+        "pop rbx",
+        "pop rbp",
+        "ret",
+        ".size hit_entry, . - hit_entry",
     );
 
     unsafe extern "C" {
         fn hit_nop();
         fn hit_rnop();
+        fn hit_nop5();
+        fn hit_bare5();
+        fn hit_entry();
+    }
+
+    /// Hits the trap-free consumer counted.
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+
+    pub fn jumps(c: &mut Criterion) {
+        let mut g = c.benchmark_group("uprobe-jump");
+        // SAFETY: the asm functions take nothing and touch only the stack.
+        g.bench_function("bare call", |b| b.iter(|| unsafe { hit_bare5() }));
+        let probe = uprobe_core::Uprobe::at(hit_nop5 as *const () as usize)
+            .expect("symbol")
+            .on_entry(|_| {
+                COUNT.fetch_add(1, Relaxed);
+            })
+            .attach()
+            .expect("attach");
+        assert!(probe.mode().is_jump(), "{:?}", probe.mode());
+        g.bench_function("nop5 hit, one counting consumer", |b| {
+            // SAFETY: as above.
+            b.iter(|| unsafe { hit_nop5() });
+        });
+        let ret = uprobe_core::Uprobe::at(hit_entry as *const () as usize)
+            .expect("symbol")
+            .on_return(|_| {
+                COUNT.fetch_add(1, Relaxed);
+            })
+            .attach()
+            .expect("attach");
+        assert!(ret.mode().is_jump(), "{:?}", ret.mode());
+        g.bench_function("prologue entry+return", |b| {
+            // SAFETY: as above.
+            b.iter(|| unsafe { hit_entry() });
+        });
+        g.finish();
+        drop((probe, ret));
     }
 
     pub fn hits(c: &mut Criterion) {
@@ -56,7 +128,7 @@ criterion::criterion_group! {
     config = criterion::Criterion::default()
         .warm_up_time(std::time::Duration::from_millis(500))
         .measurement_time(std::time::Duration::from_secs(3));
-    targets = x86::hits
+    targets = x86::hits, x86::jumps
 }
 #[cfg(target_arch = "x86_64")]
 criterion::criterion_main!(benches);

@@ -5,15 +5,17 @@
 //! registers).
 
 /// What an entry handler sees: the registers of the thread that hit the
-/// probe, as they were just before the probed instruction, borrowed from
-/// the signal frame (writes take effect when the handler returns).
+/// probe, as they were just before the probed instruction (writes take
+/// effect when the handler returns), borrowed from the signal frame (a
+/// trap) or from the registers the probe's trampoline saved (a jump: see
+/// [`Mode`](crate::Mode)).
 ///
-/// The handler runs **inside the SIGTRAP handler**, on the interrupted
-/// thread's stack, with that thread's signal mask plus nothing blocked
-/// (`SA_NODEFER`): it must be async-signal-safe (no allocation, no locks the
-/// interrupted code may hold, no printing through `std`'s locked stdout).
-/// A probe hit from inside a handler runs no handler (it counts as missed).
-/// Every method is async-signal-safe.
+/// The handler runs **inside the SIGTRAP handler** or **called from the
+/// trampoline**, on the interrupted thread's stack, in the middle of
+/// whatever the thread was doing: it must be async-signal-safe (no
+/// allocation, no locks the interrupted code may hold, no printing
+/// through `std`'s locked stdout). A probe hit from inside a handler runs
+/// no handler (it counts as missed). Every method is async-signal-safe.
 pub struct EntryContext<'a> {
     /// The registers: the signal frame's (a trap) or the trampoline's
     /// saved ones (an optimized probe), in the same layout.

@@ -51,6 +51,7 @@ pub(crate) struct Consumer {
     pub(crate) removed: AtomicBool,
     /// The function the probe was made for (start, size; size 0:
     /// unknown), which the multi-instruction jump needs.
+    #[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
     pub(crate) function: Option<(usize, usize)>,
     /// Keep the address on the trap path.
     pub(crate) trap_only: bool,
@@ -862,10 +863,10 @@ unsafe fn attach_one(
     // An instruction may straddle two mappings of one code segment.
     let code_end = maps.code_end(addr).unwrap_or(map.end);
     let len = (code_end - addr).min(crate::arch::MAX_INSN_LEN);
-    // SAFETY: `[addr, addr + len)` lies in readable executable mappings.
-    let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, len) };
-    // SAFETY: as above.
-    if len < BREAKPOINT.len() || unsafe { crate::arch::is_breakpoint_at(addr) } {
+    // `[addr, addr + len)` lies in readable executable mappings; another
+    // site's breakpoint or jump may cover part of it.
+    let bytes = &code_as_original(addr, len)[..];
+    if len < BREAKPOINT.len() || bytes[..BREAKPOINT.len()] == BREAKPOINT {
         return Err(AttachError::ForeignBreakpoint { addr });
     }
     let emulation = analyze(addr, bytes)?;
@@ -1071,6 +1072,46 @@ fn check_trap_handler() -> Result<(), AttachError> {
 pub(crate) fn armed(addr: usize) -> bool {
     let _w = writer();
     lookup(addr).is_some_and(|s| s.armed.load(Ordering::Relaxed))
+}
+
+/// The code at `[addr, addr + len)` (inside executable mappings) as it
+/// was before the engine patched it: each breakpoint and jump of a site
+/// replaced by the bytes it covers. `WRITER` is held.
+pub(crate) fn code_as_original(addr: usize, len: usize) -> Vec<u8> {
+    // SAFETY: the caller's contract.
+    let mut code = unsafe { core::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
+    // A jump's range starts at most an `endbr64` and an instruction
+    // before the bytes it covers.
+    let reach = crate::arch::MAX_INSN_LEN + 4;
+    for at in addr.saturating_sub(reach)..addr + len {
+        let Some((_, site)) = crate::table::find(at) else {
+            continue;
+        };
+        if let Some(b) = at.checked_sub(addr).and_then(|i| code.get_mut(i))
+            && *b == BREAKPOINT[0]
+        {
+            *b = site.original[0];
+        }
+        #[cfg(uprobe_arch = "x86_64")]
+        if let SiteMode::Jump(j) = &*site.mode() {
+            let (start, bytes) = j.original();
+            for (k, &o) in bytes.iter().enumerate() {
+                if let Some(c) = (start + k)
+                    .checked_sub(addr)
+                    .and_then(|at| code.get_mut(at))
+                {
+                    *c = o;
+                }
+            }
+        }
+    }
+    code
+}
+
+/// [`code_as_original`], taking the writer lock. Not async-signal-safe.
+pub(crate) fn original_code(addr: usize, len: usize) -> Vec<u8> {
+    let _w = writer();
+    code_as_original(addr, len)
 }
 
 /// How the site at `addr` runs (`None` if nothing is attached there).

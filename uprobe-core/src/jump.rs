@@ -124,20 +124,17 @@ pub(crate) fn prepare(
     }
     let addr = site.addr();
     let code_end = maps.code_end(addr).unwrap_or(addr);
-    // SAFETY: `[addr, code_end)` lies in executable mappings; the site's
-    // breakpoint is not written yet.
-    let here = unsafe { core::slice::from_raw_parts(addr as *const u8, (code_end - addr).min(64)) };
+    let here = crate::engine::code_as_original(addr, (code_end - addr).min(64));
     let function_code = function.and_then(|(start, size)| {
-        (size > 0 && start == addr).then(|| {
-            let end = (start + size).min(code_end);
-            // SAFETY: as above.
-            unsafe { core::slice::from_raw_parts(start as *const u8, end - start) }
-        })
+        (size > 0 && start == addr)
+            .then(|| crate::engine::code_as_original(start, (start + size).min(code_end) - start))
     });
     let plan = arch_jump::plan(
         addr,
-        here,
-        function_code.map(|code| Function { start: addr, code }),
+        &here,
+        function_code
+            .as_deref()
+            .map(|code| Function { start: addr, code }),
     )?;
     if trap_only && !plan.has_interior() {
         return Err(NotOptimized::TrapOnly);
@@ -167,6 +164,11 @@ impl Jump {
     /// Whether `addr` lies inside the range, past the probed address.
     pub(crate) fn covers(&self, addr: usize) -> bool {
         addr > self.site && addr < self.start + self.len
+    }
+
+    /// The original bytes under the jump, and where they start.
+    pub(crate) fn original(&self) -> (usize, &[u8]) {
+        (self.start, &self.original)
     }
 
     /// Whether the jump comes after an `endbr64` that stays in place (the

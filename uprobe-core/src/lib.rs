@@ -24,8 +24,9 @@
 //! ```
 //!
 //! **Status**: entry and return probes on x86-64 and aarch64 (see
-//! [below](#aarch64) for what differs); on other architectures the crate
-//! builds with its error type only.
+//! [below](#aarch64) for what differs); on x86-64, probes run without a
+//! trap wherever the site allows ([trap-free probes](#trap-free-probes-x86-64));
+//! on other architectures the crate builds with its error type only.
 //!
 //! # Attaching
 //! [`Uprobe::function`] (the executable, then every loaded library),
@@ -95,6 +96,74 @@
 //!   asynchronous signals are deferred while it runs the slot (a swapped
 //!   `uc_sigmask`, recorded with `sigpending::TaskFlags`). A fault raised
 //!   in a slot reaches the program at the probed address.
+//!
+//! # Trap-free probes (x86-64)
+//! A trap costs a signal round trip (~2.5 us on a 2-core VM, and the
+//! process-wide `siglock` twice). So after the breakpoint is in, `attach`
+//! rewrites a site that qualifies into a 5-byte `jmp rel32` to a
+//! trampoline of its own, placed within +-2 GB of the code: no signal, no
+//! system call, ~20 ns a hit with one counting consumer. Which way a
+//! probe runs is [`Probe::mode`]: [`Mode::Jump`], or [`Mode::Trap`] with
+//! the reason ([`NotOptimized`]). [`Uprobe::trap_only`] keeps a probe on
+//! its breakpoint. A site qualifies when:
+//! - its instruction is 5 bytes or longer (the 5-byte nop of USDT and
+//!   `-fpatchable-function-entry` sites, `mov r32, imm32`, `sub rsp,
+//!   imm32`, `call rel32`, RIP-relative loads, ...), anywhere; or
+//! - it is a function's first instruction, the function's extent is known
+//!   (found through a symbol with a size: [`Uprobe::function`],
+//!   [`Uprobe::in_object`], [`Uprobe::at`], not [`Uprobe::address`]), the
+//!   whole function decodes, no direct branch in it lands inside the
+//!   first instructions that make up 5 bytes, it has no indirect jump (a
+//!   jump table could), and none of those instructions but the last
+//!   branches, calls or returns; a last `call rel32` runs as a push of the
+//!   original return address and a `jmp`, so the callee returns to the
+//!   probed code;
+//! - a function that starts with `endbr64` keeps it (indirect calls stay
+//!   valid where IBT is enforced) and takes the jump right after it.
+//!
+//! Not on x86-64 with a shadow stack, inside another probe's range, or
+//! for instructions that cannot run relocated (the kernel's refusal
+//! tables, indirect calls, far branches, `loop`/`jrcxz`).
+//!
+//! **The trampoline** steps over the red zone (`lea rsp, [rsp-128]`: a
+//! `call` at the site would overwrite the 128 bytes below the stack
+//! pointer), saves the flags, every general-purpose register and
+//! `xmm0`-`xmm15`, and calls the engine with the site built in (no table
+//! lookup): handlers get the same [`EntryContext`] as on a trap, and a
+//! handler that sets RIP sends the thread there instead of the displaced
+//! instructions. Not saved: the upper halves of `ymm`/`zmm`, the mask
+//! registers, the x87 stack and MXCSR (a full `xsave` costs ~170 ns;
+//! handlers must not touch them); a handler's write to RSP is not
+//! honoured. Then the displaced instructions run, relocated, and a jump
+//! goes back. Trampolines are immutable and never freed: a thread
+//! preempted inside one always finds the same code. A return probe's
+//! entry runs through the jump too, and its return through the plain-code
+//! trampoline: no trap at all.
+//!
+//! **Patching** follows the kernel's `text_poke_bp`: with the breakpoint
+//! on the first byte and every thread's instruction stream synced, the
+//! jump's tail is written, synced, then its first byte, synced; bytes are
+//! checked before each write. For a range of several instructions, every
+//! other thread is first asked where it stopped (a real-time signal,
+//! the highest one the program leaves at its default, queued with a
+//! marker): one stopped between two of the range's instructions is moved
+//! to the same point of the trampoline's copy; a thread that does not
+//! answer (it blocks the signal) leaves the site on its breakpoint
+//! ([`NotOptimized::ThreadsUnchecked`]). The signal interrupts system
+//! calls the kernel never restarts (`nanosleep`, `poll`, ...: `EINTR`),
+//! as any signal does. Detaching (or a trap-only probe joining the
+//! address) puts the breakpoint back over the jump, restores the tail,
+//! then the rest as for any probe. One limit remains: a thread that a
+//! signal of the program interrupted between two instructions of a range,
+//! and that is still inside that signal handler while the site is
+//! optimized, returns into the middle of the jump.
+//!
+//! **Where signals cannot help**, an optimized probe still works: in a
+//! thread that blocks every signal, in the child of `posix_spawn`
+//! (`std::process::Command`), and after the program replaced the SIGTRAP
+//! handler (only breakpoint probes are disarmed then). The functions
+//! glibc runs with signals blocked are still refused by default, since
+//! the breakpoint is in the code while the jump is written.
 //!
 //! # Return probes
 //! [`Uprobe::on_return`] runs a handler when the probed function returns
@@ -181,15 +250,17 @@
 //! under qemu-user, which notices stores to code it has translated).
 //!
 //! # What handlers may do
-//! They run **inside the signal handler, on the interrupted thread's
-//! stack** (not on an alternate stack: Rust threads' are small, and a
-//! signal frame is ~3.4 KB), so they must be async-signal-safe: no
+//! They run **inside the signal handler (a trap) or called from the
+//! trampoline (a jump), on the interrupted thread's stack** (not on an
+//! alternate stack: Rust threads' are small, and a signal frame is ~3.4
+//! KB), in the middle of whatever the thread was doing, so they must be
+//! async-signal-safe either way: no
 //! allocation, no lock the interrupted code may hold, no `println!`. A
 //! probe hit while the thread is already inside the engine (a handler
 //! calling a probed function, or the engine's own code) runs no handler,
 //! is counted as missed, and still executes the instruction. A handler
 //! that panics aborts the process with a message (unwinding through a
-//! signal frame is not possible). Detaching waits until no handler of the
+//! signal frame or a trampoline is not possible). Detaching waits until no handler of the
 //! probe runs; it must not be called from a handler.
 //!
 //! # Rules for the program

@@ -196,10 +196,10 @@ impl Uprobe {
             (f.start + f.size).min(end)
         };
         let on_boundary = inside && {
-            // SAFETY: `[f.start, code_end)` lies in executable mappings.
-            let code =
-                unsafe { core::slice::from_raw_parts(f.start as *const u8, code_end - f.start) };
-            crate::arch::is_boundary(f.start, self.addr, code)
+            // `[f.start, code_end)` lies in executable mappings; probes
+            // there may have patched it.
+            let code = engine::original_code(f.start, code_end - f.start);
+            crate::arch::is_boundary(f.start, self.addr, &code)
         };
         if on_boundary {
             Ok(())
@@ -392,8 +392,8 @@ impl Probe {
     }
 
     /// How hits of this probe reach the engine: through a jump into a
-    /// trampoline ([`Mode::Jump`], no signal), or a breakpoint and the
-    /// SIGTRAP handler, with the reason ([`Mode::Trap`]). The mode belongs
+    /// trampoline ([`Mode::Jump`](crate::Mode::Jump), no signal), or a breakpoint and the
+    /// SIGTRAP handler, with the reason ([`Mode::Trap`](crate::Mode::Trap)). The mode belongs
     /// to the address (every probe there shares it). Not
     /// async-signal-safe.
     #[must_use]
@@ -407,7 +407,7 @@ impl Probe {
         self.consumer
             .ret
             .as_ref()
-            .map_or(0, |r| r.counters.returns.load(Ordering::Relaxed))
+            .map_or(0, |r| r.counters.returns.sum())
     }
 
     /// Returns of this probe that ran no return handler: not tracked (the

@@ -73,8 +73,9 @@ pub(crate) type ReturnHandler = Box<dyn Fn(&mut ReturnContext<'_>) + Send + Sync
 /// the leased [`ReturnPart`].
 #[derive(Default)]
 pub(crate) struct ReturnCounters {
-    /// Return handlers run.
-    pub(crate) returns: AtomicU64,
+    /// Return handlers run, per CPU (no line shared by the threads
+    /// returning).
+    pub(crate) returns: pcpu::PerCpuCounter,
     /// Returns that could not be tracked (depth, in-flight limit, no
     /// per-thread stack, no stub) or whose instance was abandoned.
     pub(crate) missed: AtomicU64,
@@ -588,7 +589,7 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
                     if part.detached.load(Ordering::Acquire) {
                         return;
                     }
-                    part.counters.returns.fetch_add(1, Ordering::Relaxed);
+                    part.counters.returns.add(1);
                     let _abort = crate::engine::AbortOnUnwind::new();
                     let mut cx =
                         ReturnContext::new(regs, xmm, inst.func.get(), original, inst.cookie.get());

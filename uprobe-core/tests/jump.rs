@@ -133,6 +133,26 @@ core::arch::global_asm!(
     "pop rbx",
     "ret",
     ".size j_park, . - j_park",
+    // A lock-prefixed instruction inside the range.
+    ".globl j_locked",
+    ".type j_locked, @function",
+    "j_locked:",
+    "push rbx",
+    "lock inc dword ptr [rsp - 8]",
+    "lea eax, [rdi + 1]",
+    "pop rbx",
+    "ret",
+    ".size j_locked, . - j_locked",
+    // Bytes that do not decode in 64-bit code after the return.
+    ".globl j_undecodable",
+    ".type j_undecodable, @function",
+    "j_undecodable:",
+    "push rbx",
+    "lea eax, [rdi + 1]",
+    "pop rbx",
+    "ret",
+    ".byte 0x06",
+    ".size j_undecodable, . - j_undecodable",
     // Where a redirected hit goes.
     ".globl j_elsewhere",
     ".type j_elsewhere, @function",
@@ -159,6 +179,8 @@ unsafe extern "C" {
     fn j_elsewhere(x: u64) -> u64;
     fn j_park(x: u64) -> u64;
     fn j_endbr(x: u64) -> u64;
+    fn j_locked(x: u64) -> u64;
+    fn j_undecodable(x: u64) -> u64;
 }
 
 /// A probe on `f`'s entry, found through the symbol table (so the
@@ -275,6 +297,16 @@ fn each_refusal_says_why() {
     let why = refused(j_ret_in);
     assert!(
         matches!(why, NotOptimized::ControlFlowInRange { at } if at == fn_addr(j_ret_in) + 2),
+        "{why:?}"
+    );
+    let why = refused(j_locked);
+    assert!(
+        matches!(why, NotOptimized::NotRelocatable { .. }),
+        "{why:?}"
+    );
+    let why = refused(j_undecodable);
+    assert!(
+        matches!(why, NotOptimized::Undecodable { at } if at == fn_addr(j_undecodable) + 6),
         "{why:?}"
     );
     // Without a symbol the function's extent is unknown: a short first
@@ -580,4 +612,31 @@ fn a_thread_parked_inside_the_range_is_moved_before_the_jump_is_written() {
     // And the probe works for later calls.
     assert_eq!(call(j_park, page as u64), 42);
     assert_eq!(probe.hits(), 1);
+}
+
+#[test]
+fn a_probe_inside_another_range_keeps_both_on_breakpoints() {
+    let at = fn_addr(j_prologue);
+    // The second instruction (mov rbp, rsp) first: the entry cannot
+    // take a jump over it.
+    let inner = Uprobe::at(at + 1).unwrap().attach().unwrap();
+    let outer = at_entry(j_prologue).attach().unwrap();
+    assert_eq!(
+        outer.mode(),
+        Mode::Trap(NotOptimized::OtherProbeInRange { at: at + 1 })
+    );
+    assert_eq!(call(j_prologue, 2), 6);
+    assert_eq!((outer.hits(), inner.hits()), (1, 1));
+    drop((inner, outer));
+    // The entry first, optimized; a probe inside its range takes it back.
+    let outer = at_entry(j_prologue).attach().unwrap();
+    assert_eq!(outer.mode(), Mode::Jump);
+    let inner = Uprobe::at(at + 1).unwrap().attach().unwrap();
+    assert_eq!(
+        outer.mode(),
+        Mode::Trap(NotOptimized::OtherProbeInRange { at: at + 1 })
+    );
+    assert_eq!(byte_at(at), 0xcc);
+    assert_eq!(call(j_prologue, 2), 6);
+    assert_eq!((outer.hits(), inner.hits()), (1, 1));
 }

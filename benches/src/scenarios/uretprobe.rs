@@ -8,7 +8,9 @@
 //! probe (`lease`, seed 002) or a reference count (`refcount`, the kernel
 //! before the seed).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use pcpu::PerCpuCounter;
 
 use std::num::NonZeroUsize;
 
@@ -87,9 +89,6 @@ pub const ENTRY: Scenario = Scenario {
     build: build_entry,
 };
 
-/// Return handlers run.
-static RETURNS: AtomicU64 = AtomicU64::new(0);
-
 /// A counting return probe on `target`, as implementation `imp` asks
 /// (`limit`: with an in-flight account).
 fn engine_probe(
@@ -97,11 +96,12 @@ fn engine_probe(
     target: unsafe extern "C" fn(),
     limit: bool,
 ) -> Result<Box<dyn Workload>, String> {
-    RETURNS.store(0, Relaxed);
-    let mut probe =
-        super::uprobe::engine_probe(imp, target as *const () as usize)?.on_return(|_| {
-            RETURNS.fetch_add(1, Relaxed);
-        });
+    // Counted per CPU: a shared counter would be a line every return
+    // writes.
+    let count = Arc::new(PerCpuCounter::new());
+    let counted = Arc::clone(&count);
+    let mut probe = super::uprobe::engine_probe(imp, target as *const () as usize)?
+        .on_return(move |_| counted.add(1));
     if limit {
         // Never reached: the account counts, it does not refuse.
         probe = probe.max_active(NonZeroUsize::new(1 << 20).expect("non-zero"));
@@ -109,10 +109,10 @@ fn engine_probe(
     let probe = probe.attach().map_err(|e| e.to_string())?;
     Ok(Box::new(Calls {
         target,
-        guard: probe,
-        check: |probe, ops| {
+        guard: (probe, count),
+        check: |(probe, count), ops| {
             let returns = probe.returns();
-            if returns >= ops && RETURNS.load(Relaxed) == returns && probe.missed_returns() == 0 {
+            if returns >= ops && count.sum() == returns && probe.missed_returns() == 0 {
                 Ok(())
             } else {
                 Err(format!(

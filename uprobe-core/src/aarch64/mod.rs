@@ -45,6 +45,19 @@ pub(crate) unsafe fn is_breakpoint_at(addr: usize) -> bool {
     insn & 0xffe0_001f == 0xd420_0000
 }
 
+/// The registers a handler reads and writes: the signal frame.
+pub(crate) type Frame = libc::ucontext_t;
+
+/// The register frame of a signal's context.
+pub(crate) fn frame_of(uc: &mut libc::ucontext_t) -> &mut Frame {
+    uc
+}
+
+/// The program counter of a register frame.
+pub(crate) fn frame_pc(frame: &Frame) -> usize {
+    pc(frame)
+}
+
 /// The interrupted thread's program counter.
 pub(crate) fn pc(uc: &libc::ucontext_t) -> usize {
     uc.uc_mcontext.pc as usize

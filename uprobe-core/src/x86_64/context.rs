@@ -68,6 +68,9 @@ impl EntryContext<'_> {
 
     /// Sets a register. Setting `Rip` redirects the thread: the probed
     /// instruction is then **not** executed (as with kernel uprobes).
+    /// On a probe that runs through a jump ([`Mode::Jump`](crate::Mode)),
+    /// a new `Rsp` is not honoured (the trampoline returns on the stack it
+    /// came in on); keep such a probe [`trap_only`](crate::Uprobe::trap_only).
     pub fn set_reg(&mut self, reg: Reg, value: u64) {
         if reg == Reg::Rip {
             self.ip_changed = true;
