@@ -519,9 +519,49 @@ impl Srcu {
 
     /// Runs `f` on the domain's reclaimer thread after a grace period that
     /// begins after this call (`call_srcu`). Not async-signal-safe (it
-    /// allocates and takes a mutex).
+    /// allocates and takes a mutex). If the process cannot start the
+    /// reclaimer thread (out of threads or memory), the queued callbacks
+    /// run on the calling thread instead, after their grace periods,
+    /// before `call` returns: nothing is lost, at the price of a wait. A
+    /// callback that panics is caught (see
+    /// [`on_callback_panic`](Self::on_callback_panic)).
     pub fn call(&self, f: impl FnOnce() + Send + 'static) {
         self.defer(Box::new(f), 1);
+    }
+
+    /// Callbacks of this domain ([`call`](Self::call),
+    /// [`retire`](Self::retire), deferred drops) that panicked so far. A
+    /// panicking callback is caught; the others keep running.
+    #[must_use]
+    pub fn callback_panics(&self) -> u64 {
+        self.inner().reclaimer.panics()
+    }
+
+    /// Calls `hook` with the payload of each callback of this domain that
+    /// panics (on the thread that ran it: the reclaimer's, or a caller's
+    /// when no thread could be started), replacing any earlier hook. The
+    /// process's panic hook has already reported the panic by then
+    /// (`std`'s default prints it). Not async-signal-safe.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    ///
+    /// static SEEN: AtomicU64 = AtomicU64::new(0);
+    /// let domain = srcu::Srcu::new();
+    /// domain.on_callback_panic(|_payload| {
+    ///     SEEN.fetch_add(1, Relaxed);
+    /// });
+    /// domain.call(|| panic!("a bug in a callback"));
+    /// domain.barrier();
+    /// assert_eq!((domain.callback_panics(), SEEN.load(Relaxed)), (1, 1));
+    /// ```
+    pub fn on_callback_panic(
+        &self,
+        hook: impl Fn(&(dyn core::any::Any + Send)) + Send + Sync + 'static,
+    ) {
+        self.inner()
+            .reclaimer
+            .set_panic_hook(Some(std::sync::Arc::new(hook)));
     }
 
     /// Queues `f` to run after `grace_periods` grace periods.

@@ -136,12 +136,13 @@ struct Ctl {
 
 /// Starts the expiry thread of `shared`.
 #[cfg(not(pcpu_loom))]
-fn spawn_expiry<T: Send + Sync + 'static>(shared: &Arc<Shared<T>>) -> JoinHandle<()> {
+fn spawn_expiry<T: Send + Sync + 'static>(
+    shared: &Arc<Shared<T>>,
+) -> std::io::Result<JoinHandle<()>> {
     let s = Arc::clone(shared);
     std::thread::Builder::new()
         .name("srcu-lease-expiry".into())
         .spawn(move || expiry_loop(&s, s.period))
-        .expect("spawn the lease expiry thread")
 }
 
 impl<T: Send + Sync + 'static> crate::fork::ForkHooks for Shared<T> {
@@ -172,7 +173,10 @@ impl<T: Send + Sync + 'static> crate::fork::ForkHooks for Shared<T> {
                 // The parent's thread: not ours to join or detach.
                 core::mem::forget(inherited);
             }
-            ctl.thread = Some((generation, spawn_expiry(&self)));
+            // A child that cannot start the thread keeps its leases until
+            // they are consumed (nothing expires them: grace periods wait
+            // for them, as for plain read sections).
+            ctl.thread = spawn_expiry(&self).ok().map(|t| (generation, t));
         }
     }
 }
@@ -282,17 +286,40 @@ pub struct LeaseSet<'d, T: Send + Sync + 'static> {
 impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
     /// A lease set of `srcu` with the kernel's timeout (100 ms). Starts the
     /// expiry thread. Not async-signal-safe.
+    ///
+    /// # Panics
+    /// If the expiry thread cannot be started; [`try_new`](Self::try_new)
+    /// returns the error instead.
     #[must_use]
     pub fn new(srcu: &'d Srcu) -> Self {
         Self::with_timeout(srcu, DEFAULT_TIMEOUT)
     }
 
+    /// Like [`new`](Self::new), or the error of starting the expiry thread
+    /// (the process is out of threads or memory).
+    pub fn try_new(srcu: &'d Srcu) -> std::io::Result<Self> {
+        Self::try_with_timeout(srcu, DEFAULT_TIMEOUT)
+    }
+
     /// Like [`new`](Self::new) with another timeout.
     ///
     /// # Panics
-    /// If `timeout` is zero.
+    /// If `timeout` is zero, or the expiry thread cannot be started
+    /// ([`try_with_timeout`](Self::try_with_timeout) returns that error).
     #[must_use]
     pub fn with_timeout(srcu: &'d Srcu, timeout: Duration) -> Self {
+        match Self::try_with_timeout(srcu, timeout) {
+            Ok(set) => set,
+            Err(e) => panic!("srcu: cannot start the lease expiry thread: {e}"),
+        }
+    }
+
+    /// Like [`with_timeout`](Self::with_timeout), or the error of starting
+    /// the expiry thread.
+    ///
+    /// # Panics
+    /// If `timeout` is zero.
+    pub fn try_with_timeout(srcu: &'d Srcu, timeout: Duration) -> std::io::Result<Self> {
         assert!(!timeout.is_zero(), "lease timeout must be positive");
         let shared = Arc::new(Shared {
             domain: srcu.inner_arc(),
@@ -320,7 +347,7 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
         // loom cannot model a real thread: models call `expire_all`.
         #[cfg(not(pcpu_loom))]
         {
-            let handle = spawn_expiry(&shared);
+            let handle = spawn_expiry(&shared)?;
             shared
                 .ctl
                 .0
@@ -328,11 +355,11 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
                 .unwrap_or_else(PoisonError::into_inner)
                 .thread = Some((crate::fork::generation(), handle));
         }
-        Self {
+        Ok(Self {
             shared,
             timeout,
             srcu,
-        }
+        })
     }
 
     /// The timeout after which leases expire.

@@ -5,8 +5,10 @@
 // its loop are not built for models.
 #![cfg_attr(pcpu_loom, allow(dead_code))]
 
+use std::any::Any;
 use std::collections::BTreeSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
@@ -55,12 +57,19 @@ pub(crate) struct State {
     barrier_waiters: usize,
 }
 
+/// What a domain's owner wants done with a panicking callback's payload.
+pub(crate) type PanicHook = Arc<dyn Fn(&(dyn Any + Send)) + Send + Sync>;
+
 /// The callback queue of one domain.
 #[derive(Default)]
 pub(crate) struct Reclaimer {
     state: Mutex<State>,
     work: Condvar,
     finished: Condvar,
+    /// Callbacks that panicked (the reclaimer carries on).
+    panics: AtomicU64,
+    /// Called with each panicking callback's payload.
+    on_panic: Mutex<Option<PanicHook>>,
 }
 
 impl Reclaimer {
@@ -88,8 +97,29 @@ impl Reclaimer {
         st.next_seq += 1;
         st.unfinished.insert(d.seq);
         st.queue.push(d);
-        Self::ensure_thread(&mut st, inner);
+        let mut domain = None;
+        if Self::ensure_thread(&mut st, || domain.insert(inner()).clone()).is_err() {
+            drop(st);
+            let inner = domain.expect("made for the spawn");
+            self.run_inline(&inner);
+            return;
+        }
         self.work.notify_one();
+    }
+
+    /// Runs every queued callback on the calling thread, grace periods
+    /// included: what happens instead of the reclaimer thread when the
+    /// process cannot start one (out of threads or memory), so that no
+    /// callback is lost and `barrier` still returns.
+    #[cfg(not(pcpu_loom))]
+    fn run_inline(&self, inner: &Inner) {
+        loop {
+            let batch = std::mem::take(&mut self.lock().queue);
+            if batch.is_empty() {
+                return;
+            }
+            self.run_batch(inner, batch);
+        }
     }
 
     /// Starts a reclaimer thread if this process has none (the first
@@ -99,10 +129,10 @@ impl Reclaimer {
     /// run are the parent's alone: `barrier` in the child does not wait for
     /// them.
     #[cfg(not(pcpu_loom))]
-    fn ensure_thread(st: &mut State, inner: impl FnOnce() -> Arc<Inner>) {
+    fn ensure_thread(st: &mut State, inner: impl FnOnce() -> Arc<Inner>) -> std::io::Result<()> {
         let pid = std::process::id();
         if st.thread.as_ref().is_some_and(|(p, _)| *p == pid) {
-            return;
+            return Ok(());
         }
         if let Some((_, inherited)) = st.thread.take() {
             // The parent's thread does not exist here: not ours to join
@@ -116,17 +146,21 @@ impl Reclaimer {
         let inner = inner();
         let handle = std::thread::Builder::new()
             .name("srcu-reclaim".into())
-            .spawn(move || reclaim_loop(&inner))
-            .expect("spawn the srcu reclaimer thread");
+            .spawn(move || reclaim_loop(&inner))?;
         st.thread = Some((pid, handle));
+        Ok(())
     }
 
     /// In a fork child: restarts the reclaimer if callbacks are pending.
     #[cfg(not(pcpu_loom))]
     pub(crate) fn revive(&self, inner: impl FnOnce() -> Arc<Inner>) {
         let mut st = self.lock();
-        if !st.unfinished.is_empty() {
-            Self::ensure_thread(&mut st, inner);
+        let mut domain = None;
+        if !st.unfinished.is_empty()
+            && Self::ensure_thread(&mut st, || domain.insert(inner()).clone()).is_err()
+        {
+            drop(st);
+            self.run_inline(&domain.expect("made for the spawn"));
         }
     }
 
@@ -143,8 +177,15 @@ impl Reclaimer {
     pub(crate) fn barrier(&self, inner: impl FnOnce() -> Arc<Inner>) {
         let mut st = self.lock();
         #[cfg(not(pcpu_loom))]
-        if !st.unfinished.is_empty() {
-            Self::ensure_thread(&mut st, inner);
+        {
+            let mut domain = None;
+            if !st.unfinished.is_empty()
+                && Self::ensure_thread(&mut st, || domain.insert(inner()).clone()).is_err()
+            {
+                drop(st);
+                self.run_inline(&domain.expect("made for the spawn"));
+                st = self.lock();
+            }
         }
         #[cfg(pcpu_loom)]
         let _ = inner;
@@ -202,11 +243,29 @@ fn reclaim_loop(inner: &Inner) {
                 return; // shutting down, nothing left
             }
             debug_assert!(st.in_flight.is_empty());
+            // Kept in the state while its grace period runs, for a fork
+            // child (see `State::in_flight`).
             st.in_flight = std::mem::take(&mut st.queue);
         }
         // One grace period serves the whole batch.
         inner.synchronize(false, None);
         let batch = std::mem::take(&mut r.lock().in_flight);
+        r.finish_batch(batch);
+    }
+}
+
+impl Reclaimer {
+    /// One grace period for `batch`, then its callbacks whose last grace
+    /// period that was.
+    fn run_batch(&self, inner: &Inner, batch: Vec<Deferred>) {
+        inner.synchronize(false, None);
+        self.finish_batch(batch);
+    }
+
+    /// Counts one grace period for each callback of `batch` (whose grace
+    /// period just ended): runs those that need no more, queues the others
+    /// again, and wakes `barrier`.
+    fn finish_batch(&self, batch: Vec<Deferred>) {
         let mut again = Vec::new();
         let mut done = Vec::new();
         for mut d in batch {
@@ -216,17 +275,37 @@ fn reclaim_loop(inner: &Inner) {
                 continue;
             }
             done.push(d.seq);
-            if catch_unwind(AssertUnwindSafe(d.f)).is_err() {
-                eprintln!("srcu: a deferred callback panicked (the reclaimer continues)");
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(d.f)) {
+                self.panics.fetch_add(1, Ordering::Relaxed);
+                let hook = self
+                    .on_panic
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                if let Some(hook) = hook {
+                    hook(&*payload);
+                }
             }
         }
-        let mut st = r.lock();
+        let mut st = self.lock();
         st.queue.extend(again);
         for seq in done {
             st.unfinished.remove(&seq);
         }
         drop(st);
-        r.finished.notify_all();
+        self.finished.notify_all();
+        // Callbacks queued again need the reclaimer's next round.
+        self.work.notify_one();
+    }
+
+    /// Callbacks that panicked so far.
+    pub(crate) fn panics(&self) -> u64 {
+        self.panics.load(Ordering::Relaxed)
+    }
+
+    /// Sets the hook called with each panicking callback's payload.
+    pub(crate) fn set_panic_hook(&self, hook: Option<PanicHook>) {
+        *self.on_panic.lock().unwrap_or_else(PoisonError::into_inner) = hook;
     }
 }
 

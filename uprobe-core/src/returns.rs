@@ -320,7 +320,16 @@ pub(crate) fn init() -> Result<(), AttachError> {
     }
     return_stubs::init()?;
     RETURN_DOMAIN.prepare();
-    let leases = LEASES.get_or_init(|| LeaseSet::new(&RETURN_DOMAIN));
+    let leases = if let Some(leases) = LEASES.get() {
+        leases
+    } else {
+        let set = LeaseSet::try_new(&RETURN_DOMAIN).map_err(|e| AttachError::Os {
+            what: "spawn the lease expiry thread of return probes",
+            errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+        })?;
+        // Another attach may have won the race: its set is kept.
+        LEASES.get_or_init(|| set)
+    };
     let threads = THREADS.get_or_init(|| Threads {
         chunks: [const { OnceLock::new() }; CHUNKS],
         taken: AtomicUsize::new(0),
