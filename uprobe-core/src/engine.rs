@@ -374,6 +374,26 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
         // before the program's handler (or the default action) runs.
         crate::deferral::restore(uc);
     }
+    #[cfg(uprobe_arch = "x86_64")]
+    if let Some((addr, copy)) = crate::jump::relocated_origin(crate::arch::pc(uc)) {
+        // The program's handler sees the original instruction; if it
+        // returns to retry it (a handler that maps the page, say), the
+        // retry happens in the trampoline: the original bytes may be
+        // covered by the jump.
+        crate::arch::set_pc(uc, addr);
+        let i = FAULTS.iter().position(|&s| s == sig).unwrap_or(0);
+        // SAFETY: written before our handler was installed, read-only since.
+        let prev = unsafe { (*PREVIOUS_FAULTS.0.get())[i].assume_init_ref() };
+        if prev.sa_sigaction != libc::SIG_IGN {
+            pass_on(prev, sig, info, ctx);
+            // SAFETY: as above.
+            let uc = unsafe { &mut *ctx.cast::<libc::ucontext_t>() };
+            if crate::arch::pc(uc) == addr {
+                crate::arch::set_pc(uc, copy);
+            }
+            return;
+        }
+    }
     let i = FAULTS.iter().position(|&s| s == sig).unwrap_or(0);
     // SAFETY: written before our handler was installed, read-only since.
     let prev = unsafe { (*PREVIOUS_FAULTS.0.get())[i].assume_init_ref() };

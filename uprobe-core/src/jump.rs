@@ -216,9 +216,16 @@ fn trampoline_for(
         *used += TRAMPOLINE_SIZE;
         at
     } else {
+        if all.regions.len() == MAX_REGIONS {
+            return Err(NotOptimized::NoTrampolineRoom);
+        }
         let base = crate::xol::map_near(plan.start, REGION_SIZE)
             .map_err(|_| NotOptimized::NoTrampolineRoom)?;
+        publish_region(all.regions.len(), base);
         all.regions.push((base, TRAMPOLINE_SIZE));
+        // Faults raised by a relocated instruction reach the program at
+        // the original one.
+        crate::engine::install_fault_handlers().map_err(|_| NotOptimized::NoTrampolineRoom)?;
         base
     };
     let cell: &'static JumpCell = Box::leak(Box::new(JumpCell {
@@ -228,8 +235,66 @@ fn trampoline_for(
     let (code, moves) = arch_jump::build(plan, base, core::ptr::from_ref(cell) as usize)?;
     crate::xol::write_code(base, &code).map_err(|_| NotOptimized::NoTrampolineRoom)?;
     let t: &'static Trampoline = Box::leak(Box::new(Trampoline { base, cell, moves }));
+    let region = all
+        .regions
+        .iter()
+        .position(|&(b, _)| (b..b + REGION_SIZE).contains(&base))
+        .expect("carved from a region of ours");
+    // SAFETY: published with the region, never freed.
+    let slots = unsafe { &*REGION_TRAMPOLINES[region].load(Ordering::Acquire) };
+    slots[(base - all.regions[region].0) / TRAMPOLINE_SIZE]
+        .store(core::ptr::from_ref(t).cast_mut(), Ordering::Release);
     all.by_key.insert(key, t);
     Ok(t)
+}
+
+/// The most regions of trampolines a process maps (64 MiB, 524,288
+/// trampolines).
+const MAX_REGIONS: usize = 1024;
+/// Trampolines per region.
+const PER_REGION: usize = REGION_SIZE / TRAMPOLINE_SIZE;
+/// Region bases, for the fault handler (0: unused); written once each.
+static REGION_BASES: [AtomicUsize; MAX_REGIONS] = [const { AtomicUsize::new(0) }; MAX_REGIONS];
+/// Per region, its trampolines by slot (leaked, like the regions).
+static REGION_TRAMPOLINES: [AtomicPtr<[AtomicPtr<Trampoline>; PER_REGION]>; MAX_REGIONS] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_REGIONS];
+
+/// Publishes region `i` at `base` for the fault handler.
+fn publish_region(i: usize, base: usize) {
+    let slots: &'static [AtomicPtr<Trampoline>; PER_REGION] = Box::leak(Box::new(
+        [const { AtomicPtr::new(core::ptr::null_mut()) }; PER_REGION],
+    ));
+    REGION_TRAMPOLINES[i].store(core::ptr::from_ref(slots).cast_mut(), Ordering::Release);
+    REGION_BASES[i].store(base, Ordering::Release);
+}
+
+/// If `pc` runs a relocated instruction of a trampoline: the original
+/// instruction's address, and the relocated copy's. Async-signal-safe:
+/// loads only, index loops.
+pub(crate) fn relocated_origin(pc: usize) -> Option<(usize, usize)> {
+    for i in 0..MAX_REGIONS {
+        let base = REGION_BASES[i].load(Ordering::Acquire);
+        if base == 0 {
+            return None;
+        }
+        if pc < base || pc >= base + REGION_SIZE {
+            continue;
+        }
+        // SAFETY: published before the base, never freed.
+        let slots = unsafe { &*REGION_TRAMPOLINES[i].load(Ordering::Acquire) };
+        let t = slots[(pc - base) / TRAMPOLINE_SIZE].load(Ordering::Acquire);
+        // SAFETY: trampolines are leaked once published.
+        let t = unsafe { t.as_ref() }?;
+        let mut found = None;
+        for k in 0..t.moves.len() {
+            let (orig, copy) = t.moves[k];
+            if copy <= pc {
+                found = Some((orig, copy));
+            }
+        }
+        return found;
+    }
+    None
 }
 
 /// Reads the `JUMP_LEN` bytes at `addr`.

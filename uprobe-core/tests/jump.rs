@@ -640,3 +640,35 @@ fn a_probe_inside_another_range_keeps_both_on_breakpoints() {
     assert_eq!(call(j_prologue, 2), 6);
     assert_eq!((outer.hits(), inner.hits()), (1, 1));
 }
+
+static FAULT_RIP: AtomicU64 = AtomicU64::new(0);
+static VALID: u32 = 9;
+
+extern "C" fn on_segv(_sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid ucontext (SA_SIGINFO).
+    let uc = unsafe { &mut *ctx.cast::<libc::ucontext_t>() };
+    FAULT_RIP.store(uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64, SeqCst);
+    // Retry the load with a valid address.
+    uc.uc_mcontext.gregs[libc::REG_RDI as usize] = (&raw const VALID) as i64;
+}
+
+/// A fault raised by a relocated instruction reaches the program's
+/// handler at the original instruction, and a handler that returns to
+/// retry it finishes the call.
+#[test]
+fn a_fault_in_a_trampoline_is_reported_at_the_original_instruction() {
+    // SAFETY: installing a handler of the test's own for SIGSEGV before
+    // the engine's (which chains to it).
+    unsafe {
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = on_segv as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigaction(libc::SIGSEGV, &raw const sa, core::ptr::null_mut());
+    }
+    let probe = at_entry(j_park).attach().unwrap();
+    assert_eq!(probe.mode(), Mode::Jump);
+    // j_park loads from its argument at j_park + 1.
+    assert_eq!(call(j_park, 16), 10);
+    assert_eq!(FAULT_RIP.load(SeqCst) as usize, fn_addr(j_park) + 1);
+    assert_eq!(probe.hits(), 1);
+}
