@@ -25,6 +25,8 @@ pub struct EntryContext<'a> {
     pub(crate) remove: bool,
     pub(crate) cookie: u64,
     pub(crate) skip_return: bool,
+    /// The USDT probe's arguments, for a probe made on one.
+    pub(crate) usdt: Option<&'a [crate::usdt::UsdtArg]>,
 }
 
 impl<'a> EntryContext<'a> {
@@ -36,7 +38,54 @@ impl<'a> EntryContext<'a> {
             remove: false,
             cookie: 0,
             skip_return: false,
+            usdt: None,
         }
+    }
+
+    /// Argument `n` (0-based) of the USDT probe this probe was made on
+    /// ([`Uprobe::usdt`](crate::Uprobe::usdt)), sign- or zero-extended
+    /// from its size as the probe's spec says; `None` past the last
+    /// argument or on a probe not made on a USDT probe. A string argument
+    /// is its address (read it as a C string, as `bpftrace`'s `str()`
+    /// does). Async-signal-safe; reads the process's memory where the
+    /// spec says the argument lives (the compiler's promise for the
+    /// probed instruction).
+    #[must_use]
+    pub fn usdt_arg(&self, n: usize) -> Option<i64> {
+        use crate::usdt::UsdtLocation;
+        let arg = self.usdt?.get(n)?;
+        let raw = match arg.location {
+            UsdtLocation::Constant(v) => v as u64,
+            UsdtLocation::Register(r) => self.reg(r),
+            UsdtLocation::Memory {
+                base,
+                offset,
+                index,
+            } => {
+                let at = self
+                    .reg(base)
+                    .wrapping_add(offset as u64)
+                    .wrapping_add(index.map_or(0, |(r, s)| self.reg(r).wrapping_mul(u64::from(s))));
+                // SAFETY: the compiler's spec: at the probed instruction
+                // the argument lives at this address.
+                unsafe {
+                    match arg.size {
+                        1 => u64::from((at as *const u8).read_unaligned()),
+                        2 => u64::from((at as *const u16).read_unaligned()),
+                        4 => u64::from((at as *const u32).read_unaligned()),
+                        _ => (at as *const u64).read_unaligned(),
+                    }
+                }
+            }
+        };
+        Some(arg.extend(raw))
+    }
+
+    /// How many arguments the USDT probe this probe was made on has (0 for
+    /// a probe not made on one).
+    #[must_use]
+    pub fn usdt_arg_count(&self) -> usize {
+        self.usdt.map_or(0, <[_]>::len)
     }
 
     /// The probed address.

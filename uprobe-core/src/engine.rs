@@ -55,6 +55,10 @@ pub(crate) struct Consumer {
     pub(crate) function: Option<(usize, usize)>,
     /// Keep the address on the trap path.
     pub(crate) trap_only: bool,
+    /// The arguments of the USDT probe the consumer was made on.
+    pub(crate) usdt_args: Option<Arc<[crate::usdt::UsdtArg]>>,
+    /// That probe's semaphore, held while the consumer is attached.
+    pub(crate) semaphore: Option<usize>,
 }
 
 /// How a site runs now (writer only).
@@ -551,6 +555,7 @@ pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool
             }
             c.hits.add(1);
             let mut cx = EntryContext::new(frame, site.addr);
+            cx.usdt = c.usdt_args.as_deref();
             (c.handler)(&mut cx);
             ip_changed |= cx.ip_changed;
             if cx.remove {

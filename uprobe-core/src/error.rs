@@ -51,6 +51,32 @@ pub enum AttachError {
         /// The function it lies in.
         function: String,
     },
+    /// No USDT probe `provider:name` in the object.
+    UsdtNotFound {
+        /// The object searched.
+        object: String,
+        /// The provider asked for.
+        provider: String,
+        /// The probe's name asked for.
+        name: String,
+    },
+    /// An argument of a USDT probe's spec is in a form this crate does
+    /// not read.
+    UsdtArgument {
+        /// The probe (`provider:name`).
+        probe: String,
+        /// The argument's spec (`8@counter(%rip)`, say).
+        arg: String,
+        /// What is not understood.
+        why: &'static str,
+    },
+    /// An object file could not be read or parsed.
+    ObjectUnreadable {
+        /// The file.
+        path: String,
+        /// Why.
+        why: String,
+    },
     /// That byte of that file is not mapped in this process.
     FileOffsetNotMapped {
         /// The file.
@@ -167,6 +193,15 @@ impl core::fmt::Display for AttachError {
                 f,
                 "{addr:#x} is inside an instruction of {function}, not at its start"
             ),
+            Self::UsdtNotFound {
+                object,
+                provider,
+                name,
+            } => write!(f, "no USDT probe {provider}:{name} in {object}"),
+            Self::UsdtArgument { probe, arg, why } => {
+                write!(f, "USDT probe {probe}: argument {arg:?} is not read: {why}")
+            }
+            Self::ObjectUnreadable { path, why } => write!(f, "cannot read {path}: {why}"),
             Self::FileOffsetNotMapped { path, offset } => {
                 write!(
                     f,

@@ -165,6 +165,14 @@
 //! glibc runs with signals blocked are still refused by default, since
 //! the breakpoint is in the code while the jump is written.
 //!
+//! # USDT probes
+//! The [`usdt`] module lists the statically defined tracepoints of a
+//! loaded object (`.note.stapsdt`, as `<sys/sdt.h>` declares them);
+//! [`Uprobe::usdt`] probes them, holding each probe's semaphore while
+//! attached, and handlers read the arguments with
+//! [`EntryContext::usdt_arg`]. A USDT site is a 1-byte `nop` (too short
+//! for a jump) or, from newer `<sys/sdt.h>`, a 5-byte one (trap-free).
+//!
 //! # Return probes
 //! [`Uprobe::on_return`] runs a handler when the probed function returns
 //! ([`ReturnContext`]: integer and floating-point return values, the
@@ -314,6 +322,8 @@ mod returns;
 mod symbols;
 #[cfg(uprobe_engine)]
 mod table;
+#[cfg(uprobe_engine)]
+pub mod usdt;
 #[cfg(uprobe_arch = "x86_64")]
 mod x86_64;
 #[cfg(uprobe_engine)]

@@ -45,6 +45,8 @@ pub struct Uprobe {
     allow_blocked: bool,
     /// Keep the probe on the trap path.
     trap_only: bool,
+    /// The USDT probe it was made on: its arguments and semaphore.
+    usdt: Option<(Arc<[crate::usdt::UsdtArg]>, Option<usize>)>,
 }
 
 impl Uprobe {
@@ -69,6 +71,7 @@ impl Uprobe {
             invalid: None,
             allow_blocked: false,
             trap_only: false,
+            usdt: None,
         }
     }
 
@@ -161,7 +164,55 @@ impl Uprobe {
             invalid: None,
             allow_blocked: false,
             trap_only: false,
+            usdt: None,
         }
+    }
+
+    /// Probes on every site of the USDT probe `provider:name` of the
+    /// loaded object `object` (a probe used in several places has several
+    /// sites), each holding the probe's semaphore while attached and
+    /// reading its arguments with
+    /// [`EntryContext::usdt_arg`](crate::EntryContext::usdt_arg). Give
+    /// each the same handler (an `Arc` captured by each closure) and
+    /// attach them together with [`attach_all`](Self::attach_all). Not
+    /// async-signal-safe (reads the object file).
+    ///
+    /// ```no_run
+    /// use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    /// use uprobe_core::Uprobe;
+    ///
+    /// static THROWS: AtomicU64 = AtomicU64::new(0);
+    /// let probes = Uprobe::attach_all(
+    ///     Uprobe::usdt("libstdc++.so.6", "libstdcxx", "throw")?
+    ///         .into_iter()
+    ///         .map(|u| u.on_entry(|_| { THROWS.fetch_add(1, Relaxed); })),
+    /// )?;
+    /// # drop(probes);
+    /// # Ok::<(), uprobe_core::AttachError>(())
+    /// ```
+    pub fn usdt(object: &str, provider: &str, name: &str) -> Result<Vec<Self>, AttachError> {
+        let sites: Vec<_> = crate::usdt::probes(object)?
+            .into_iter()
+            .filter(|p| p.provider == provider && p.name == name)
+            .collect();
+        if sites.is_empty() {
+            return Err(AttachError::UsdtNotFound {
+                object: object.to_string(),
+                provider: provider.to_string(),
+                name: name.to_string(),
+            });
+        }
+        sites.iter().map(crate::usdt::UsdtProbe::uprobe).collect()
+    }
+
+    /// Binds a USDT probe's arguments and semaphore to this probe.
+    pub(crate) fn with_usdt(
+        mut self,
+        args: Arc<[crate::usdt::UsdtArg]>,
+        semaphore: Option<usize>,
+    ) -> Self {
+        self.usdt = Some((args, semaphore));
+        self
     }
 
     /// The address the probe will be attached at.
@@ -343,6 +394,8 @@ impl Uprobe {
                     removed: AtomicBool::new(false),
                     function: p.function.as_ref().map(|f| (f.start, f.size)),
                     trap_only: p.trap_only,
+                    usdt_args: p.usdt.as_ref().map(|(args, _)| Arc::clone(args)),
+                    semaphore: p.usdt.as_ref().and_then(|&(_, sem)| sem),
                 });
                 (p.addr, consumer)
             })
@@ -351,6 +404,13 @@ impl Uprobe {
         if let Err((failed, e)) = unsafe { engine::attach_many(&items) } {
             let _ = engine::detach_many(&items[..failed]);
             return Err(e);
+        }
+        for (_, c) in &items {
+            if let Some(sem) = c.semaphore {
+                // SAFETY: a USDT semaphore of a loaded object, from its
+                // notes.
+                unsafe { crate::usdt::adjust_semaphore(sem, 1) };
+            }
         }
         Ok(items
             .into_iter()
@@ -479,7 +539,11 @@ impl Probe {
                 (p.addr, Arc::clone(&p.consumer))
             })
             .collect();
-        engine::detach_many(&items)
+        let result = engine::detach_many(&items);
+        for (_, c) in &items {
+            release_semaphore(c);
+        }
+        result
     }
 }
 
@@ -487,7 +551,20 @@ impl Drop for Probe {
     fn drop(&mut self) {
         if self.attached {
             let _ = engine::detach_many(&[(self.addr, Arc::clone(&self.consumer))]);
+            release_semaphore(&self.consumer);
         }
+    }
+}
+
+/// Gives back the USDT semaphore a detached consumer held.
+fn release_semaphore(consumer: &Consumer) {
+    // An object unloaded meanwhile (`dlclose`) took its semaphore along.
+    if let Some(sem) = consumer
+        .semaphore
+        .filter(|&s| crate::maps::path_of(s).is_some())
+    {
+        // SAFETY: the semaphore incremented at attach, still mapped.
+        unsafe { crate::usdt::adjust_semaphore(sem, -1) };
     }
 }
 

@@ -104,6 +104,16 @@ pub(crate) fn load_generation() -> Option<(u64, u64)> {
     generation
 }
 
+/// The loaded object `object` (a file name like `libc.so.6`, or a path).
+pub(crate) fn loaded_object(object: &str) -> Result<Loaded, AttachError> {
+    loaded_objects()
+        .into_iter()
+        .find(|l| names(l, object))
+        .ok_or_else(|| AttachError::NoSuchObject {
+            object: object.to_string(),
+        })
+}
+
 /// Whether `object` (a file name like `libc.so.6`, or a path) names `l`.
 fn names(l: &Loaded, object: &str) -> bool {
     l.path == Path::new(object)

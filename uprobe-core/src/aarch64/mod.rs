@@ -5,6 +5,7 @@ mod context;
 mod insn;
 mod simulate;
 pub(crate) mod trampoline;
+pub(crate) mod usdt;
 pub(crate) mod xol;
 
 pub use context::Reg;

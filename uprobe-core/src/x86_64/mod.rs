@@ -6,6 +6,7 @@ mod emulate;
 mod insn;
 pub(crate) mod jump;
 pub(crate) mod trampoline;
+pub(crate) mod usdt;
 pub(crate) mod xol;
 
 pub use context::Reg;
