@@ -27,7 +27,7 @@ pub trait Workload: Sync {
 
     /// Workers per requested thread: `threads` counts CPUs, and each CPU
     /// runs this many workers pinned to it (to measure oversubscription;
-    /// rows still report per CPU).
+    /// rows count every worker in their label and report per CPU).
     fn oversubscription(&self) -> usize {
         1
     }
@@ -67,11 +67,19 @@ pub struct Row {
     pub scenario: String,
     #[serde(rename = "impl")]
     pub imp: String,
+    /// The requested thread count (one of `--threads`).
     pub threads: usize,
+    /// Worker threads that ran: `threads` times the workload's
+    /// oversubscription.
+    pub workers: usize,
+    /// Distinct CPUs the workers were pinned to: `threads`, or the number
+    /// of allowed CPUs when `threads` exceeds it.
+    pub cpus: usize,
     /// Median total throughput, million operations per second.
     pub mops: f64,
     /// Sample standard deviation of the runs' totals.
     pub stddev: f64,
+    /// `mops` divided by `threads`.
     pub mops_per_thread: f64,
     /// Number of runs the median is taken over.
     pub runs: usize,
@@ -79,20 +87,60 @@ pub struct Row {
     pub samples: Vec<f64>,
 }
 
+/// Column widths that line up a set of rows (see [`Row::line`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Columns {
+    name: usize,
+    label: usize,
+}
+
+impl Columns {
+    /// The widths that fit every row of `rows`.
+    pub fn fit<'a>(rows: impl IntoIterator<Item = &'a Row>) -> Self {
+        rows.into_iter().fold(Self::default(), |c, r| Self {
+            name: c.name.max(r.name().len()),
+            label: c.label.max(r.label().len()),
+        })
+    }
+}
+
 impl Row {
-    /// The row in the kernel selftests' format.
+    /// `SCENARIO/IMPL`.
     #[must_use]
-    pub fn line(&self, width: usize) -> String {
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.scenario, self.imp)
+    }
+
+    /// What ran, in parentheses: `(  2 threads)` with a CPU of its own for
+    /// each thread, `(  4 threads on 2 cpus)` when threads share CPUs.
+    #[must_use]
+    pub fn label(&self) -> String {
+        let plural = |n: usize, what: &str| format!("{what}{}", if n == 1 { "" } else { "s" });
+        let threads = format!("{:>3} {}", self.workers, plural(self.workers, "thread"));
+        if self.workers > self.cpus {
+            format!("({threads} on {} {})", self.cpus, plural(self.cpus, "cpu"))
+        } else {
+            format!("({threads})")
+        }
+    }
+
+    /// The row in the kernel selftests' format, with the thread count
+    /// spelled out: `NAME (LABEL): TOTAL ± STDDEV M/s  (PER_CPU M/s/cpu)`,
+    /// padded to `cols`.
+    #[must_use]
+    pub fn line(&self, cols: Columns) -> String {
         // Three decimals as in the seeds, more for slow rows (a writer
         // paced at thousands per second would print as 0.005).
         let p = if self.mops < 0.1 { 6 } else { 3 };
         format!(
-            "{:<width$} ({:>3} cpus): {:>9.p$} ± {:>7.p$}M/s  ({:>8.p$}M/s/cpu)",
-            format!("{}/{}", self.scenario, self.imp),
-            self.threads,
+            "{:<name$} {:<label$} {:>9.p$} ± {:>7.p$}M/s  ({:>8.p$}M/s/cpu)",
+            self.name(),
+            format!("{}:", self.label()),
             self.mops,
             self.stddev,
-            self.mops_per_thread,
+            self.mops / self.cpus.max(1) as f64,
+            name = cols.name,
+            label = cols.label + 1,
         )
     }
 }
@@ -298,8 +346,17 @@ pub fn run_plan(plan: &[(&Scenario, Vec<&str>)], opts: &Options) -> Result<Vec<O
 /// implementations were skipped and why.
 pub type Outcomes = (Vec<Row>, Vec<String>);
 
-/// Per-run totals of one scenario's rows.
-type Samples = Vec<((String, usize), Vec<f64>)>;
+/// Per-run totals of one row name at one thread count.
+struct Series {
+    name: String,
+    threads: usize,
+    workers: usize,
+    cpus: usize,
+    totals: Vec<f64>,
+}
+
+/// Per-run totals of one scenario's rows, in first-seen order.
+type Samples = Vec<Series>;
 
 /// Why a measurement produced no sample.
 enum Outcome {
@@ -326,6 +383,7 @@ fn measure_one(
         ))
     })?;
     let results = measure(&*w, threads, cpus, duration);
+    let workers = results.len();
     let op_counts: Vec<u64> = results.iter().map(|r| r.0).collect();
     w.verify(&op_counts).map_err(|e| {
         Outcome::Failed(format!(
@@ -347,39 +405,47 @@ fn measure_one(
         } else {
             format!("{imp}:{role}")
         };
-        let key = (name, threads);
-        match samples.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.push(rate / 1e6),
-            None => samples.push((key, vec![rate / 1e6])),
+        match samples
+            .iter_mut()
+            .find(|s| s.name == name && s.threads == threads)
+        {
+            Some(s) => s.totals.push(rate / 1e6),
+            None => samples.push(Series {
+                name,
+                threads,
+                workers,
+                cpus: threads.min(cpus.len()),
+                totals: vec![rate / 1e6],
+            }),
         }
     }
     Ok(())
 }
 
 /// Medians per (row, threads), grouped by row as the seeds' tables are.
-fn rows_from(scenario: &str, samples: &[((String, usize), Vec<f64>)]) -> Vec<Row> {
-    let mut order: Vec<String> = Vec::new();
-    for ((name, _), _) in samples {
-        if !order.contains(name) {
-            order.push(name.clone());
+fn rows_from(scenario: &str, samples: &[Series]) -> Vec<Row> {
+    let mut order: Vec<&str> = Vec::new();
+    for s in samples {
+        if !order.contains(&s.name.as_str()) {
+            order.push(&s.name);
         }
     }
     let mut rows = Vec::new();
-    for name in &order {
-        for ((n, threads), v) in samples {
-            if n == name {
-                let m = median(v);
-                rows.push(Row {
-                    scenario: scenario.to_string(),
-                    imp: n.clone(),
-                    threads: *threads,
-                    mops: m,
-                    stddev: stddev(v),
-                    mops_per_thread: m / *threads as f64,
-                    runs: v.len(),
-                    samples: v.clone(),
-                });
-            }
+    for name in order {
+        for s in samples.iter().filter(|s| s.name == name) {
+            let m = median(&s.totals);
+            rows.push(Row {
+                scenario: scenario.to_string(),
+                imp: s.name.clone(),
+                threads: s.threads,
+                workers: s.workers,
+                cpus: s.cpus,
+                mops: m,
+                stddev: stddev(&s.totals),
+                mops_per_thread: m / s.threads as f64,
+                runs: s.totals.len(),
+                samples: s.totals.clone(),
+            });
         }
     }
     rows
@@ -387,7 +453,47 @@ fn rows_from(scenario: &str, samples: &[((String, usize), Vec<f64>)]) -> Vec<Row
 
 #[cfg(test)]
 mod tests {
-    use super::{median, stddev};
+    use super::{Columns, Row, median, stddev};
+
+    fn row(imp: &str, threads: usize, workers: usize, cpus: usize) -> Row {
+        Row {
+            scenario: "counter".into(),
+            imp: imp.into(),
+            threads,
+            workers,
+            cpus,
+            mops: 8.0,
+            stddev: 0.5,
+            mops_per_thread: 8.0 / threads as f64,
+            runs: 1,
+            samples: vec![8.0],
+        }
+    }
+
+    #[test]
+    fn labels_never_call_threads_cpus() {
+        assert_eq!(row("pcpu", 1, 1, 1).label(), "(  1 thread)");
+        assert_eq!(row("pcpu", 2, 2, 2).label(), "(  2 threads)");
+        // More threads than allowed CPUs, and oversubscription by the
+        // workload: the label says how many threads shared how many CPUs.
+        assert_eq!(row("pcpu", 4, 4, 2).label(), "(  4 threads on 2 cpus)");
+        assert_eq!(row("pcpu", 1, 4, 1).label(), "(  4 threads on 1 cpu)");
+    }
+
+    #[test]
+    fn lines_line_up_and_report_per_cpu() {
+        let rows = [row("pcpu", 2, 2, 2), row("atomic", 4, 4, 2)];
+        let lines: Vec<String> = rows.iter().map(|r| r.line(Columns::fit(&rows))).collect();
+        assert_eq!(
+            lines[0],
+            "counter/pcpu   (  2 threads):               8.000 ±   0.500M/s  (   4.000M/s/cpu)"
+        );
+        assert_eq!(
+            lines[1],
+            "counter/atomic (  4 threads on 2 cpus):     8.000 ±   0.500M/s  (   4.000M/s/cpu)"
+        );
+        assert_eq!(lines[0].find('±'), lines[1].find('±'));
+    }
 
     #[test]
     fn median_and_stddev() {

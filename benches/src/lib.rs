@@ -5,7 +5,9 @@
 //! [`Workload`](harness::Workload), runs it on pinned threads for a fixed
 //! time, interleaving implementations run by run so a noisy machine's drift
 //! hits all of them alike, and reports medians in the kernel selftests'
-//! format (`SCENARIO/IMPL ( N cpus): TOTAL ± STDDEV M/s ( PER_CPU M/s/cpu)`).
+//! format with the thread count spelled out
+//! (`SCENARIO/IMPL (  N threads): TOTAL ± STDDEV M/s ( PER_CPU M/s/cpu)`,
+//! or `(  N threads on C cpus)` when threads share CPUs).
 //! [`seeds`] runs every seed's comparison in one interleaved pass and
 //! [`chart`] draws each seed's table as an SVG chart.
 // Throughput statistics convert operation counts to f64 on purpose.

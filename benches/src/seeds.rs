@@ -2,7 +2,7 @@
 //! and the kernel's own uprobes, in one interleaved pass, one table per
 //! seed with each row's ratio to the seed's "before".
 
-use crate::harness::{Options, Row, Scenario, run_plan};
+use crate::harness::{Columns, Options, Row, Scenario, run_plan};
 use crate::scenarios;
 
 /// One scenario of a seed's table: which implementations, and which of
@@ -172,13 +172,7 @@ impl SeedResult {
         use std::fmt::Write as _;
         let mut out = String::new();
         let _ = writeln!(out, "## seed {}: {}", self.seed.id, self.seed.patch);
-        let width = self
-            .parts
-            .iter()
-            .flat_map(|(_, rows, _)| rows)
-            .map(|r| r.scenario.len() + r.imp.len() + 1)
-            .max()
-            .unwrap_or(0);
+        let cols = Columns::fit(self.rows());
         for (part, rows, skipped) in &self.parts {
             for r in rows {
                 let tail = if r.imp == part.before {
@@ -187,7 +181,7 @@ impl SeedResult {
                     ratio(r, rows, part.before)
                         .map_or_else(String::new, |x| format!("  {x:>6.2}x {}", part.before))
                 };
-                let _ = writeln!(out, "{}{tail}", r.line(width));
+                let _ = writeln!(out, "{}{tail}", r.line(cols));
             }
             for s in skipped {
                 let _ = writeln!(out, "{s}");
