@@ -117,14 +117,22 @@ pub(crate) fn register(inner: &Arc<Inner>) {
     domains.push(Arc::downgrade(inner));
 }
 
+/// What the forking thread holds across `fork`: the per-domain locks and
+/// the domain list's lock.
+#[cfg(not(pcpu_loom))]
+struct ForkHeld {
+    locks: Vec<Box<dyn HeldLock>>,
+    /// Held until released after the per-domain locks.
+    _domains: MutexGuard<'static, Vec<Weak<Inner>>>,
+}
+
 #[cfg(not(pcpu_loom))]
 thread_local! {
-    /// The locks the forking thread holds across `fork` (set by `prepare`,
-    /// released by `parent` or in the child).
-    static HELD_LOCKS: core::cell::RefCell<Vec<Box<dyn HeldLock>>> =
-        const { core::cell::RefCell::new(Vec::new()) };
-    static HELD_DOMAINS: core::cell::RefCell<Option<MutexGuard<'static, Vec<Weak<Inner>>>>> =
-        const { core::cell::RefCell::new(None) };
+    /// What the forking thread holds across `fork` (set by `prepare`,
+    /// released by `parent` or in the child). A plain pointer: no
+    /// thread-local destructor is registered (and no memory freed at the
+    /// thread's exit) because a thread once forked.
+    static HELD: core::cell::Cell<*mut ForkHeld> = const { core::cell::Cell::new(core::ptr::null_mut()) };
 }
 
 /// The pid that last ran `prepare` (a child's pid differs), and the child
@@ -161,20 +169,25 @@ extern "C" fn prepare() {
             set.lock_for_fork(&mut held);
         }
     }
-    HELD_LOCKS.with(|h| *h.borrow_mut() = held);
-    HELD_DOMAINS.with(|h| *h.borrow_mut() = Some(domains));
+    HELD.set(Box::into_raw(Box::new(ForkHeld {
+        locks: held,
+        _domains: domains,
+    })));
 }
 
 /// Releases what `prepare` took (reverse order).
 #[cfg(not(pcpu_loom))]
 fn release() {
-    HELD_LOCKS.with(|h| {
-        let mut held = h.take();
-        while let Some(lock) = held.pop() {
-            drop(lock);
-        }
-    });
-    HELD_DOMAINS.with(|h| drop(h.take()));
+    let held = HELD.replace(core::ptr::null_mut());
+    if held.is_null() {
+        return;
+    }
+    // SAFETY: made by `prepare` on this thread, taken once.
+    let mut held = unsafe { Box::from_raw(held) };
+    while let Some(lock) = held.locks.pop() {
+        drop(lock);
+    }
+    drop(held);
 }
 
 /// `pthread_atfork` parent: releases the locks.

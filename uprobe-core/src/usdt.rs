@@ -135,7 +135,11 @@ impl UsdtProbe {
     /// spec is one this crate does not know.
     pub fn uprobe(&self) -> Result<Uprobe, AttachError> {
         let args = self.args()?;
-        Ok(Uprobe::at(self.addr)?.with_usdt(args.into(), self.semaphore))
+        // SAFETY: the note names the probe's own instruction (the `nop`
+        // `<sys/sdt.h>` emits), in an object loaded now: an instruction
+        // boundary, even where no symbol covers it (stripped programs).
+        let uprobe = unsafe { Uprobe::address(self.addr) };
+        Ok(uprobe.with_usdt(args.into(), self.semaphore))
     }
 }
 
@@ -143,9 +147,23 @@ impl UsdtProbe {
 /// `libstdc++.so.6`, or its path), with their addresses in this process.
 /// Not async-signal-safe (reads the file).
 pub fn probes(object: &str) -> Result<Vec<UsdtProbe>, AttachError> {
-    let loaded = crate::symbols::loaded_object(object)?;
-    let notes = notes_in_file(&loaded.path)?;
-    Ok(notes
+    sites_of(&crate::symbols::loaded_object(object)?)
+}
+
+/// The USDT probes of every loaded object (objects whose file cannot be
+/// read are skipped). Not async-signal-safe.
+#[must_use]
+pub fn loaded_probes() -> Vec<UsdtProbe> {
+    crate::symbols::loaded_objects()
+        .iter()
+        .filter_map(|l| sites_of(l).ok())
+        .flatten()
+        .collect()
+}
+
+/// The probes of one loaded object, at their addresses in this process.
+fn sites_of(loaded: &crate::symbols::Loaded) -> Result<Vec<UsdtProbe>, AttachError> {
+    Ok(notes_in_file(&loaded.path)?
         .into_iter()
         .map(|n| UsdtProbe {
             provider: n.provider,
