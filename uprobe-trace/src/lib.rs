@@ -33,7 +33,10 @@
 #[cfg(not(target_os = "linux"))]
 compile_error!("uprobe-trace supports Linux only (LD_PRELOAD, uprobe-core)");
 
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(all(
+    any(target_arch = "x86_64", target_arch = "aarch64"),
+    not(pcpu_force_generic)
+))]
 mod agent;
 pub mod shared;
 pub mod spec;
