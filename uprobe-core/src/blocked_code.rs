@@ -39,7 +39,7 @@ use std::sync::Mutex;
 
 use crate::AttachError;
 use crate::error::BlockedPath;
-use crate::symbols::find_function;
+use crate::symbols::Symbols;
 
 /// Where to look a name up.
 #[derive(Clone, Copy)]
@@ -162,11 +162,12 @@ pub(crate) fn refuse(addr: usize) -> Result<(), AttachError> {
 
 fn resolve_all() -> std::sync::Arc<[Resolved]> {
     let mut found: Vec<Resolved> = Vec::new();
+    let symbols = Symbols::now();
     for &(name, lookup, path) in FUNCTIONS {
-        let own = find_function(Some("libc.so.6"), name).ok();
+        let own = symbols.find_function(Some("libc.so.6"), name).ok();
         let reached = match lookup {
             Lookup::Libc => None,
-            Lookup::Interposable => find_function(None, name).ok(),
+            Lookup::Interposable => symbols.find_function(None, name).ok(),
         };
         for f in own.into_iter().chain(reached) {
             if !found.iter().any(|r| r.start == f.start) {

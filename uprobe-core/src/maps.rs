@@ -117,6 +117,11 @@ impl Snapshot {
         Some(found)
     }
 
+    /// The file mapped at `addr`, if any.
+    pub(crate) fn path_of(&self, addr: usize) -> Option<std::path::PathBuf> {
+        self.0[self.index_of(addr)?].path()
+    }
+
     /// The executable mapping that contains `addr`, if any.
     pub(crate) fn code_mapping_of(&self, addr: usize) -> Option<Mapping> {
         self.mapping_of(addr)

@@ -124,48 +124,114 @@ fn names(l: &Loaded, object: &str) -> bool {
 /// The function `name` in `object` (or, for `None`, in the executable
 /// and then every loaded library in load order).
 pub(crate) fn find_function(object: Option<&str>, name: &str) -> Result<Function, AttachError> {
-    let objects = loaded_objects();
-    let candidates: Vec<&Loaded> = match object {
-        None => objects.iter().collect(),
-        Some(o) => {
-            let found: Vec<&Loaded> = objects.iter().filter(|l| names(l, o)).collect();
-            if found.is_empty() {
-                return Err(AttachError::NoSuchObject {
-                    object: o.to_string(),
+    Symbols::now().find_function(object, name)
+}
+
+/// The loaded objects, their symbol indexes and the memory map as they
+/// are at one moment: for a run of look-ups (the signal-blocked list
+/// resolves dozens of names) that should not each list the objects, open
+/// every file and read the memory map again. Not async-signal-safe.
+pub(crate) struct Symbols {
+    objects: Vec<Loaded>,
+    indexes:
+        std::cell::RefCell<std::collections::HashMap<PathBuf, Option<std::sync::Arc<SymbolIndex>>>>,
+    maps: std::cell::OnceCell<crate::maps::Snapshot>,
+    canonical: std::cell::RefCell<std::collections::HashMap<PathBuf, Option<PathBuf>>>,
+}
+
+impl Symbols {
+    /// The loaded objects now.
+    pub(crate) fn now() -> Self {
+        Self {
+            objects: loaded_objects(),
+            indexes: std::cell::RefCell::default(),
+            maps: std::cell::OnceCell::new(),
+            canonical: std::cell::RefCell::default(),
+        }
+    }
+
+    fn index(&self, path: &Path) -> Option<std::sync::Arc<SymbolIndex>> {
+        self.indexes
+            .borrow_mut()
+            .entry(path.to_path_buf())
+            .or_insert_with(|| index_of(path))
+            .clone()
+    }
+
+    fn canonical(&self, path: &Path) -> Option<PathBuf> {
+        self.canonical
+            .borrow_mut()
+            .entry(path.to_path_buf())
+            .or_insert_with(|| std::fs::canonicalize(path).ok())
+            .clone()
+    }
+
+    /// See [`find_function`].
+    pub(crate) fn find_function(
+        &self,
+        object: Option<&str>,
+        name: &str,
+    ) -> Result<Function, AttachError> {
+        let candidates: Vec<&Loaded> = match object {
+            None => self.objects.iter().collect(),
+            Some(o) => {
+                let found: Vec<&Loaded> = self.objects.iter().filter(|l| names(l, o)).collect();
+                if found.is_empty() {
+                    return Err(AttachError::NoSuchObject {
+                        object: o.to_string(),
+                    });
+                }
+                found
+            }
+        };
+        for l in candidates {
+            let Some(index) = self.index(&l.path) else {
+                continue;
+            };
+            let Some(found) = index.by_name.get(name) else {
+                continue;
+            };
+            // Exported (or IFUNC): ask the dynamic linker, which picks the
+            // default symbol version and runs IFUNC resolvers, i.e. returns
+            // what the program's calls reach.
+            if found.resolve {
+                let start = resolve(l, name)?;
+                let size = self.covering_function(start).map_or(0, |f| f.size);
+                return Ok(Function {
+                    name: name.to_string(),
+                    start,
+                    size,
                 });
             }
-            found
-        }
-    };
-    for l in candidates {
-        let Some(index) = index_of(&l.path) else {
-            continue;
-        };
-        let Some(found) = index.by_name.get(name) else {
-            continue;
-        };
-        // Exported (or IFUNC): ask the dynamic linker, which picks the
-        // default symbol version and runs IFUNC resolvers, i.e. returns
-        // what the program's calls reach.
-        if found.resolve {
-            let start = resolve(l, name)?;
-            let size = covering_function(start).map_or(0, |f| f.size);
             return Ok(Function {
                 name: name.to_string(),
-                start,
-                size,
+                start: l.bias.wrapping_add(found.addr),
+                size: found.size,
             });
         }
-        return Ok(Function {
+        Err(AttachError::SymbolNotFound {
+            object: object.unwrap_or("any loaded object").to_string(),
             name: name.to_string(),
-            start: l.bias.wrapping_add(found.addr),
-            size: found.size,
-        });
+        })
     }
-    Err(AttachError::SymbolNotFound {
-        object: object.unwrap_or("any loaded object").to_string(),
-        name: name.to_string(),
-    })
+
+    /// See [`covering_function`].
+    pub(crate) fn covering_function(&self, addr: usize) -> Option<Function> {
+        let map_path = self
+            .maps
+            .get_or_init(crate::maps::Snapshot::read)
+            .path_of(addr)?;
+        let l = self.objects.iter().find(|l| {
+            l.path == map_path || self.canonical(&l.path).is_some_and(|p| p == map_path)
+        })?;
+        let index = self.index(&l.path)?;
+        let (start, size, name) = index.covering(addr.wrapping_sub(l.bias))?;
+        Some(Function {
+            name: name.to_string(),
+            start: l.bias.wrapping_add(start),
+            size,
+        })
+    }
 }
 
 /// What the dynamic linker resolves `name` of `l` to (the default
@@ -202,18 +268,7 @@ fn resolve(l: &Loaded, name: &str) -> Result<usize, AttachError> {
 /// The function whose symbol covers `addr`, if a symbol of its object
 /// says so.
 pub(crate) fn covering_function(addr: usize) -> Option<Function> {
-    let map_path = crate::maps::path_of(addr)?;
-    let objects = loaded_objects();
-    let l = objects.iter().find(|l| {
-        l.path == map_path || std::fs::canonicalize(&l.path).is_ok_and(|p| p == map_path)
-    })?;
-    let index = index_of(&l.path)?;
-    let (start, size, name) = index.covering(addr.wrapping_sub(l.bias))?;
-    Some(Function {
-        name: name.to_string(),
-        start: l.bias.wrapping_add(start),
-        size,
-    })
+    Symbols::now().covering_function(addr)
 }
 
 /// A name's entry in an object's [`SymbolIndex`].
