@@ -176,6 +176,20 @@ fn sites_of(loaded: &crate::symbols::Loaded) -> Result<Vec<UsdtProbe>, AttachErr
         .collect())
 }
 
+/// A decimal or `0x` hexadecimal integer, maybe negative, as the specs
+/// write displacements and constants.
+pub(crate) fn parse_int(text: &str) -> Option<i64> {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, text),
+    };
+    let value = match digits.strip_prefix("0x") {
+        Some(hex) => i64::from_str_radix(hex, 16).ok()?,
+        None => digits.parse::<i64>().ok()?,
+    };
+    Some(if negative { -value } else { value })
+}
+
 /// A note as the file says it: addresses before the load bias.
 struct Note {
     provider: String,

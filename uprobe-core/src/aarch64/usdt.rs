@@ -2,7 +2,7 @@
 //! `wN`, `sp`, a constant, `[xN]`, `[xN, offset]`.
 
 use crate::Reg;
-use crate::usdt::UsdtLocation;
+use crate::usdt::{UsdtLocation, parse_int};
 
 /// Parses the part of an argument after `@`.
 pub(crate) fn parse_location(text: &str) -> Result<UsdtLocation, &'static str> {
@@ -29,18 +29,6 @@ pub(crate) fn parse_location(text: &str) -> Result<UsdtLocation, &'static str> {
         return Ok(UsdtLocation::Constant(value));
     }
     register(text).map(UsdtLocation::Register)
-}
-
-fn parse_int(text: &str) -> Option<i64> {
-    let (negative, digits) = match text.strip_prefix('-') {
-        Some(d) => (true, d),
-        None => (false, text),
-    };
-    let value = match digits.strip_prefix("0x") {
-        Some(hex) => i64::from_str_radix(hex, 16).ok()?,
-        None => digits.parse::<i64>().ok()?,
-    };
-    Some(if negative { -value } else { value })
 }
 
 /// `xN`, `wN` (the argument's size says how much is read) or `sp`.

@@ -45,6 +45,57 @@ pub(crate) type SavedXmm = [u128; 16];
 /// What `on_return` gets besides the integer registers.
 pub(crate) type SavedVector = SavedXmm;
 
+/// Saves `xmm0`-`xmm15` at `[rsp]` (256 bytes, 16-aligned): one `asm`
+/// template line per register, for both trampolines.
+macro_rules! save_xmm {
+    () => {
+        concat!(
+            "movaps [rsp + 0], xmm0\n",
+            "movaps [rsp + 16], xmm1\n",
+            "movaps [rsp + 32], xmm2\n",
+            "movaps [rsp + 48], xmm3\n",
+            "movaps [rsp + 64], xmm4\n",
+            "movaps [rsp + 80], xmm5\n",
+            "movaps [rsp + 96], xmm6\n",
+            "movaps [rsp + 112], xmm7\n",
+            "movaps [rsp + 128], xmm8\n",
+            "movaps [rsp + 144], xmm9\n",
+            "movaps [rsp + 160], xmm10\n",
+            "movaps [rsp + 176], xmm11\n",
+            "movaps [rsp + 192], xmm12\n",
+            "movaps [rsp + 208], xmm13\n",
+            "movaps [rsp + 224], xmm14\n",
+            "movaps [rsp + 240], xmm15\n",
+        )
+    };
+}
+
+/// Restores what [`save_xmm`] saved.
+macro_rules! restore_xmm {
+    () => {
+        concat!(
+            "movaps xmm0, [rsp + 0]\n",
+            "movaps xmm1, [rsp + 16]\n",
+            "movaps xmm2, [rsp + 32]\n",
+            "movaps xmm3, [rsp + 48]\n",
+            "movaps xmm4, [rsp + 64]\n",
+            "movaps xmm5, [rsp + 80]\n",
+            "movaps xmm6, [rsp + 96]\n",
+            "movaps xmm7, [rsp + 112]\n",
+            "movaps xmm8, [rsp + 128]\n",
+            "movaps xmm9, [rsp + 144]\n",
+            "movaps xmm10, [rsp + 160]\n",
+            "movaps xmm11, [rsp + 176]\n",
+            "movaps xmm12, [rsp + 192]\n",
+            "movaps xmm13, [rsp + 208]\n",
+            "movaps xmm14, [rsp + 224]\n",
+            "movaps xmm15, [rsp + 240]\n",
+        )
+    };
+}
+
+pub(crate) use {restore_xmm, save_xmm};
+
 // The common trampoline. Entered by a stub's `call`, so its frame
 // description is the ordinary one of a called function (CFA = rsp + 8 on
 // entry); `rbp` then anchors the frame while the stack is realigned.
@@ -73,40 +124,10 @@ core::arch::global_asm!(
     "mov rdi, rsp",
     "and rsp, -16",
     "sub rsp, 256",
-    "movaps [rsp + 0], xmm0",
-    "movaps [rsp + 16], xmm1",
-    "movaps [rsp + 32], xmm2",
-    "movaps [rsp + 48], xmm3",
-    "movaps [rsp + 64], xmm4",
-    "movaps [rsp + 80], xmm5",
-    "movaps [rsp + 96], xmm6",
-    "movaps [rsp + 112], xmm7",
-    "movaps [rsp + 128], xmm8",
-    "movaps [rsp + 144], xmm9",
-    "movaps [rsp + 160], xmm10",
-    "movaps [rsp + 176], xmm11",
-    "movaps [rsp + 192], xmm12",
-    "movaps [rsp + 208], xmm13",
-    "movaps [rsp + 224], xmm14",
-    "movaps [rsp + 240], xmm15",
+    save_xmm!(),
     "mov rsi, rsp",
     "call {on_return}",
-    "movaps xmm0, [rsp + 0]",
-    "movaps xmm1, [rsp + 16]",
-    "movaps xmm2, [rsp + 32]",
-    "movaps xmm3, [rsp + 48]",
-    "movaps xmm4, [rsp + 64]",
-    "movaps xmm5, [rsp + 80]",
-    "movaps xmm6, [rsp + 96]",
-    "movaps xmm7, [rsp + 112]",
-    "movaps xmm8, [rsp + 128]",
-    "movaps xmm9, [rsp + 144]",
-    "movaps xmm10, [rsp + 160]",
-    "movaps xmm11, [rsp + 176]",
-    "movaps xmm12, [rsp + 192]",
-    "movaps xmm13, [rsp + 208]",
-    "movaps xmm14, [rsp + 224]",
-    "movaps xmm15, [rsp + 240]",
+    restore_xmm!(),
     "lea rsp, [rbp - 80]",
     "pop r11",
     "pop r10",

@@ -2,7 +2,7 @@
 //! emits: `%reg`, `$imm`, `disp(%base)`, `disp(%base,%index,scale)`.
 
 use crate::Reg;
-use crate::usdt::UsdtLocation;
+use crate::usdt::{UsdtLocation, parse_int};
 
 /// Parses the part of an argument after `@`.
 pub(crate) fn parse_location(text: &str) -> Result<UsdtLocation, &'static str> {
@@ -55,18 +55,6 @@ pub(crate) fn parse_location(text: &str) -> Result<UsdtLocation, &'static str> {
         offset,
         index,
     })
-}
-
-fn parse_int(text: &str) -> Option<i64> {
-    let (negative, digits) = match text.strip_prefix('-') {
-        Some(d) => (true, d),
-        None => (false, text),
-    };
-    let value = match digits.strip_prefix("0x") {
-        Some(hex) => i64::from_str_radix(hex, 16).ok()?,
-        None => digits.parse::<i64>().ok()?,
-    };
-    Some(if negative { -value } else { value })
 }
 
 /// A general-purpose register by any of its names (64, 32, 16 or low
