@@ -45,7 +45,7 @@ pub const SEEDS: &[Seed] = &[
                 before: "uprobe-core+twotrap+locked",
             },
         ],
-        note: "the deferral runs on the two-trap out-of-line path only (the engine's default slot jumps back: one trap, no deferral)",
+        note: "the deferral runs on the two-trap out-of-line path only (+twotrap rows; on its own the engine runs this 7-byte load through a jump into a trampoline: no trap at all)",
     },
     Seed {
         id: "001",

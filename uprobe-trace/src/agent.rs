@@ -148,6 +148,10 @@ fn start() {
     // A plain pthread, waited for with an atomic: `std::thread` and
     // channels would set up thread-local state on the program's thread,
     // freed (and counted) when it exits.
+    AGENT.store(
+        core::ptr::from_ref(agent).cast_mut(),
+        core::sync::atomic::Ordering::Release,
+    );
     let mut thread: libc::pthread_t = 0;
     // SAFETY: a new thread running `agent_thread` on the leaked agent.
     let rc = unsafe {

@@ -173,7 +173,7 @@ pub const RET: Scenario = Scenario {
 
 pub const RIPREL: Scenario = Scenario {
     name: "uprobe-riprel",
-    about: "call a function starting with a RIP-relative load, probed (the kernel single-steps it; the engine runs it out of line, in a slot that jumps back, or +twotrap: ends in a second trap, signals deferred lock-free, or +twotrap+locked: under a process-wide lock, seed 000's before)",
+    about: "call a function starting with a RIP-relative load, probed (the kernel single-steps it; the engine jumps to a trampoline that runs it relocated, no trap; +twotrap: on its breakpoint, out of line in a slot that ends in a second trap, signals deferred lock-free, or +twotrap+locked: under a process-wide lock, seed 000's before)",
     impls: &[
         "uprobe-core",
         "uprobe-core+twotrap",
