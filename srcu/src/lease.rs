@@ -112,6 +112,8 @@ struct Shared<T> {
     /// `timeout / TICKS`); leases record it instead of reading a clock.
     tick: CachePadded<AtomicU64>,
     blocks: Mutex<Vec<Arc<Slots<T>>>>,
+    /// `expire`'s copy of `blocks`, reused round after round.
+    expiry_scratch: Mutex<Vec<Arc<Slots<T>>>>,
     /// Expiry rounds in progress. A consumer that sees none takes the
     /// fence-free path (see `Lease::take`).
     expiring: CachePadded<AtomicU64>,
@@ -186,11 +188,21 @@ impl<T> Shared<T> {
     /// ticks; returns how many it expired.
     fn expire(&self, min_age: u64) -> u64 {
         let now = self.tick.load(Ordering::Relaxed);
-        let blocks = self
-            .blocks
+        // The blocks, copied into a buffer kept across rounds: an expiry
+        // tick allocates nothing (a program tracing `malloc` sees no call
+        // of ours), and `blocks` is not held across the heavy fence.
+        let mut blocks = self
+            .expiry_scratch
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+            .unwrap_or_else(PoisonError::into_inner);
+        blocks.clear();
+        blocks.extend(
+            self.blocks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .cloned(),
+        );
         // Our own read section: a value we look at cannot be freed while
         // we hold it (see the module docs).
         let bank = self.domain.read_lock();
@@ -200,11 +212,13 @@ impl<T> Shared<T> {
         self.expiring.fetch_add(1, Ordering::Relaxed);
         pcpu::fence::heavy();
         let mut n = 0;
-        for slots in &blocks {
+        for slots in blocks.iter() {
             for slot in slots.iter() {
                 n += u64::from(self.expire_slot(slot, now, min_age));
             }
         }
+        // The references go now, the buffer stays.
+        blocks.clear();
         // Release: a consumer that reads the end of the round sees our CASes.
         self.expiring.fetch_sub(1, Ordering::Release);
         self.domain.read_unlock(bank);
@@ -325,6 +339,7 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
             domain: srcu.inner_arc(),
             tick: CachePadded::new(AtomicU64::new(0)),
             blocks: Mutex::new(Vec::new()),
+            expiry_scratch: Mutex::new(Vec::new()),
             expiring: CachePadded::new(AtomicU64::new(0)),
             expired: AtomicU64::new(0),
             owing: AtomicPtr::new(core::ptr::null_mut()),

@@ -282,6 +282,11 @@
 //!   whenever it runs probed code, as for any signal.
 //! - After `fork`, the child keeps the probes (breakpoints, table and
 //!   handler are inherited) and runs probed code normally.
+//! - A kernel uprobe (`perf`, `bpftrace`) on the same instruction of the
+//!   same file is not compatible: attached first, it is someone else's
+//!   breakpoint and attach refuses the address; attached while a probe of
+//!   ours is there, its detach writes the file's original byte back over
+//!   our breakpoint or jump. Probe different code, or one at a time.
 #![cfg_attr(not(test), warn(missing_docs))]
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -72,7 +72,77 @@ fn is_agent(tid: i32) -> bool {
     // SAFETY: getpid has no preconditions (asked only during a fork).
     (forking != 0 && forking != unsafe { libc::getpid() })
         || AGENT_THREADS.iter().any(|t| t.load(Relaxed) == tid)
+        || ENGINE_THREADS.iter().any(|t| t.load(Relaxed) == tid)
 }
+
+/// The threads the agent's own code started (the engine's service
+/// threads, through [`pthread_create`]): their calls are not the
+/// program's.
+static ENGINE_THREADS: [AtomicI32; 16] = [const { AtomicI32::new(0) }; 16];
+
+/// A thread the agent's code started: marks itself as the agent's, then
+/// runs what it was started for.
+extern "C" fn engine_thread(p: *mut libc::c_void) -> *mut libc::c_void {
+    let tid = gettid();
+    for slot in &ENGINE_THREADS {
+        if slot.compare_exchange(0, tid, Relaxed, Relaxed).is_ok() {
+            break;
+        }
+    }
+    // SAFETY: boxed below, taken once.
+    let (start, arg) = *unsafe {
+        Box::from_raw(p.cast::<(extern "C" fn(*mut libc::c_void) -> *mut libc::c_void, usize)>())
+    };
+    start(arg as *mut libc::c_void)
+}
+
+/// The program's `pthread_create`, through the agent: a thread started
+/// from the agent's own code (the engine starting a service thread while
+/// it attaches) is marked as the agent's before it runs anything.
+///
+/// # Safety
+/// As `pthread_create(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void,
+    arg: *mut libc::c_void,
+) -> libc::c_int {
+    type Create = unsafe extern "C" fn(
+        *mut libc::pthread_t,
+        *const libc::pthread_attr_t,
+        extern "C" fn(*mut libc::c_void) -> *mut libc::c_void,
+        *mut libc::c_void,
+    ) -> libc::c_int;
+    static NEXT: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+    let mut next = NEXT.load(Relaxed);
+    if next == 0 {
+        // SAFETY: looking up the next `pthread_create` (libc's) by name.
+        next = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) } as usize;
+        NEXT.store(next, Relaxed);
+    }
+    if next == 0 {
+        return libc::ENOSYS;
+    }
+    // SAFETY: libc's pthread_create.
+    let create = unsafe { core::mem::transmute::<usize, Create>(next) };
+    if MAIN_THREAD.load(Relaxed) == 0 || !is_agent(gettid()) {
+        // SAFETY: the caller's arguments, as given.
+        return unsafe { create(thread, attr, start, arg) };
+    }
+    let boxed = Box::into_raw(Box::new((start, arg as usize)));
+    // SAFETY: libc's pthread_create, starting `engine_thread` on our box.
+    let rc = unsafe { create(thread, attr, engine_thread, boxed.cast()) };
+    if rc != 0 {
+        // SAFETY: not handed to a thread.
+        drop(unsafe { Box::from_raw(boxed) });
+    }
+    rc
+}
+
+/// The program's thread that ran the constructor (0: not traced).
+static MAIN_THREAD: AtomicI32 = AtomicI32::new(0);
 
 /// The calling thread's id (a system call: for the agent's own threads).
 fn gettid() -> i32 {
@@ -107,7 +177,9 @@ extern "C" fn init() {
     }
     // Everything the agent allocates and frees on the program's thread
     // (reading the environment, starting its own thread) is not counted.
-    AGENT_THREADS[0].store(gettid(), Relaxed);
+    let main = gettid();
+    AGENT_THREADS[0].store(main, Relaxed);
+    MAIN_THREAD.store(main, Relaxed);
     start();
     AGENT_THREADS[0].store(0, Relaxed);
 }

@@ -9,7 +9,7 @@
 use std::fs::OpenOptions;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 /// Marks a report file (and its layout version).
 pub const MAGIC: u64 = 0x7570_7472_6163_6501;
@@ -36,7 +36,7 @@ pub struct Header {
     pub error_len: AtomicU32,
     _pad: u32,
     /// See `error_len`.
-    pub error: [u8; ERROR_LEN],
+    pub error: [AtomicU8; ERROR_LEN],
 }
 
 impl core::fmt::Debug for Header {
@@ -66,7 +66,7 @@ pub struct Slot {
     pub error_len: AtomicU32,
     _pad: u32,
     /// See `error_len`.
-    pub error: [u8; ERROR_LEN],
+    pub error: [AtomicU8; ERROR_LEN],
 }
 
 impl core::fmt::Debug for Slot {
@@ -192,20 +192,23 @@ impl Drop for Report {
     }
 }
 
-/// Writes an error message into a header's or slot's error field.
-/// Async-signal-safe.
-fn set_error(len: &AtomicU32, field: &[u8; ERROR_LEN], text: &str) {
+/// Writes an error message into a header's or slot's error field (bytes,
+/// then the length that publishes them). Async-signal-safe.
+fn set_error(len: &AtomicU32, field: &[AtomicU8; ERROR_LEN], text: &str) {
     let n = text.len().min(ERROR_LEN);
-    let dst = field.as_ptr().cast_mut();
-    // SAFETY: the field is shared memory of ours; readers read it only up
-    // to the length published after the copy.
-    unsafe { core::ptr::copy_nonoverlapping(text.as_ptr(), dst, n) };
+    for (dst, &b) in field.iter().zip(&text.as_bytes()[..n]) {
+        dst.store(b, Ordering::Relaxed);
+    }
     len.store(n as u32, Ordering::Release);
 }
 
-fn get_error(len: &AtomicU32, field: &[u8; ERROR_LEN]) -> Option<String> {
+fn get_error(len: &AtomicU32, field: &[AtomicU8; ERROR_LEN]) -> Option<String> {
     let n = (len.load(Ordering::Acquire) as usize).min(ERROR_LEN);
-    (n > 0).then(|| String::from_utf8_lossy(&field[..n]).into_owned())
+    let bytes: Vec<u8> = field[..n]
+        .iter()
+        .map(|b| b.load(Ordering::Relaxed))
+        .collect();
+    (n > 0).then(|| String::from_utf8_lossy(&bytes).into_owned())
 }
 
 impl Header {
