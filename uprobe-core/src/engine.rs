@@ -891,7 +891,7 @@ unsafe fn attach_one(
     // `[addr, addr + len)` lies in readable executable mappings; another
     // site's breakpoint or jump may cover part of it.
     let bytes = &code_as_original(addr, len)[..];
-    if len < BREAKPOINT.len() || bytes[..BREAKPOINT.len()] == BREAKPOINT {
+    if len < BREAKPOINT.len() || crate::arch::is_breakpoint(bytes) {
         return Err(AttachError::ForeignBreakpoint { addr });
     }
     let emulation = analyze(addr, bytes)?;

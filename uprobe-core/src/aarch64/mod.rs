@@ -43,7 +43,13 @@ pub(crate) unsafe fn is_breakpoint_at(addr: usize) -> bool {
     }
     // SAFETY: the caller's contract; aligned.
     let insn = unsafe { core::ptr::read_volatile(addr as *const u32) };
-    insn & 0xffe0_001f == 0xd420_0000
+    is_breakpoint(&insn.to_le_bytes())
+}
+
+/// Whether `code` starts with a breakpoint instruction (any `BRK`).
+pub(crate) fn is_breakpoint(code: &[u8]) -> bool {
+    code.first_chunk::<4>()
+        .is_some_and(|b| u32::from_le_bytes(*b) & 0xffe0_001f == 0xd420_0000)
 }
 
 /// The registers a handler reads and writes: the signal frame.

@@ -57,6 +57,11 @@ pub(crate) fn set_frame_pc(frame: &mut Frame, addr: usize) {
     frame[libc::REG_RIP as usize] = addr as i64;
 }
 
+/// Whether `code` starts with a breakpoint instruction (`int3`).
+pub(crate) fn is_breakpoint(code: &[u8]) -> bool {
+    code.first() == Some(&BREAKPOINT[0])
+}
+
 /// The interrupted thread's instruction pointer.
 pub(crate) fn pc(uc: &libc::ucontext_t) -> usize {
     uc.uc_mcontext.gregs[libc::REG_RIP as usize] as usize
