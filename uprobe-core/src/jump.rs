@@ -351,6 +351,14 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
         }
         Step::Write(j.start, crate::arch::BREAKPOINT.to_vec())
     });
+    // Those landing breakpoints, to take back should a later step fail.
+    let landings: Vec<(usize, usize, [u8; JUMP_LEN])> = results
+        .iter()
+        .enumerate()
+        .filter_map(|(k, r)| r.as_ref().ok().map(|j| (k, j)))
+        .filter(|(_, j)| j.after_landing_pad())
+        .map(|(k, j)| (k, j.start, j.original))
+        .collect();
     // Step 2: no thread stopped inside a multi-instruction range.
     let interior: Vec<&Jump> = results
         .iter()
@@ -387,6 +395,29 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
         }
         Step::Write(j.site, site.original_bytes().to_vec())
     });
+    // A landing breakpoint of a site that stays on its own breakpoint goes
+    // (the range's original bytes back, tail first, behind the breakpoint),
+    // or a later detach would leave it.
+    let undo: Vec<&(usize, usize, [u8; JUMP_LEN])> = landings
+        .iter()
+        .filter(|(k, _, _)| results[*k].is_err())
+        .collect();
+    for (from, to) in [(1, JUMP_LEN), (0, 1)] {
+        let patches: Vec<Patch<'_>> = undo
+            .iter()
+            .map(|(k, start, original)| Patch {
+                map: sites[*k].mapping(),
+                addr: start + from,
+                bytes: &original[from..to],
+            })
+            .collect();
+        // SAFETY: the range's original bytes over our own: the tail behind
+        // the landing breakpoint, then the breakpoint itself.
+        let _ = unsafe { write_patches(&patches) };
+    }
+    for (k, _, _) in undo {
+        sites[*k].set_landing(0);
+    }
     // A site left on its breakpoint keeps sending trap hits to the
     // trampoline's copy (always correct: the copy never changes, and a
     // failed step may have left the jump's tail behind the breakpoint).
