@@ -341,13 +341,21 @@ fn has_interpreter(elf: &[u8]) -> bool {
 }
 
 /// The agent library: `--agent`, or `libuprobe_trace.so` next to this
-/// executable (where cargo builds both).
+/// executable (where `cargo build` puts both), or in its `deps` folder
+/// (where a build of the tests alone leaves it).
 fn agent_path(args: &Args) -> Result<PathBuf, String> {
     let path = if let Some(p) = &args.agent {
         p.clone()
     } else {
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-        exe.with_file_name("libuprobe_trace.so")
+        let next_to = exe.with_file_name("libuprobe_trace.so");
+        // A build of the tests only leaves it among the dependencies.
+        let in_deps = exe.with_file_name("deps").join("libuprobe_trace.so");
+        if !next_to.is_file() && in_deps.is_file() {
+            in_deps
+        } else {
+            next_to
+        }
     };
     if !path.is_file() {
         return Err(format!(
