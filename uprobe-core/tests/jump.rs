@@ -483,44 +483,20 @@ fn optimizing_after_a_landing_pad_under_callers() {
 fn churn(f: unsafe extern "C" fn(u64) -> u64, rounds: usize) {
     // Multi-instruction range: every optimization checks the callers'
     // threads, which are often stopped inside it.
-    let runs = Arc::new(AtomicU64::new(0));
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let mut jumps = 0;
-    std::thread::scope(|s| {
-        for t in 0..2u64 {
-            let stop = &stop;
-            s.spawn(move || {
-                let mut x = t;
-                while !stop.load(SeqCst) {
-                    assert_eq!(call(f, x), 3 * x);
-                    x = (x + 2) % 1_000_000;
-                }
-            });
-        }
-        let _stop = common::StopOnDrop(&stop);
-        for round in 0..rounds {
-            let counter = Arc::clone(&runs);
-            let mut probe = at_entry(f).on_entry(move |_| {
-                counter.fetch_add(1, SeqCst);
-            });
+    let jumps = common::churn_with(
+        f,
+        |x| 3 * x,
+        2,
+        rounds,
+        |round| {
+            let probe = at_entry(f);
             if round % 10 == 9 {
-                probe = probe.trap_only();
+                probe.trap_only()
+            } else {
+                probe
             }
-            let probe = probe.attach().unwrap();
-            jumps += usize::from(probe.mode().is_jump());
-            let before = probe.hits();
-            assert_eq!(call(f, 1), 3);
-            assert!(probe.hits() > before, "a hit while attached was lost");
-            probe.detach().unwrap();
-            let after_detach = runs.load(SeqCst);
-            std::thread::yield_now();
-            assert_eq!(
-                runs.load(SeqCst),
-                after_detach,
-                "a handler ran after detach returned"
-            );
-        }
-    });
+        },
+    );
     println!("{jumps} of {rounds} rounds through a jump");
     assert!(
         jumps > rounds / 2,

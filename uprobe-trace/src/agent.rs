@@ -72,7 +72,12 @@ fn is_agent(tid: i32) -> bool {
     // SAFETY: getpid has no preconditions (asked only during a fork).
     (forking != 0 && forking != unsafe { libc::getpid() })
         || AGENT_THREADS.iter().any(|t| t.load(Relaxed) == tid)
-        || ENGINE_THREADS.iter().any(|t| t.load(Relaxed) == tid)
+        // Filled in order: the scan stops at the first free slot.
+        || ENGINE_THREADS
+            .iter()
+            .map(|t| t.load(Relaxed))
+            .take_while(|&t| t != 0)
+            .any(|t| t == tid)
 }
 
 /// The threads the agent's own code started (the engine's service

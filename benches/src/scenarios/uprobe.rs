@@ -11,6 +11,29 @@ use pcpu::PerCpuCounter;
 
 use crate::harness::{Scenario, Workload};
 
+/// A sized function with a real prologue (`push rbp; mov rbp, rsp; push
+/// rbx`: three instructions, 5 bytes) that returns its argument plus one.
+macro_rules! prologue_function {
+    ($name:literal) => {
+        concat!(
+            ".globl ",
+            $name,
+            "\n",
+            ".type ",
+            $name,
+            ", @function\n",
+            $name,
+            ":\n",
+            "push rbp\nmov rbp, rsp\npush rbx\nmov rbx, rdi\n",
+            "lea rax, [rbx + 1]\npop rbx\npop rbp\nret\n",
+            ".size ",
+            $name,
+            ", . - ",
+            $name,
+        )
+    };
+}
+
 core::arch::global_asm!(
     ".text",
     // The engine's targets.
@@ -78,30 +101,8 @@ core::arch::global_asm!(
     ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
     "ret",
     ".size bench_k_nop5, . - bench_k_nop5",
-    ".globl bench_u_entry",
-    ".type bench_u_entry, @function",
-    "bench_u_entry:",
-    "push rbp",
-    "mov rbp, rsp",
-    "push rbx",
-    "mov rbx, rdi",
-    "lea rax, [rbx + 1]",
-    "pop rbx",
-    "pop rbp",
-    "ret",
-    ".size bench_u_entry, . - bench_u_entry",
-    ".globl bench_k_entry",
-    ".type bench_k_entry, @function",
-    "bench_k_entry:",
-    "push rbp",
-    "mov rbp, rsp",
-    "push rbx",
-    "mov rbx, rdi",
-    "lea rax, [rbx + 1]",
-    "pop rbx",
-    "pop rbp",
-    "ret",
-    ".size bench_k_entry, . - bench_k_entry",
+    prologue_function!("bench_u_entry"),
+    prologue_function!("bench_k_entry"),
     ".data",
     ".balign 8",
     "bench_data:",
@@ -120,8 +121,8 @@ unsafe extern "C" {
     fn bench_k_riprel();
     fn bench_u_nop5();
     fn bench_k_nop5();
-    fn bench_u_entry();
-    fn bench_k_entry();
+    pub(super) fn bench_u_entry();
+    pub(super) fn bench_k_entry();
 }
 
 /// The trap-free scenarios' implementations: the engine's default (a

@@ -16,7 +16,7 @@ use std::num::NonZeroUsize;
 
 use uprobe_core::bench_only::{Pinning, ReturnHold, set_in_flight_pinning, set_return_hold};
 
-use super::uprobe::{Calls, KernelUprobe};
+use super::uprobe::{Calls, KernelUprobe, bench_k_entry, bench_u_entry};
 use crate::harness::{Scenario, Workload};
 
 core::arch::global_asm!(
@@ -34,38 +34,11 @@ core::arch::global_asm!(
     "nop",
     "ret",
     ".size bench_k_rnop, . - bench_k_rnop",
-    // A real prologue, for the trap-free entry and return.
-    ".globl bench_u_rentry",
-    ".type bench_u_rentry, @function",
-    "bench_u_rentry:",
-    "push rbp",
-    "mov rbp, rsp",
-    "push rbx",
-    "mov rbx, rdi",
-    "lea rax, [rbx + 1]",
-    "pop rbx",
-    "pop rbp",
-    "ret",
-    ".size bench_u_rentry, . - bench_u_rentry",
-    ".globl bench_k_rentry",
-    ".type bench_k_rentry, @function",
-    "bench_k_rentry:",
-    "push rbp",
-    "mov rbp, rsp",
-    "push rbx",
-    "mov rbx, rdi",
-    "lea rax, [rbx + 1]",
-    "pop rbx",
-    "pop rbp",
-    "ret",
-    ".size bench_k_rentry, . - bench_k_rentry",
 );
 
 unsafe extern "C" {
     fn bench_u_rnop();
     fn bench_k_rnop();
-    fn bench_u_rentry();
-    fn bench_k_rentry();
 }
 
 pub const NOP: Scenario = Scenario {
@@ -84,7 +57,7 @@ pub const LIFETIME: Scenario = Scenario {
 
 pub const ENTRY: Scenario = Scenario {
     name: "uretprobe-entry",
-    about: "call a function with a real prologue (push rbp; mov rbp, rsp; push rbx; ...) with a return probe, one counting return handler: uprobe-core enters through a jump and returns through the plain-code trampoline (no signal at all), +trap enters by a breakpoint; the kernel's uretprobe",
+    about: "call uprobe-entry's function (a real prologue: push rbp; mov rbp, rsp; push rbx; ...) with a return probe, one counting return handler: uprobe-core enters through a jump and returns through the plain-code trampoline (no signal at all), +trap enters by a breakpoint; the kernel's uretprobe",
     impls: &["uprobe-core", "uprobe-core+trap", "kernel", "none"],
     build: build_entry,
 };
@@ -152,8 +125,8 @@ fn build_entry(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> 
     set_return_hold(ReturnHold::Lease);
     set_in_flight_pinning(Pinning::OnTransition);
     match imp {
-        "uprobe-core" | "uprobe-core+trap" => engine_probe(imp, bench_u_rentry, false),
-        _ => other(imp, bench_u_rentry, bench_k_rentry),
+        "uprobe-core" | "uprobe-core+trap" => engine_probe(imp, bench_u_entry, false),
+        _ => other(imp, bench_u_entry, bench_k_entry),
     }
 }
 

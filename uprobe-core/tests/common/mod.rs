@@ -42,8 +42,21 @@ pub fn churn_under_callers(
     callers: u64,
     rounds: usize,
 ) {
+    churn_with(f, expect, callers, rounds, |_| probe_at(fn_addr(f)));
+}
+
+/// [`churn_under_callers`] with the probe of each round made by `make`
+/// (given the round's number); returns how many rounds ran through a jump.
+pub fn churn_with(
+    f: unsafe extern "C" fn(u64) -> u64,
+    expect: fn(u64) -> u64,
+    callers: u64,
+    rounds: usize,
+    make: impl Fn(usize) -> Uprobe,
+) -> usize {
     let runs = Arc::new(AtomicU64::new(0));
     let stop = AtomicBool::new(false);
+    let mut jumps = 0;
     std::thread::scope(|s| {
         for t in 0..callers {
             let stop = &stop;
@@ -58,14 +71,15 @@ pub fn churn_under_callers(
         // Stops the callers however this thread leaves the scope: a failed
         // assertion below must fail the test, not leave it spinning.
         let _stop = StopOnDrop(&stop);
-        for _ in 0..rounds {
+        for round in 0..rounds {
             let counter = Arc::clone(&runs);
-            let probe = probe_at(fn_addr(f))
+            let probe = make(round)
                 .on_entry(move |_| {
                     counter.fetch_add(1, SeqCst);
                 })
                 .attach()
                 .unwrap();
+            jumps += usize::from(probe.mode().is_jump());
             let before = probe.hits();
             assert_eq!(call(f, 1), expect(1));
             assert!(probe.hits() > before, "a hit while attached was lost");
@@ -79,9 +93,9 @@ pub fn churn_under_callers(
             );
         }
     });
+    jumps
 }
 
-/// Sets its flag when dropped (also while unwinding): stops helper threads
 /// when an assertion fails, so the test fails instead of hanging.
 pub struct StopOnDrop<'a>(pub &'a AtomicBool);
 
