@@ -7,9 +7,11 @@
 //!   queue, a lease set's block list and thread control). The `prepare`
 //!   handler takes them, in one order, before the fork, and both sides
 //!   release them after it, so the child finds them free and consistent.
-//!   These locks are only ever held for a few instructions; the one lock
-//!   held for long, the grace-period lock, is not taken: a child takes
-//!   it over from a thread of the parent (see `GpLock`).
+//!   These locks are held for a few instructions, or (a lease set's
+//!   expiry buffer) for one expiry round, which waits for nothing the
+//!   forking thread holds; the one lock held for long, the grace-period
+//!   lock, is not taken: a child takes it over from a thread of the
+//!   parent (see `GpLock`).
 //! - **read sections** of threads that do not exist in the child. The
 //!   child handler first expires every lease of every lease set (a lease's
 //!   section is ended the ordinary way, its value kept by a reference),

@@ -149,9 +149,14 @@ fn spawn_expiry<T: Send + Sync + 'static>(
 
 impl<T: Send + Sync + 'static> crate::fork::ForkHooks for Shared<T> {
     fn lock_for_fork(self: Arc<Self>, held: &mut Vec<Box<dyn crate::fork::HeldLock>>) {
-        // SAFETY: both mutexes are fields of `self`.
+        // In the order the expiry thread nests them (`expire` holds the
+        // scratch buffer, then takes `blocks`). The scratch is held for a
+        // whole expiry round: a child that inherited it locked would hang
+        // in `expire_in_child`.
+        // SAFETY: the three mutexes are fields of `self`.
         unsafe {
             crate::fork::hold(&self, &self.ctl.0, held);
+            crate::fork::hold(&self, &self.expiry_scratch, held);
             crate::fork::hold(&self, &self.blocks, held);
         }
     }

@@ -2,8 +2,9 @@
 //! forking thread exists in the child, so their sections are discounted
 //! there (after the leases are expired), the helper threads are restarted,
 //! and callbacks queued before the fork run in the child. A section the
-//! forking thread itself holds stays counted. Each child arms an alarm, so
-//! a hang shows up as a child killed by SIGALRM instead of a hung test.
+//! forking thread itself holds stays counted. Each child arms an alarm and
+//! the parent gives it a deadline, so a hang shows up as a killed child
+//! instead of a hung test.
 
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -29,9 +30,22 @@ fn fork_and_check(child: impl FnOnce() -> i32) -> i32 {
     if pid < 0 {
         return -2;
     }
+    // A child can also hang inside `fork` (in a fork handler, before the
+    // alarm is armed): the parent kills it after a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut status = 0;
     // SAFETY: our own child.
-    unsafe { libc::waitpid(pid, &raw mut status, 0) };
+    while unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) } == 0 {
+        if std::time::Instant::now() > deadline {
+            // SAFETY: our own child, reaped right after.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &raw mut status, 0);
+            }
+            return -1;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
     if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else {
@@ -135,4 +149,25 @@ fn a_section_of_the_forking_thread_stays_counted_in_the_child() {
         code, 0,
         "child: -1 killed (hung), bit0 own section discounted, bit1 no grace period"
     );
+}
+
+/// Forks again and again while a lease set's expiry thread runs rounds
+/// every millisecond: a child that inherited a lock the expiry thread held
+/// mid-round (its buffer of blocks) hung in the fork's child handler.
+#[test]
+fn forks_while_the_expiry_thread_runs_its_rounds() {
+    let domain = Srcu::new();
+    let cell = SrcuCell::new(&domain, Some(3u32));
+    let set = LeaseSet::with_timeout(&domain, Duration::from_millis(4));
+    // Many slots to scan: each round lasts long enough to be caught by
+    // some of the forks.
+    let blocks: Vec<_> = (0..256).map(|_| set.block(64)).collect();
+    let _lease = blocks[0].lease(&cell).unwrap();
+    for round in 0..300 {
+        let code = fork_and_check(|| i32::from(set.expired() == 0));
+        assert_eq!(
+            code, 0,
+            "fork {round}: child -1 killed (hung), 1 lease not expired"
+        );
+    }
 }
