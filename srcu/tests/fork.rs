@@ -32,7 +32,7 @@ fn fork_and_check(child: impl FnOnce() -> i32) -> i32 {
     }
     // A child can also hang inside `fork` (in a fork handler, before the
     // alarm is armed): the parent kills it after a deadline.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + Duration::from_mins(1);
     let mut status = 0;
     // SAFETY: our own child.
     while unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) } == 0 {

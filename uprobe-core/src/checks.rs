@@ -39,7 +39,6 @@ pub(crate) fn threads_blocking_sigtrap() -> Vec<i32> {
 
 /// The ids of this process's threads now (`/proc/self/task`). Not
 /// async-signal-safe.
-#[cfg(uprobe_arch = "x86_64")]
 pub(crate) fn thread_ids() -> Vec<i32> {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return Vec::new();

@@ -51,7 +51,6 @@ pub(crate) struct Consumer {
     pub(crate) removed: AtomicBool,
     /// The function the probe was made for (start, size; size 0:
     /// unknown), which the multi-instruction jump needs.
-    #[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
     pub(crate) function: Option<(usize, usize)>,
     /// Keep the address on the trap path.
     pub(crate) trap_only: bool,
@@ -67,10 +66,8 @@ pub(crate) enum SiteMode {
     Trap(NotOptimized),
     /// Its breakpoint, with a trampoline made and the jump to write
     /// once the breakpoint is in (during an attach only).
-    #[cfg(uprobe_arch = "x86_64")]
     Ready(crate::jump::Jump),
     /// A jump into its trampoline.
-    #[cfg(uprobe_arch = "x86_64")]
     Jump(crate::jump::Jump),
 }
 
@@ -92,9 +89,15 @@ pub(crate) struct Site {
     /// Where a trap hit continues instead of the emulation (0: none):
     /// the trampoline's relocated copy, once the site has one.
     resume_at: AtomicUsize,
-    /// Where the range of a jump placed after the `endbr64` at `addr`
-    /// starts while a breakpoint there belongs to this site (0: none).
+    /// Where the range of a jump placed after the landing pad at `addr`
+    /// (`endbr64`, `bti`, `paciasp`) starts while a breakpoint there
+    /// belongs to this site (0: none).
     landing: AtomicUsize,
+    /// Where a trap at that breakpoint continues, without running the
+    /// consumers there: the trampoline's entry (aarch64, where the landing
+    /// pad may have signed the link register, which the entry undoes);
+    /// 0: the consumers run in the trap handler (x86-64).
+    landing_entry: AtomicUsize,
     /// How the site runs (writer only; the handler never looks).
     mode: Mutex<SiteMode>,
 }
@@ -106,26 +109,24 @@ impl Site {
     }
 
     /// The mapping the site was attached in.
-    #[cfg(uprobe_arch = "x86_64")]
     pub(crate) fn mapping(&self) -> Mapping {
         self.map
     }
 
     /// The original bytes the breakpoint covers.
-    #[cfg(uprobe_arch = "x86_64")]
     pub(crate) fn original_bytes(&self) -> &[u8] {
         &self.original
     }
 
     /// Makes a breakpoint at `at` (the start of a jump's range after the
-    /// site's `endbr64`) this site's; 0: none. Writer only.
-    #[cfg(uprobe_arch = "x86_64")]
-    pub(crate) fn set_landing(&self, at: usize) {
+    /// site's landing pad) this site's, a trap there continuing at
+    /// `entry` (see `landing_entry`); `at` 0: none. Writer only.
+    pub(crate) fn set_landing(&self, at: usize, entry: usize) {
+        self.landing_entry.store(entry, Ordering::Release);
         self.landing.store(at, Ordering::Release);
     }
 
     /// Sends trap hits to `at` (see `resume_at`). Writer only.
-    #[cfg(uprobe_arch = "x86_64")]
     pub(crate) fn set_resume_at(&self, at: usize) {
         self.resume_at.store(at, Ordering::Release);
     }
@@ -139,10 +140,7 @@ impl Site {
     /// Whether the site runs through a jump now.
     fn is_jump(&self) -> bool {
         match *self.mode() {
-            SiteMode::Trap(_) => false,
-            #[cfg(uprobe_arch = "x86_64")]
-            SiteMode::Ready(_) => false,
-            #[cfg(uprobe_arch = "x86_64")]
+            SiteMode::Trap(_) | SiteMode::Ready(_) => false,
             SiteMode::Jump(_) => true,
         }
     }
@@ -152,7 +150,6 @@ impl Site {
     /// address must be mapped.
     fn in_code(&self) -> bool {
         match &*self.mode() {
-            #[cfg(uprobe_arch = "x86_64")]
             SiteMode::Jump(j) => j.in_code(),
             // SAFETY: the caller's contract.
             _ => unsafe { crate::arch::is_breakpoint_at(self.addr) },
@@ -378,7 +375,6 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
         // before the program's handler (or the default action) runs.
         crate::deferral::restore(uc);
     }
-    #[cfg(uprobe_arch = "x86_64")]
     if let Some((addr, copy)) = crate::jump::relocated_origin(crate::arch::pc(uc)) {
         // The program's handler sees the original instruction; if it
         // returns to retry it (a handler that maps the page, say), the
@@ -448,7 +444,6 @@ pub(crate) fn fatal(msg: &[u8]) -> ! {
 
 /// Whether the calling thread is inside the engine's trap handler (a
 /// signal handler that interrupted it can ask). Async-signal-safe.
-#[cfg(uprobe_arch = "x86_64")]
 pub(crate) fn in_trap_handler() -> bool {
     DEPTH.get() > 0
 }
@@ -489,9 +484,12 @@ fn handle_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
         return;
     }
     let found = crate::lookup::with_read_side(|| {
-        lookup(addr)
-            .or_else(|| landing_site(addr))
-            .map(|site| hit(site, uc))
+        lookup(addr).map(|site| hit(site, uc)).or_else(|| {
+            landing_site(addr).map(|site| match site.landing_entry.load(Ordering::Acquire) {
+                0 => hit(site, uc),
+                entry => crate::arch::set_pc(uc, entry),
+            })
+        })
     });
     if found.is_some() {
         return;
@@ -507,11 +505,12 @@ fn handle_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
     }
 }
 
-/// The site whose jump, placed after its `endbr64`, starts at `addr`,
+/// The site whose jump, placed after its landing pad, starts at `addr`,
 /// while a breakpoint there is the site's. Async-signal-safe.
 fn landing_site(addr: usize) -> Option<&'static Site> {
-    const ENDBR64_LEN: usize = 4;
-    addr.checked_sub(ENDBR64_LEN)
+    // `endbr64` and every A64 instruction.
+    const LANDING_PAD_LEN: usize = 4;
+    addr.checked_sub(LANDING_PAD_LEN)
         .and_then(lookup)
         .filter(|s| s.landing.load(Ordering::Acquire) == addr)
 }
@@ -732,7 +731,6 @@ pub(crate) unsafe fn attach_many(
 /// site's mode then says how it runs); `to_trap` (optimized sites a
 /// trap-only probe joined) go back to their breakpoints. `WRITER` is
 /// held; every new site's breakpoint is in the code and synced.
-#[cfg(uprobe_arch = "x86_64")]
 fn choose_modes(made: &[usize], to_trap: &[usize]) {
     let mut ready = Vec::new();
     for &addr in made {
@@ -762,9 +760,12 @@ fn choose_modes(made: &[usize], to_trap: &[usize]) {
 /// written): that site goes back to its breakpoint for good, and sends
 /// its trap hits through the emulation again (its relocated copy would
 /// skip the new breakpoint). `WRITER` is held.
-#[cfg(uprobe_arch = "x86_64")]
 fn take_back_covering_jump(addr: usize) {
-    for k in 1..crate::arch::MAX_INSN_LEN {
+    // A range starts at its site or after the site's landing pad (4
+    // bytes), and ends before the end of the last instruction that the
+    // jump's bytes reach into.
+    let reach = 4 + crate::jump::JUMP_LEN + crate::arch::MAX_INSN_LEN;
+    for k in 1..reach {
         let Some(site) = addr.checked_sub(k).and_then(lookup) else {
             continue;
         };
@@ -785,7 +786,6 @@ fn take_back_covering_jump(addr: usize) {
 
 /// Off jumps and back to breakpoints, with `why` as the new mode.
 /// `WRITER` is held.
-#[cfg(uprobe_arch = "x86_64")]
 fn to_traps(sites: &[&Site], why: &NotOptimized) {
     let mut modes: Vec<_> = sites.iter().map(|s| s.mode()).collect();
     let jumps: Vec<(&crate::jump::Jump, Mapping)> = modes
@@ -801,13 +801,10 @@ fn to_traps(sites: &[&Site], why: &NotOptimized) {
     for (m, site) in modes.iter_mut().zip(sites) {
         if matches!(**m, SiteMode::Jump(_)) {
             **m = SiteMode::Trap(why.clone());
-            site.landing.store(0, Ordering::Release);
+            site.set_landing(0, 0);
         }
     }
 }
-
-#[cfg(not(uprobe_arch = "x86_64"))]
-fn choose_modes(_made: &[usize], _to_trap: &[usize]) {}
 
 /// What every attach of a batch checks against, looked at once for the
 /// batch (`WRITER` is held, so no attach of ours changes it meanwhile).
@@ -877,7 +874,6 @@ unsafe fn attach_one(
         // code mapped at the same address since) or was disarmed: the
         // site must not swallow this attach. Its consumers' probes detach
         // without anything to restore.
-        #[cfg(uprobe_arch = "x86_64")]
         if let SiteMode::Jump(j) = &*site.mode() {
             crate::jump::clear_cell(j);
         }
@@ -895,7 +891,6 @@ unsafe fn attach_one(
         return Err(AttachError::ForeignBreakpoint { addr });
     }
     let emulation = analyze(addr, bytes)?;
-    #[cfg(uprobe_arch = "x86_64")]
     take_back_covering_jump(addr);
     let site = Box::into_raw(Box::new(Site {
         addr,
@@ -907,12 +902,12 @@ unsafe fn attach_one(
         armed: AtomicBool::new(true),
         resume_at: AtomicUsize::new(0),
         landing: AtomicUsize::new(0),
+        landing_entry: AtomicUsize::new(0),
         mode: Mutex::new(SiteMode::Trap(NotOptimized::TrapOnly)),
     }));
     // SAFETY: just made, not published yet.
     let made = unsafe { &*site };
     let consumer = &current_list(made)[0];
-    #[cfg(uprobe_arch = "x86_64")]
     {
         let (function, trap_only) = (consumer.function, consumer.trap_only);
         *made.mode() = match crate::jump::prepare(made, function, maps, trap_only) {
@@ -920,14 +915,6 @@ unsafe fn attach_one(
             Ok(jump) => SiteMode::Ready(jump),
             Err(why) => SiteMode::Trap(why),
         };
-    }
-    #[cfg(not(uprobe_arch = "x86_64"))]
-    {
-        *made.mode() = SiteMode::Trap(if consumer.trap_only {
-            NotOptimized::TrapOnly
-        } else {
-            NotOptimized::Architecture
-        });
     }
     // Publish the analysis; the breakpoint follows (`attach_many`).
     if let Some(old) = crate::table::insert(site) {
@@ -1000,7 +987,6 @@ fn unpublish(
     maps: &Snapshot,
     garbage: &mut Vec<Garbage>,
 ) -> Result<(), AttachError> {
-    #[cfg(uprobe_arch = "x86_64")]
     {
         // Jumps back to breakpoints first; the trampolines' cells then
         // name no site (a thread still on its way through one runs no
@@ -1105,19 +1091,26 @@ pub(crate) fn armed(addr: usize) -> bool {
 pub(crate) fn code_as_original(addr: usize, len: usize) -> Vec<u8> {
     // SAFETY: the caller's contract.
     let mut code = unsafe { core::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
-    // A jump's range starts at most an `endbr64` and an instruction
+    // A jump's range starts at most a landing pad and an instruction
     // before the bytes it covers.
     let reach = crate::arch::MAX_INSN_LEN + 4;
     for at in addr.saturating_sub(reach)..addr + len {
         let Some((_, site)) = crate::table::find(at) else {
             continue;
         };
-        if let Some(b) = at.checked_sub(addr).and_then(|i| code.get_mut(i))
-            && *b == BREAKPOINT[0]
-        {
-            *b = site.original[0];
+        // The breakpoint's bytes (those inside the window) back to the
+        // instruction's.
+        let n = code.len();
+        let inside = |k: usize| (at + k).checked_sub(addr).filter(|&i| i < n);
+        let ours =
+            (0..BREAKPOINT.len()).all(|k| inside(k).is_none_or(|i| code[i] == BREAKPOINT[k]));
+        if ours {
+            for k in 0..BREAKPOINT.len() {
+                if let Some(i) = inside(k) {
+                    code[i] = site.original[k];
+                }
+            }
         }
-        #[cfg(uprobe_arch = "x86_64")]
         if let SiteMode::Jump(j) = &*site.mode() {
             let (start, bytes) = j.original();
             for (k, &o) in bytes.iter().enumerate() {
@@ -1144,9 +1137,7 @@ pub(crate) fn mode(addr: usize) -> Option<Mode> {
     let _w = writer();
     lookup(addr).map(|s| match &*s.mode() {
         SiteMode::Trap(why) => Mode::Trap(why.clone()),
-        #[cfg(uprobe_arch = "x86_64")]
         SiteMode::Ready(_) => Mode::Trap(NotOptimized::CodeChanged),
-        #[cfg(uprobe_arch = "x86_64")]
         SiteMode::Jump(_) => Mode::Jump,
     })
 }

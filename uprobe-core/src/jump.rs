@@ -1,6 +1,10 @@
 //! Trap-free probes: rewriting a probed site from a breakpoint into a
 //! jump to a trampoline of its own, and back (the architecture's part,
-//! which sites qualify and the trampoline's code, is `arch::jump`).
+//! which sites qualify and the trampoline's code, is `arch::jump`). On
+//! aarch64 the jump is one instruction, exactly the breakpoint's size:
+//! the steps below that write a jump's tail or check threads inside a
+//! range of several instructions have nothing to do there, and the jump
+//! replaces the breakpoint in one aligned store.
 //!
 //! **Trampolines** live in regions mapped within reach of the code (as
 //! out-of-line slots do). One is made per (range start, replaced bytes),
@@ -51,11 +55,17 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-use crate::arch::jump::{self as arch_jump, Function, JUMP_LEN, Plan, TRAMPOLINE_SIZE};
+use crate::arch::BREAKPOINT;
+pub(crate) use crate::arch::jump::JUMP_LEN;
+use crate::arch::jump::{self as arch_jump, Function, Plan, TRAMPOLINE_SIZE};
 use crate::engine::Site;
 use crate::maps::{Patch, Snapshot, write_patches};
 
 pub(crate) use crate::mode::NotOptimized;
+
+/// Bytes of the engine's breakpoint: the jump's first byte on x86-64
+/// (its tail is written behind it), the whole jump on aarch64.
+const BP: usize = BREAKPOINT.len();
 
 /// Which site a trampoline serves now. Never freed.
 pub(crate) struct JumpCell {
@@ -207,6 +217,9 @@ fn trampoline_for(
     if let Some(&t) = all.by_key.get(&key) {
         return Ok(t);
     }
+    if NO_ROOM.load(Ordering::Relaxed) {
+        return Err(NotOptimized::NoTrampolineRoom);
+    }
     let reach = crate::arch::xol::REACH_LIMIT - 2 * REGION_SIZE;
     let region = all.regions.iter_mut().find(|(base, used)| {
         base.abs_diff(plan.start) < reach && used + TRAMPOLINE_SIZE <= REGION_SIZE
@@ -246,6 +259,16 @@ fn trampoline_for(
         .store(core::ptr::from_ref(t).cast_mut(), Ordering::Release);
     all.by_key.insert(key, t);
     Ok(t)
+}
+
+/// Whether new trampolines are refused as if no gap were within reach
+/// (for tests; see `bench_only::no_trampoline_room`).
+static NO_ROOM: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Makes new trampolines fail as if no gap were within reach of the code
+/// (`on`), or not. Not async-signal-safe (attach-time only).
+pub(crate) fn refuse_trampoline_room(on: bool) {
+    NO_ROOM.store(on, Ordering::Relaxed);
 }
 
 /// The most regions of trampolines a process maps (64 MiB, 524,288
@@ -315,13 +338,13 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
         .into_iter()
         .map(|(_, j)| {
             // SAFETY: planned inside executable mappings.
-            let (at_site, at_start) = unsafe { (read_code(j.site)[0], read_code(j.start)) };
+            let (at_site, at_start) = unsafe { (read_code(j.site), read_code(j.start)) };
             let expected = if j.after_landing_pad() {
                 at_start == j.original
             } else {
-                at_start[1..] == j.original[1..]
+                at_start[BP..] == j.original[BP..]
             };
-            if at_site == crate::arch::BREAKPOINT[0] && expected {
+            if at_site[..BP] == BREAKPOINT && expected {
                 Ok(j)
             } else {
                 Err(NotOptimized::CodeChanged)
@@ -338,7 +361,7 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
                 .site
                 .store(core::ptr::from_ref(*site).cast_mut(), Ordering::Release);
             if j.after_landing_pad() {
-                site.set_landing(j.start);
+                site.set_landing(j.start, arch_jump::landing_entry(j.trampoline.base));
             }
         }
     }
@@ -349,7 +372,7 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
         if !j.after_landing_pad() {
             return Step::Skip;
         }
-        Step::Write(j.start, crate::arch::BREAKPOINT.to_vec())
+        Step::Write(j.start, BREAKPOINT.to_vec())
     });
     // Those landing breakpoints, to take back should a later step fail.
     let landings: Vec<(usize, usize, [u8; JUMP_LEN])> = results
@@ -374,13 +397,17 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
             }
         }
     }
-    // Step 3: the tail, then the first byte, each checked first.
-    for (from, to, before) in [(1, JUMP_LEN, true), (0, 1, false)] {
+    // Step 3: the tail behind the breakpoint (x86-64), then the
+    // breakpoint's bytes, each step checked first.
+    for (from, to, before) in [(BP, JUMP_LEN, true), (0, BP, false)] {
+        if from == to {
+            continue;
+        }
         patch_step(&sites, &mut results, |_, j| {
             // SAFETY: mapped (planned inside executable mappings).
             let now = unsafe { read_code(j.start) };
             let tail = if before { &j.original } else { &j.bytes };
-            if now[0] != crate::arch::BREAKPOINT[0] || now[1..] != tail[1..] {
+            if now[..BP] != BREAKPOINT || now[BP..] != tail[BP..] {
                 return Step::Mismatch;
             }
             Step::Write(j.start + from, j.bytes[from..to].to_vec())
@@ -402,7 +429,10 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
         .iter()
         .filter(|(k, _, _)| results[*k].is_err())
         .collect();
-    for (from, to) in [(1, JUMP_LEN), (0, 1)] {
+    for (from, to) in [(BP, JUMP_LEN), (0, BP)] {
+        if from == to {
+            continue;
+        }
         let patches: Vec<Patch<'_>> = undo
             .iter()
             .map(|(k, start, original)| Patch {
@@ -416,7 +446,7 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
         let _ = unsafe { write_patches(&patches) };
     }
     for (k, _, _) in undo {
-        sites[*k].set_landing(0);
+        sites[*k].set_landing(0, 0);
     }
     // A site left on its breakpoint keeps sending trap hits to the
     // trampoline's copy (always correct: the copy never changes, and a
@@ -491,13 +521,13 @@ pub(crate) fn unoptimize(jumps: &[(&Jump, crate::maps::Mapping)]) {
         first.push(Patch {
             map: *map,
             addr: j.start,
-            bytes: &crate::arch::BREAKPOINT,
+            bytes: &BREAKPOINT,
         });
         if j.after_landing_pad() {
             first.push(Patch {
                 map: *map,
                 addr: j.site,
-                bytes: &crate::arch::BREAKPOINT,
+                bytes: &BREAKPOINT,
             });
         }
     }
@@ -506,10 +536,11 @@ pub(crate) fn unoptimize(jumps: &[(&Jump, crate::maps::Mapping)]) {
     let _ = unsafe { write_patches(&first) };
     let tails: Vec<Patch<'_>> = live
         .iter()
+        .filter(|_| BP < JUMP_LEN)
         .map(|(j, map)| Patch {
             map: *map,
-            addr: j.start + 1,
-            bytes: &j.original[1..],
+            addr: j.start + BP,
+            bytes: &j.original[BP..],
         })
         .collect();
     // SAFETY: the breakpoint keeps threads out of the tail; no thread can
@@ -521,7 +552,7 @@ pub(crate) fn unoptimize(jumps: &[(&Jump, crate::maps::Mapping)]) {
         .map(|(j, map)| Patch {
             map: *map,
             addr: j.start,
-            bytes: &j.original[..1],
+            bytes: &j.original[..BP],
         })
         .collect();
     // SAFETY: the range's first byte restored over our breakpoint, the

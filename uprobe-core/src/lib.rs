@@ -24,9 +24,10 @@
 //! ```
 //!
 //! **Status**: entry and return probes on x86-64 and aarch64 (see
-//! [below](#aarch64) for what differs); on x86-64, probes run without a
-//! trap wherever the site allows ([trap-free probes](#trap-free-probes-x86-64));
-//! on other architectures the crate builds with its error type only.
+//! [below](#aarch64) for what differs); on both, probes run without a
+//! trap wherever the site allows ([trap-free probes](#trap-free-probes-x86-64),
+//! [on aarch64](#trap-free-probes-on-aarch64)); on other architectures the
+//! crate builds with its error type only.
 //!
 //! # Attaching
 //! [`Uprobe::function`] (the executable, then every loaded library),
@@ -257,6 +258,43 @@
 //! tests exercise (attach and detach while other threads run the code,
 //! under qemu-user, which notices stores to code it has translated).
 //!
+//! # Trap-free probes on aarch64
+//! With the same API and rules as on x86-64 ([`Probe::mode`],
+//! [`Uprobe::trap_only`]), `attach` replaces a site's `BRK` by a `B` into
+//! a trampoline of its own once the breakpoint is in: one aligned 32-bit
+//! store (`BRK` -> `B` is on the architecture's list above), cache
+//! maintenance, `membarrier(SYNC_CORE)`; detaching goes back through
+//! `BRK`. A probe replaces exactly one instruction, so no thread can be
+//! stopped inside the replaced range and no thread check is needed. A
+//! site qualifies when a trampoline fits within `B`'s +-128 MB
+//! ([`NotOptimized::NoTrampolineRoom`] otherwise) and the trap path
+//! accepts its instruction; a branch's target must be within reach of the
+//! trampoline too. **Landing pads** (`bti`, `paciasp`, `pacibsp`) stay in
+//! place, since a `B` is no valid target of an indirect call on a
+//! BTI-guarded page (a `BRK` is): the jump goes over the instruction after
+//! the landing pad, which needs the function's extent (found through a
+//! symbol with a size), no direct branch in the function to that
+//! instruction, and no indirect `br` in it ([`NotOptimized::LandingPad`],
+//! [`NotOptimized::BranchIntoRange`], [`NotOptimized::IndirectJump`]).
+//! After `paciasp` the trampoline authenticates the link register before
+//! the handlers run and signs it again after, so handlers see the plain
+//! return address and a return probe's hijack is signed like the original.
+//!
+//! The trampoline pushes x16 and x30 and `blr`s to a common routine that
+//! builds a `ucontext_t` on the stack (x0-x30, sp, NZCV, all of
+//! `q0`-`q31`, FPSR, FPCR), so handlers get the same [`EntryContext`] as
+//! on a trap; it restores all of them but FPCR (handlers must not change
+//! the rounding mode; SVE's upper `z` bits and SME state are not saved,
+//! the engine's code does not touch them), then pops x16 and x30 and runs
+//! the displaced instruction: copied where it runs anywhere (what the trap
+//! path runs out of line), or as equivalent code (`b`/`b.cond`/`cbz`/`tbz`
+//! with their targets, `bl`/`blr` with the original return address in
+//! x30, `adr`/`adrp` and literal loads with their values), then `B` back.
+//! A handler that moves the PC or the stack pointer is honoured exactly,
+//! through `rt_sigreturn` on that frame (the one case with system calls).
+//! Performance on arm64 hardware is unmeasured here (the tests run under
+//! qemu-user); the `bench` scenarios build for aarch64.
+//!
 //! # What handlers may do
 //! They run **inside the signal handler (a trap) or called from the
 //! trampoline (a jump), on the interrupted thread's stack** (not on an
@@ -309,7 +347,7 @@ mod deferral;
 #[cfg(uprobe_engine)]
 mod engine;
 mod error;
-#[cfg(uprobe_arch = "x86_64")]
+#[cfg(uprobe_engine)]
 mod jump;
 #[cfg(uprobe_engine)]
 mod lookup;
@@ -435,6 +473,15 @@ pub mod bench_only {
     #[must_use]
     pub fn file_offset_of(addr: usize) -> Option<(std::path::PathBuf, u64)> {
         crate::maps::file_offset_of(addr)
+    }
+
+    /// Makes trampolines made from now on fail as if no free gap were
+    /// within reach of the probed code (`on`): the probes stay on their
+    /// breakpoints ([`NotOptimized::NoTrampolineRoom`](crate::NotOptimized::NoTrampolineRoom)).
+    /// Sites that already have a trampoline keep it. Not
+    /// async-signal-safe.
+    pub fn no_trampoline_room(on: bool) {
+        crate::jump::refuse_trampoline_room(on);
     }
 
     /// Whether `ip` is inside an out-of-line slot (for tests that check

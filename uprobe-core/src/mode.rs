@@ -4,9 +4,11 @@
 /// How hits of a probe reach the engine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// Trap-free: the site holds a `jmp` into a trampoline of its own,
-    /// which saves the registers, runs the handlers and the displaced
-    /// instructions, and jumps back. No signal, no system call.
+    /// Trap-free: the site holds a jump (`jmp rel32` on x86-64, `B` on
+    /// aarch64) into a trampoline of its own, which saves the registers,
+    /// runs the handlers and the displaced instructions, and jumps back.
+    /// No signal, no system call (on aarch64, a handler that moves the PC
+    /// or the stack pointer is honoured through `rt_sigreturn`).
     Jump,
     /// A breakpoint (`int3` / `BRK`) and the SIGTRAP handler, for the
     /// reason given.
@@ -29,7 +31,7 @@ pub enum NotOptimized {
     /// this probe or another one at the same address).
     TrapOnly,
     /// The instructions a jump would replace are shorter than the jump
-    /// (5 bytes on x86-64).
+    /// (5 bytes on x86-64), or there are none after a landing pad.
     TooShort {
         /// Bytes available.
         len: usize,
@@ -69,7 +71,7 @@ pub enum NotOptimized {
         why: &'static str,
     },
     /// No trampoline could be placed within reach of the site (+-2 GB
-    /// on x86-64).
+    /// on x86-64, +-128 MB on aarch64).
     NoTrampolineRoom,
     /// The jump would cross into another mapping.
     CrossesMapping,
@@ -93,7 +95,14 @@ pub enum NotOptimized {
     ShadowStack,
     /// The code changed under the engine while it was being patched.
     CodeChanged,
-    /// Trap-free probes are not implemented for this architecture yet.
+    /// The site is a landing pad (`bti`, `paciasp`, `pacibsp` on
+    /// aarch64), which stays in place, and the jump cannot go after it.
+    LandingPad {
+        /// Why.
+        why: &'static str,
+    },
+    /// Trap-free probes are not implemented for this architecture (not
+    /// reported on x86-64 and aarch64).
     Architecture,
 }
 
@@ -126,6 +135,7 @@ impl core::fmt::Display for NotOptimized {
             ),
             Self::ShadowStack => write!(f, "the thread runs with a shadow stack"),
             Self::CodeChanged => write!(f, "the code changed while it was being patched"),
+            Self::LandingPad { why } => write!(f, "a landing pad: {why}"),
             Self::Architecture => {
                 write!(
                     f,

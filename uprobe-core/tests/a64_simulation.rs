@@ -1,10 +1,11 @@
 //! aarch64: every simulated class, and the out-of-line path, checked by
 //! register-file comparison: a snippet runs from a register state (x0-x28,
 //! NZCV) once unprobed and once with a probe on the instruction under
-//! test, and every register must come out the same.
+//! test, and every register must come out the same, with the probe on
+//! its breakpoint and optimized into a jump.
 #![cfg(target_arch = "aarch64")]
 
-use uprobe_core::Uprobe;
+use uprobe_core::{Mode, NotOptimized, Uprobe};
 
 // exec(state, code): loads x0-x15, x18-x28 and NZCV from `state`, calls
 // `code` (through x17; x16 is free for the snippet), stores x0-x28, x30
@@ -344,25 +345,39 @@ fn run(code: unsafe extern "C" fn(), state: &[u64; 32]) -> [u64; 32] {
 }
 
 /// Runs `code` from every state without and with a probe at `offset`
-/// bytes into it, and compares the register files.
+/// bytes into it, and compares the register files: once with the probe
+/// on its breakpoint (the trap path's simulation or out-of-line slot),
+/// once optimized (the trampoline's copy or equivalent code).
 fn same_with_probe(name: &str, code: unsafe extern "C" fn(), offset: usize) {
     let states = states();
     let plain: Vec<_> = states.iter().map(|s| run(code, s)).collect();
-    // SAFETY: `offset` starts an instruction of the snippet.
-    let probe = unsafe { Uprobe::address(code as *const () as usize + offset) }
-        .attach()
-        .unwrap_or_else(|e| panic!("{name}: attach: {e}"));
-    for (s, want) in states.iter().zip(&plain) {
-        let got = run(code, s);
-        for r in 0..32 {
-            assert_eq!(
-                got[r], want[r],
-                "{name}: register {r} differs with the probe (state {s:x?})"
-            );
+    for trap_only in [true, false] {
+        // SAFETY: `offset` starts an instruction of the snippet.
+        let mut probe = unsafe { Uprobe::address(code as *const () as usize + offset) };
+        if trap_only {
+            probe = probe.trap_only();
         }
+        let probe = probe
+            .attach()
+            .unwrap_or_else(|e| panic!("{name}: attach: {e}"));
+        let mode = probe.mode();
+        match (trap_only, &mode) {
+            (true, Mode::Trap(NotOptimized::TrapOnly)) | (false, Mode::Jump) => {}
+            // A landing pad stays: the jump after it needs the function.
+            (false, Mode::Trap(NotOptimized::LandingPad { .. })) if name.starts_with("bti") => {}
+            _ => panic!("{name}: trap-only {trap_only}, mode {mode:?}"),
+        }
+        for (s, want) in states.iter().zip(&plain) {
+            let got = run(code, s);
+            for r in 0..32 {
+                assert_eq!(
+                    got[r], want[r],
+                    "{name} ({mode:?}): register {r} differs with the probe (state {s:x?})"
+                );
+            }
+        }
+        assert_eq!(probe.hits(), states.len() as u64, "{name} ({mode:?}): hits");
     }
-    assert_eq!(probe.hits(), states.len() as u64, "{name}: hits");
-    drop(probe);
 }
 
 #[test]

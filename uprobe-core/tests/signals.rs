@@ -42,7 +42,10 @@ fn a_signal_raised_in_a_handler_is_delivered_after_it() {
     install(libc::SIGUSR1, on_usr1, 0);
     let f: extern "C" fn(u64) -> u64 = probed_square;
     // SAFETY: a function's address starts an instruction.
+    // On the trap path: a trampoline's handlers run with the thread's
+    // own signal mask.
     let probe = unsafe { Uprobe::address(f as *const () as usize) }
+        .trap_only()
         .on_entry(|_| {
             // SAFETY: querying the mask and raising are async-signal-safe.
             unsafe {

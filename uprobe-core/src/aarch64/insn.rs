@@ -110,7 +110,7 @@ fn field(insn: u32, lo: u32, width: u32) -> u32 {
 }
 
 /// The simulation of `insn` at `addr`, or `None` if it is not simulated.
-fn simulate(addr: u64, insn: u32) -> Option<Emulation> {
+pub(crate) fn simulate(addr: u64, insn: u32) -> Option<Emulation> {
     let next = addr.wrapping_add(4);
     let rel = |imm: i64| addr.wrapping_add_signed(imm);
     // nop, and bti (any target kind): hint #0 and hint #32..#38 (even).
@@ -203,7 +203,7 @@ fn simulate(addr: u64, insn: u32) -> Option<Emulation> {
 }
 
 /// Why `insn` cannot be probed, if it cannot.
-fn refusal(insn: u32) -> Option<&'static str> {
+pub(crate) fn refusal(insn: u32) -> Option<&'static str> {
     // Load/store exclusive (o2 = 0; the load-acquire/store-release forms
     // with o2 = 1 hold no monitor and run out of line), as the kernel's
     // `aarch64_insn_is_exclusive`.

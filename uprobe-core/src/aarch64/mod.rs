@@ -1,8 +1,10 @@
 //! aarch64: instruction classification, simulation, out-of-line slots,
-//! the return trampoline, and the handler's view of the registers.
+//! trap-free jumps, the return trampoline, and the handler's view of the
+//! registers.
 
 mod context;
 mod insn;
+pub(crate) mod jump;
 mod simulate;
 pub(crate) mod trampoline;
 pub(crate) mod usdt;
@@ -63,6 +65,11 @@ pub(crate) fn frame_of(uc: &mut libc::ucontext_t) -> &mut Frame {
 /// The program counter of a register frame.
 pub(crate) fn frame_pc(frame: &Frame) -> usize {
     pc(frame)
+}
+
+/// Sets the program counter of a register frame.
+pub(crate) fn set_frame_pc(frame: &mut Frame, addr: usize) {
+    set_pc(frame, addr);
 }
 
 /// The interrupted thread's program counter.

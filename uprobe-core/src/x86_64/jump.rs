@@ -347,6 +347,13 @@ pub(crate) fn copy_start(base: usize) -> usize {
     base + COPY_AT
 }
 
+/// Where a thread that trapped at the start of a range after `endbr64`
+/// continues: 0, the consumers run in the trap handler (nothing the
+/// landing pad did needs undoing), and the thread goes on at the copy.
+pub(crate) fn landing_entry(_base: usize) -> usize {
+    0
+}
+
 /// What the common routine hands [`jump_hit`]: the saved registers, then
 /// the return address of the trampoline's `call` (which names the
 /// trampoline, and which a handler's new RIP replaces).

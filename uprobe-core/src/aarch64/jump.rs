@@ -1,0 +1,587 @@
+//! aarch64 trap-free probes: which sites can take a `B` into a per-probe
+//! trampoline ([`plan`]), and the trampoline's code ([`build`], with the
+//! common entry routine every trampoline calls).
+//!
+//! A probe replaces exactly one 4-byte instruction, so no thread can ever
+//! be stopped inside the replaced range, and `BRK` -> `B` is one of the
+//! concurrent modifications the architecture defines: the patching is
+//! one aligned 32-bit store over the engine's breakpoint (see
+//! `crate::jump`), with the cache maintenance `CTR_EL0` asks for and
+//! `membarrier(SYNC_CORE)`.
+//!
+//! **Which sites qualify**: every instruction the trap path accepts, when
+//! a trampoline can be placed within `B`'s +-128 MB of it (and, for a
+//! branch, its target within reach of the trampoline). A **landing pad**
+//! (`bti`, `paciasp`, `pacibsp`) stays in place, since a `B` is no valid
+//! target of an indirect branch on a BTI-guarded page, and the jump goes
+//! over the instruction after it, as on x86-64 after `endbr64`. That
+//! needs the function (a symbol with a size, the probe at its start): a
+//! thread must reach the jump only through the landing pad, so no direct
+//! branch in the function may target the instruction after it, and the
+//! function may have no indirect `br` (a jump table could). After
+//! `paciasp` the link register is signed: the trampoline authenticates it
+//! before the handlers run (they see the plain return address, as on the
+//! trap path, and a return probe may replace it) and signs it again after.
+//!
+//! **A trampoline** (immutable once written, never freed):
+//!
+//! ```text
+//!  +0  .quad cell             the probe's JumpCell (which site it serves)
+//!  +8  .quad entry            uprobe_core_jump_entry (the common routine)
+//! +16  autiasp / autibsp / nop  (after paciasp / pacibsp: x30 unsigned)
+//! +20  stp x16, x30, [sp, #-16]!
+//! +24  ldr x16, +8
+//! +28  blr x16               -> entry: saves, runs the consumers, restores
+//! +32  ldp x16, x30, [sp], #16
+//! +36  paciasp / pacibsp     (after a landing pad that signs)
+//!      the displaced instruction: copied when it runs anywhere (what the
+//!      trap path runs out of line), or its equivalent (branches with
+//!      their targets, `adr`/`adrp` and literal loads with their values,
+//!      `bl`/`blr` with the original return address in x30)
+//!      b next
+//!      b target              (a conditional branch taken)
+//! ```
+//!
+//! No register but those the displaced instruction writes changes: the
+//! trampoline's own use of x16 and x30 is undone before the copy runs.
+//! A trap hit of the site (while the jump is being written or taken
+//! back) continues at +36 ([`copy_start`]).
+//!
+//! **The common routine** builds a `ucontext_t` on the stack, so that
+//! handlers get the same [`Frame`](super::Frame) as on the trap path:
+//! x0-x30, sp, the NZCV flags, and an FPSIMD record with all of
+//! `q0`-`q31`, FPSR and FPCR. It restores the integer and SIMD registers,
+//! NZCV and FPSR from it (not FPCR: the engine and handlers must not
+//! change the rounding mode; not SVE's upper Z bits, nor SME state, which
+//! the engine's code does not touch). When a handler moved the PC or the
+//! stack pointer, the routine resumes the thread with `rt_sigreturn` on
+//! that frame, which restores every register exactly (two system calls
+//! on that path only).
+
+use super::insn::{Emulation, LiteralKind, RegisterBranch};
+use crate::jump::NotOptimized;
+
+/// The `B` written over a site.
+pub(crate) const JUMP_LEN: usize = 4;
+/// Offsets in a trampoline: the cell pointer, the entry routine's
+/// pointer, the code, where `entry` returns to, and the relocated copy.
+const CELL_AT: usize = 0;
+const ENTRY_PTR_AT: usize = 8;
+pub(crate) const CODE_AT: usize = 16;
+const RESUME_AT: usize = 32;
+const COPY_AT: usize = 36;
+/// Bytes a trampoline may take.
+pub(crate) const TRAMPOLINE_SIZE: usize = 128;
+/// `B`'s reach, either way.
+const B_REACH: i64 = 1 << 27;
+
+const NOP: u32 = 0xd503_201f;
+const PACIASP: u32 = 0xd503_233f;
+const PACIBSP: u32 = 0xd503_237f;
+const AUTIASP: u32 = 0xd503_23bf;
+const AUTIBSP: u32 = 0xd503_23ff;
+/// `stp x16, x30, [sp, #-16]!` and `ldp x16, x30, [sp], #16`.
+const PUSH_X16_X30: u32 = 0xa9bf_7bf0;
+const POP_X16_X30: u32 = 0xa8c1_7bf0;
+/// `ldr x16, <entry pointer>` (a literal load at +24) and `blr x16`.
+const LDR_X16_ENTRY: u32 = 0x5800_0000
+    | ((((ENTRY_PTR_AT as i32 - (CODE_AT as i32 + 8)) >> 2) as u32 & 0x7_ffff) << 5)
+    | 16;
+const _: () = assert!(LDR_X16_ENTRY == 0x58ff_ff90);
+const BLR_X16: u32 = 0xd63f_0200;
+/// `str x16, [sp, #-16]!` and `ldr x16, [sp], #16`.
+const PUSH_X16: u32 = 0xf81f_0ff0;
+const POP_X16: u32 = 0xf841_07f0;
+
+/// The landing pad a jump goes after, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Landing {
+    /// `bti` (any target kind): no state.
+    Bti,
+    /// `paciasp` / `pacibsp`: x30 signed with key A / B.
+    Pac { key_b: bool },
+}
+
+/// What a site's optimization replaces: the instruction at `start` (the
+/// probed one, or the one after its landing pad).
+pub(crate) struct Plan {
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+    insn: u32,
+    landing: Option<Landing>,
+}
+
+impl Plan {
+    /// Whether the range holds several instructions: never on aarch64.
+    pub(crate) fn has_interior(&self) -> bool {
+        false
+    }
+}
+
+/// The function around a site, for a landing pad at its start: its start
+/// and its whole code.
+pub(crate) struct Function<'a> {
+    pub(crate) start: usize,
+    pub(crate) code: &'a [u8],
+}
+
+fn word(code: &[u8], at: usize) -> Option<u32> {
+    code.get(at..at + 4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+fn landing_of(insn: u32) -> Option<Landing> {
+    match insn {
+        PACIASP => Some(Landing::Pac { key_b: false }),
+        PACIBSP => Some(Landing::Pac { key_b: true }),
+        // bti, bti c, bti j, bti jc: hint #32, #34, #36, #38.
+        _ if insn & 0xffff_ff3f == 0xd503_241f => Some(Landing::Bti),
+        _ => None,
+    }
+}
+
+/// Decides whether the instruction at `addr` (whose bytes start `here`)
+/// can be replaced by a `B`, and which one: the instruction itself, or,
+/// for a landing pad at a function's start, the one after it (see the
+/// module docs). Not async-signal-safe.
+pub(crate) fn plan(
+    addr: usize,
+    here: &[u8],
+    function: Option<Function<'_>>,
+) -> Result<Plan, NotOptimized> {
+    let Some(insn) = word(here, 0) else {
+        return Err(NotOptimized::NotRelocatable {
+            why: "the instruction is not readable",
+        });
+    };
+    let Some(landing) = landing_of(insn) else {
+        relocatable(addr, insn)?;
+        return Ok(Plan {
+            start: addr,
+            len: JUMP_LEN,
+            insn,
+            landing: None,
+        });
+    };
+    let Some(function) = function.filter(|f| f.start == addr) else {
+        return Err(NotOptimized::LandingPad {
+            why: "the jump after it needs the function's extent (a symbol with a size, probed at its start)",
+        });
+    };
+    let after = addr + 4;
+    let Some(next) = word(function.code, 4) else {
+        return Err(NotOptimized::TooShort {
+            len: 4,
+            why: "the function is only its landing pad",
+        });
+    };
+    if landing_of(next).is_some() {
+        return Err(NotOptimized::LandingPad {
+            why: "a second landing pad follows it",
+        });
+    }
+    for k in (0..function.code.len() / 4).map(|k| k * 4) {
+        let at = addr + k;
+        let w = word(function.code, k).expect("in bounds");
+        // br / braa / brab / braaz / brabz: a computed target.
+        if w & 0xfeff_0000 == 0xd61f_0000 {
+            return Err(NotOptimized::IndirectJump { at });
+        }
+        let target = match super::insn::simulate(at as u64, w) {
+            Some(
+                Emulation::Branch { target, .. }
+                | Emulation::CondBranch { target, .. }
+                | Emulation::CompareBranch { target, .. }
+                | Emulation::TestBranch { target, .. },
+            ) => target as usize,
+            _ => continue,
+        };
+        if target == after {
+            return Err(NotOptimized::BranchIntoRange { from: at, target });
+        }
+    }
+    relocatable(after, next)?;
+    Ok(Plan {
+        start: after,
+        len: JUMP_LEN,
+        insn: next,
+        landing: Some(landing),
+    })
+}
+
+/// Whether `insn` (at `addr`) can run in a trampoline: what the trap path
+/// refuses cannot.
+fn relocatable(addr: usize, insn: u32) -> Result<(), NotOptimized> {
+    if super::insn::simulate(addr as u64, insn).is_some() {
+        return Ok(());
+    }
+    match super::insn::refusal(insn) {
+        Some(why) => Err(NotOptimized::NotRelocatable { why }),
+        None => Ok(()),
+    }
+}
+
+/// For each instruction of a range, its address and that of its
+/// relocated copy.
+pub(crate) type Moves = Vec<(usize, usize)>;
+
+/// `B` from `from` to `to`, if within reach.
+fn branch(from: usize, to: usize) -> Option<u32> {
+    let off = to as i64 - from as i64;
+    (off % 4 == 0 && (-B_REACH..B_REACH).contains(&off))
+        .then(|| 0x1400_0000 | ((off >> 2) as u32 & 0x03ff_ffff))
+}
+
+/// `movz`/`movk` putting `value` in `xd`.
+fn materialize(out: &mut Vec<u32>, rd: u8, value: u64) {
+    let rd = u32::from(rd);
+    out.push(0xd280_0000 | ((value & 0xffff) as u32) << 5 | rd);
+    for hw in 1..4 {
+        let chunk = (value >> (16 * hw) & 0xffff) as u32;
+        if chunk != 0 {
+            out.push(0xf280_0000 | hw << 21 | chunk << 5 | rd);
+        }
+    }
+}
+
+/// A trampoline's code for `plan`, to be written at `base`, serving the
+/// cell at `cell`; and where the copy of the replaced instruction starts.
+/// Not async-signal-safe.
+pub(crate) fn build(
+    plan: &Plan,
+    base: usize,
+    cell: usize,
+) -> Result<(Vec<u8>, Moves), NotOptimized> {
+    let out_of_reach = NotOptimized::NotRelocatable {
+        why: "its branch target is beyond a trampoline's reach",
+    };
+    let (auth, sign) = match plan.landing {
+        Some(Landing::Pac { key_b: false }) => (AUTIASP, Some(PACIASP)),
+        Some(Landing::Pac { key_b: true }) => (AUTIBSP, Some(PACIBSP)),
+        _ => (NOP, None),
+    };
+    let mut words = vec![auth, PUSH_X16_X30, LDR_X16_ENTRY, BLR_X16, POP_X16_X30];
+    words.extend(sign);
+    let copy = base + CODE_AT + 4 * words.len();
+    debug_assert_eq!(copy - base, COPY_AT + 4 * usize::from(sign.is_some()));
+    let next = plan.start + 4;
+    // The displaced instruction, then `b next`; `taken` collects a
+    // conditional branch's second exit.
+    let mut taken = None;
+    let insn = plan.insn;
+    match super::insn::simulate(plan.start as u64, insn) {
+        None => words.push(insn),
+        Some(Emulation::Nop { .. }) => {}
+        Some(Emulation::Branch { target, link }) => {
+            if link.is_some() {
+                materialize(&mut words, 30, next as u64);
+            }
+            let at = base + CODE_AT + 4 * words.len();
+            words.push(branch(at, target as usize).ok_or(out_of_reach.clone())?);
+        }
+        Some(
+            Emulation::CondBranch { target, .. }
+            | Emulation::CompareBranch { target, .. }
+            | Emulation::TestBranch { target, .. },
+        ) => {
+            // The same test, branching two words on to `b target`.
+            let retargeted = if insn & 0x7e00_0000 == 0x3600_0000 {
+                insn & !(0x3fff << 5) | 2 << 5
+            } else {
+                insn & !(0x7_ffff << 5) | 2 << 5
+            };
+            words.push(retargeted);
+            taken = Some(target as usize);
+        }
+        Some(Emulation::Address { rd, value, .. }) => {
+            if rd < 31 {
+                materialize(&mut words, rd, value);
+            }
+        }
+        Some(Emulation::Register { rn, kind, .. }) => match kind {
+            // Copied: `br` from the trampoline's unguarded page sets
+            // BTYPE 0b01, which every landing pad accepts.
+            RegisterBranch::Br | RegisterBranch::Ret => words.push(insn),
+            RegisterBranch::Blr => {
+                // x30 must be the original return address; x16 (IP0) may
+                // be clobbered at any call.
+                let mut via = u32::from(rn);
+                if rn == 30 {
+                    words.push(0xaa00_03f0 | 30 << 16);
+                    via = 16;
+                }
+                materialize(&mut words, 30, next as u64);
+                words.push(0xd61f_0000 | via << 5);
+            }
+        },
+        Some(Emulation::Literal { rt, kind, addr, .. }) => {
+            let rt32 = u32::from(rt);
+            match kind {
+                LiteralKind::Prefetch => {}
+                _ if rt == 31 => {}
+                LiteralKind::W | LiteralKind::X | LiteralKind::Sw => {
+                    materialize(&mut words, rt, addr);
+                    let op = match kind {
+                        LiteralKind::W => 0xb940_0000,
+                        LiteralKind::X => 0xf940_0000,
+                        _ => 0xb980_0000,
+                    };
+                    words.push(op | rt32 << 5 | rt32);
+                }
+                LiteralKind::Simd { bytes } => {
+                    words.push(PUSH_X16);
+                    materialize(&mut words, 16, addr);
+                    let op = match bytes {
+                        4 => 0xbd40_0000,
+                        8 => 0xfd40_0000,
+                        _ => 0x3dc0_0000,
+                    };
+                    words.push(op | 16 << 5 | rt32);
+                    words.push(POP_X16);
+                }
+            }
+        }
+        Some(Emulation::OutOfLine { .. }) => words.push(insn),
+    }
+    let at = base + CODE_AT + 4 * words.len();
+    words.push(branch(at, next).ok_or(NotOptimized::NoTrampolineRoom)?);
+    if let Some(target) = taken {
+        let at = base + CODE_AT + 4 * words.len();
+        words.push(branch(at, target).ok_or(out_of_reach)?);
+    }
+    if CODE_AT + 4 * words.len() > TRAMPOLINE_SIZE {
+        return Err(NotOptimized::NotRelocatable {
+            why: "relocated, it does not fit a trampoline",
+        });
+    }
+    let mut code = Vec::with_capacity(TRAMPOLINE_SIZE);
+    code.extend_from_slice(&(cell as u64).to_le_bytes());
+    let entry = uprobe_core_jump_entry as *const () as u64;
+    code.extend_from_slice(&entry.to_le_bytes());
+    for w in words {
+        code.extend_from_slice(&w.to_le_bytes());
+    }
+    Ok((code, vec![(plan.start, copy)]))
+}
+
+/// The `B` from `start` to trampoline `base`.
+pub(crate) fn jump_bytes(start: usize, base: usize) -> [u8; JUMP_LEN] {
+    branch(start, base + CODE_AT)
+        .expect("trampolines are placed within B's reach")
+        .to_le_bytes()
+}
+
+/// Where a thread that trapped at the site continues after the consumers
+/// ran (past the call into the engine: the re-signing after `paciasp`,
+/// then the copy).
+pub(crate) fn copy_start(base: usize) -> usize {
+    base + COPY_AT
+}
+
+/// Where a thread that trapped at the start of a range after a landing
+/// pad continues: the trampoline's entry, which runs the consumers (the
+/// landing pad has run: after `paciasp`, x30 is signed, which the entry
+/// undoes before the handlers see it).
+pub(crate) fn landing_entry(base: usize) -> usize {
+    base + CODE_AT
+}
+
+// `ucontext_t` as the kernel lays it out for a signal (and reads it back
+// in `rt_sigreturn`), which the common routine below builds.
+const UC_MCONTEXT: usize = 176;
+const MC_REGS: usize = 8;
+const MC_SP: usize = 256;
+const MC_PC: usize = 264;
+const MC_PSTATE: usize = 272;
+const _: () = {
+    assert!(core::mem::offset_of!(libc::ucontext_t, uc_mcontext) == UC_MCONTEXT);
+    assert!(core::mem::offset_of!(libc::mcontext_t, regs) == MC_REGS);
+    assert!(core::mem::offset_of!(libc::mcontext_t, sp) == MC_SP);
+    assert!(core::mem::offset_of!(libc::mcontext_t, pc) == MC_PC);
+    assert!(core::mem::offset_of!(libc::mcontext_t, pstate) == MC_PSTATE);
+    assert!(size_of::<libc::ucontext_t>() == 4560);
+};
+
+/// `rt_sigreturn`'s frame: a `siginfo_t` (unused), then the context.
+#[repr(C, align(16))]
+struct SigFrame {
+    _info: [u8; 128],
+    uc: libc::ucontext_t,
+}
+
+// The common routine. Entered by a trampoline's `blr x16` with the
+// thread's x16 and x30 pushed; x30 is the trampoline's resume address.
+// Stack, from the new sp: [0, 16) scratch (x0/x1 while saving, then the
+// resume address), [16, 4704) a `SigFrame`; above it the trampoline's
+// pushed pair (sp + 4704), then the probed code's stack.
+core::arch::global_asm!(
+    ".pushsection .text.uprobe_core_jump_entry,\"ax\",@progbits",
+    ".p2align 4",
+    ".globl uprobe_core_jump_entry",
+    ".hidden uprobe_core_jump_entry",
+    "uprobe_core_jump_entry:",
+    "hint #34", // bti c: entered by `blr x16`
+    "sub sp, sp, #4096",
+    "sub sp, sp, #608",
+    "stp x0, x1, [sp]",
+    "add x0, sp, #(16 + 128)", // the ucontext
+    "stp x2, x3, [x0, #(176 + 8 + 16)]",
+    "stp x4, x5, [x0, #(176 + 8 + 32)]",
+    "stp x6, x7, [x0, #(176 + 8 + 48)]",
+    "stp x8, x9, [x0, #(176 + 8 + 64)]",
+    "stp x10, x11, [x0, #(176 + 8 + 80)]",
+    "stp x12, x13, [x0, #(176 + 8 + 96)]",
+    "stp x14, x15, [x0, #(176 + 8 + 112)]",
+    "stp x17, x18, [x0, #(176 + 8 + 136)]",
+    "stp x19, x20, [x0, #(176 + 8 + 152)]",
+    "stp x21, x22, [x0, #(176 + 8 + 168)]",
+    "stp x23, x24, [x0, #(176 + 8 + 184)]",
+    "stp x25, x26, [x0, #(176 + 8 + 200)]",
+    "stp x27, x28, [x0, #(176 + 8 + 216)]",
+    "str x29, [x0, #(176 + 8 + 232)]",
+    "ldp x2, x3, [sp]",
+    "stp x2, x3, [x0, #(176 + 8)]",
+    "ldr x2, [sp, #4704]", // the thread's x16 and x30, pushed by the trampoline
+    "ldr x3, [sp, #4712]",
+    "str x2, [x0, #(176 + 8 + 128)]",
+    "str x3, [x0, #(176 + 8 + 240)]",
+    "add x2, sp, #4096",
+    "add x2, x2, #(608 + 16)", // the stack pointer at the probe
+    "str x2, [x0, #(176 + 256)]",
+    "mrs x2, nzcv",
+    "str x2, [x0, #(176 + 272)]",
+    "str x30, [sp]",
+    // The FPSIMD record: magic 0x46508001, size 528; then a null record.
+    "add x1, x0, #(176 + 288)",
+    "movz x2, #0x8001",
+    "movk x2, #0x4650, lsl #16",
+    "movk x2, #528, lsl #32",
+    "str x2, [x1]",
+    "mrs x2, fpsr",
+    "mrs x3, fpcr",
+    "stp w2, w3, [x1, #8]",
+    "stp q0, q1, [x1, #16]",
+    "stp q2, q3, [x1, #48]",
+    "stp q4, q5, [x1, #80]",
+    "stp q6, q7, [x1, #112]",
+    "stp q8, q9, [x1, #144]",
+    "stp q10, q11, [x1, #176]",
+    "stp q12, q13, [x1, #208]",
+    "stp q14, q15, [x1, #240]",
+    "stp q16, q17, [x1, #272]",
+    "stp q18, q19, [x1, #304]",
+    "stp q20, q21, [x1, #336]",
+    "stp q22, q23, [x1, #368]",
+    "stp q24, q25, [x1, #400]",
+    "stp q26, q27, [x1, #432]",
+    "stp q28, q29, [x1, #464]",
+    "stp q30, q31, [x1, #496]",
+    "str xzr, [x1, #528]",
+    "mov x1, x30",
+    "bl {hit}",
+    "add x0, sp, #(16 + 128)",
+    "add x1, x0, #(176 + 288)",
+    "ldr w2, [x1, #8]",
+    "msr fpsr, x2",
+    "ldp q0, q1, [x1, #16]",
+    "ldp q2, q3, [x1, #48]",
+    "ldp q4, q5, [x1, #80]",
+    "ldp q6, q7, [x1, #112]",
+    "ldp q8, q9, [x1, #144]",
+    "ldp q10, q11, [x1, #176]",
+    "ldp q12, q13, [x1, #208]",
+    "ldp q14, q15, [x1, #240]",
+    "ldp q16, q17, [x1, #272]",
+    "ldp q18, q19, [x1, #304]",
+    "ldp q20, q21, [x1, #336]",
+    "ldp q22, q23, [x1, #368]",
+    "ldp q24, q25, [x1, #400]",
+    "ldp q26, q27, [x1, #432]",
+    "ldp q28, q29, [x1, #464]",
+    "ldp q30, q31, [x1, #496]",
+    "ldr x2, [x0, #(176 + 272)]",
+    "msr nzcv, x2",
+    // x16 and x30 go back through the trampoline's pushed pair.
+    "ldr x2, [x0, #(176 + 8 + 128)]",
+    "ldr x3, [x0, #(176 + 8 + 240)]",
+    "str x2, [sp, #4704]",
+    "str x3, [sp, #4712]",
+    "ldp x2, x3, [x0, #(176 + 8 + 16)]",
+    "ldp x4, x5, [x0, #(176 + 8 + 32)]",
+    "ldp x6, x7, [x0, #(176 + 8 + 48)]",
+    "ldp x8, x9, [x0, #(176 + 8 + 64)]",
+    "ldp x10, x11, [x0, #(176 + 8 + 80)]",
+    "ldp x12, x13, [x0, #(176 + 8 + 96)]",
+    "ldp x14, x15, [x0, #(176 + 8 + 112)]",
+    "ldp x17, x18, [x0, #(176 + 8 + 136)]",
+    "ldp x19, x20, [x0, #(176 + 8 + 152)]",
+    "ldp x21, x22, [x0, #(176 + 8 + 168)]",
+    "ldp x23, x24, [x0, #(176 + 8 + 184)]",
+    "ldp x25, x26, [x0, #(176 + 8 + 200)]",
+    "ldp x27, x28, [x0, #(176 + 8 + 216)]",
+    "ldr x29, [x0, #(176 + 8 + 232)]",
+    "ldr x16, [sp]",
+    "ldp x0, x1, [x0, #(176 + 8)]",
+    "add sp, sp, #4096",
+    "add sp, sp, #608",
+    "ret x16",
+    ".popsection",
+    hit = sym jump_hit,
+);
+
+const _: () = assert!(size_of::<SigFrame>() + 16 == 4096 + 608);
+
+unsafe extern "C" {
+    /// The common routine above (not callable from Rust: it expects a
+    /// trampoline's `blr`).
+    fn uprobe_core_jump_entry();
+}
+
+/// What the common routine calls, with the context it built and the
+/// trampoline's resume address: runs the consumers (the PC reads as the
+/// probed address), and resumes the thread exactly where a handler moved
+/// it, if one did (then it does not return). Async-signal-safe.
+extern "C" fn jump_hit(uc: &mut libc::ucontext_t, resume: usize) {
+    let sp = uc.uc_mcontext.sp;
+    // SAFETY: the trampoline's first word is its cell pointer, written
+    // before any jump to it and never changed.
+    let cell = unsafe { ((resume - RESUME_AT + CELL_AT) as *const usize).read() };
+    let moved = crate::jump::on_jump(cell, uc);
+    if moved || uc.uc_mcontext.sp != sp {
+        // SAFETY: `uc` is the `uc` of the `SigFrame` the routine built on
+        // the stack, all of whose registers it filled in.
+        unsafe { resume_exactly(uc) }
+    }
+}
+
+/// Resumes the thread with the registers of `uc` (every one of them:
+/// the PC and stack pointer a handler set included) through
+/// `rt_sigreturn`, as if returning from a signal. Async-signal-safe.
+///
+/// # Safety
+/// `uc` is the context of a [`SigFrame`], with every register filled in.
+unsafe fn resume_exactly(uc: &mut libc::ucontext_t) -> ! {
+    uc.uc_flags = 0;
+    uc.uc_link = core::ptr::null_mut();
+    // SAFETY: queries into the frame's own fields (the mask and the
+    // alternate stack `rt_sigreturn` restores: the current ones).
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, core::ptr::null(), &raw mut uc.uc_sigmask);
+        libc::sigaltstack(core::ptr::null(), &raw mut uc.uc_stack);
+    }
+    // BTYPE and everything but NZCV: as a plain return leaves them.
+    uc.uc_mcontext.pstate &= 0xf000_0000;
+    let frame = (core::ptr::from_mut(uc) as usize) - 128;
+    // SAFETY: the stack moves onto the frame (16-aligned, with the
+    // context `rt_sigreturn` reads right after the unused siginfo); the
+    // system call does not return.
+    unsafe {
+        core::arch::asm!(
+            "mov sp, {frame}",
+            "mov x8, #139", // rt_sigreturn
+            "svc #0",
+            frame = in(reg) frame,
+            options(noreturn),
+        )
+    }
+}
