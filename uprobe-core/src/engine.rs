@@ -121,8 +121,14 @@ impl Site {
     /// Makes a breakpoint at `at` (the start of a jump's range after the
     /// site's landing pad) this site's, a trap there continuing at
     /// `entry` (see `landing_entry`); `at` 0: none. Writer only.
+    ///
+    /// Clearing keeps the entry: a trap handler that read the landing
+    /// before it was cleared must still find where to go (a trampoline is
+    /// never freed, so the old entry stays valid code).
     pub(crate) fn set_landing(&self, at: usize, entry: usize) {
-        self.landing_entry.store(entry, Ordering::Release);
+        if at != 0 {
+            self.landing_entry.store(entry, Ordering::Release);
+        }
         self.landing.store(at, Ordering::Release);
     }
 

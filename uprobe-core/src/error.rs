@@ -266,6 +266,7 @@ impl core::fmt::Display for AttachError {
 impl std::error::Error for AttachError {}
 
 /// The calling thread's `errno`, as an [`AttachError::Os`].
+#[cfg_attr(not(uprobe_engine), allow(dead_code))]
 pub(crate) fn os_error(what: &'static str) -> AttachError {
     AttachError::Os {
         what,

@@ -132,6 +132,9 @@ pub(crate) fn prepare(
     if crate::arch::trampoline::shadow_stack_enabled() {
         return Err(NotOptimized::ShadowStack);
     }
+    if let Some(why) = arch_jump::unsaved_vector_state() {
+        return Err(NotOptimized::VectorState { why });
+    }
     let addr = site.addr();
     let code_end = maps.code_end(addr).unwrap_or(addr);
     let here = crate::engine::code_as_original(addr, (code_end - addr).min(64));
@@ -156,7 +159,9 @@ pub(crate) fn prepare(
         return Err(NotOptimized::OtherProbeInRange { at });
     }
     let original = &here[plan.start - addr..plan.start - addr + plan.len];
-    let trampoline = trampoline_for(&plan, original, addr)?;
+    // Keyed on every byte from the site to the range's end: the landing
+    // pad (and so what the trampoline undoes and redoes) included.
+    let trampoline = trampoline_for(&plan, &here[..plan.start - addr + plan.len], addr)?;
     if plan.has_interior() {
         site.set_resume_at(arch_jump::copy_start(trampoline.base));
     }
@@ -203,17 +208,18 @@ static TRAMPOLINES: Mutex<Option<Trampolines>> = Mutex::new(None);
 const REGION_SIZE: usize = 64 * 1024;
 
 /// The trampoline for `plan` of the probe at `site`, made (and written)
-/// if new. `original` is the range's bytes. Not async-signal-safe.
+/// if new. `key_bytes` are the original bytes from the site to the end of
+/// the range (what the trampoline is made from). Not async-signal-safe.
 fn trampoline_for(
     plan: &Plan,
-    original: &[u8],
+    key_bytes: &[u8],
     site: usize,
 ) -> Result<&'static Trampoline, NotOptimized> {
     let mut guard = TRAMPOLINES
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let all = guard.get_or_insert_with(Trampolines::default);
-    let key = (site, original.to_vec());
+    let key = (site, key_bytes.to_vec());
     if let Some(&t) = all.by_key.get(&key) {
         return Ok(t);
     }
@@ -221,13 +227,11 @@ fn trampoline_for(
         return Err(NotOptimized::NoTrampolineRoom);
     }
     let reach = crate::arch::xol::REACH_LIMIT - 2 * REGION_SIZE;
-    let region = all.regions.iter_mut().find(|(base, used)| {
+    let found = all.regions.iter().position(|&(base, used)| {
         base.abs_diff(plan.start) < reach && used + TRAMPOLINE_SIZE <= REGION_SIZE
     });
-    let base = if let Some((base, used)) = region {
-        let at = *base + *used;
-        *used += TRAMPOLINE_SIZE;
-        at
+    let region = if let Some(k) = found {
+        k
     } else {
         if all.regions.len() == MAX_REGIONS {
             return Err(NotOptimized::NoTrampolineRoom);
@@ -235,28 +239,28 @@ fn trampoline_for(
         let base = crate::xol::map_near(plan.start, REGION_SIZE)
             .map_err(|_| NotOptimized::NoTrampolineRoom)?;
         publish_region(all.regions.len(), base);
-        all.regions.push((base, TRAMPOLINE_SIZE));
+        all.regions.push((base, 0));
         // Faults raised by a relocated instruction reach the program at
         // the original one.
         crate::engine::install_fault_handlers().map_err(|_| NotOptimized::NoTrampolineRoom)?;
-        base
+        all.regions.len() - 1
     };
-    let cell: &'static JumpCell = Box::leak(Box::new(JumpCell {
+    let (region_base, used) = all.regions[region];
+    let base = region_base + used;
+    // The cell is leaked (never freed) only once the trampoline is made:
+    // a plan that cannot be built costs no room.
+    let cell = Box::new(JumpCell {
         addr: site,
         site: AtomicPtr::new(core::ptr::null_mut()),
-    }));
-    let (code, moves) = arch_jump::build(plan, base, core::ptr::from_ref(cell) as usize)?;
+    });
+    let (code, moves) = arch_jump::build(plan, base, core::ptr::from_ref(&*cell) as usize)?;
     crate::xol::write_code(base, &code).map_err(|_| NotOptimized::NoTrampolineRoom)?;
+    all.regions[region].1 += TRAMPOLINE_SIZE;
+    let cell: &'static JumpCell = Box::leak(cell);
     let t: &'static Trampoline = Box::leak(Box::new(Trampoline { base, cell, moves }));
-    let region = all
-        .regions
-        .iter()
-        .position(|&(b, _)| (b..b + REGION_SIZE).contains(&base))
-        .expect("carved from a region of ours");
     // SAFETY: published with the region, never freed.
     let slots = unsafe { &*REGION_TRAMPOLINES[region].load(Ordering::Acquire) };
-    slots[(base - all.regions[region].0) / TRAMPOLINE_SIZE]
-        .store(core::ptr::from_ref(t).cast_mut(), Ordering::Release);
+    slots[used / TRAMPOLINE_SIZE].store(core::ptr::from_ref(t).cast_mut(), Ordering::Release);
     all.by_key.insert(key, t);
     Ok(t)
 }

@@ -101,6 +101,12 @@ pub enum NotOptimized {
         /// Why.
         why: &'static str,
     },
+    /// The trampoline would not preserve the thread's vector state
+    /// (aarch64: SVE vectors longer than 128 bits, or SME).
+    VectorState {
+        /// Why.
+        why: &'static str,
+    },
     /// Trap-free probes are not implemented for this architecture (not
     /// reported on x86-64 and aarch64).
     Architecture,
@@ -136,6 +142,7 @@ impl core::fmt::Display for NotOptimized {
             Self::ShadowStack => write!(f, "the thread runs with a shadow stack"),
             Self::CodeChanged => write!(f, "the code changed while it was being patched"),
             Self::LandingPad { why } => write!(f, "a landing pad: {why}"),
+            Self::VectorState { why } => write!(f, "vector registers: {why}"),
             Self::Architecture => {
                 write!(
                     f,

@@ -73,6 +73,19 @@ core::arch::global_asm!(
     function!("j_blocked", "add x0, x0, #8", "ret"),
     function!("j_churn", "add x0, x0, #9", "ret"),
     function!("j_fork", "add x0, x0, #10", "ret"),
+    function!("j_wide", "add x0, x0, #11", "ret"),
+    // Returns the stack pointer it runs with; its caller keeps its own in
+    // x29 across the call, so a handler may move it.
+    function!("j_sp", "mov x0, sp", "ret"),
+    function!(
+        "j_sp_call",
+        "stp x29, x30, [sp, #-16]!",
+        "mov x29, sp",
+        "bl j_sp",
+        "mov sp, x29",
+        "ldp x29, x30, [sp], #16",
+        "ret",
+    ),
 );
 
 unsafe extern "C" {
@@ -87,6 +100,8 @@ unsafe extern "C" {
     fn j_blocked(x: u64) -> u64;
     fn j_churn(x: u64) -> u64;
     fn j_fork(x: u64) -> u64;
+    fn j_wide(x: u64) -> u64;
+    fn j_sp_call(x: u64) -> u64;
 }
 
 type Fn1 = unsafe extern "C" fn(u64) -> u64;
@@ -102,6 +117,32 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether this thread's vector state lets sites be optimized (no SME,
+/// SVE vectors of at most 128 bits); otherwise every site reports
+/// `NotOptimized::VectorState`, checked by `wide_sve_vectors_keep_breakpoints`.
+fn jumps_possible() -> bool {
+    const HWCAP_SVE: libc::c_ulong = 1 << 22;
+    const HWCAP2_SME: libc::c_ulong = 1 << 23;
+    // SAFETY: plain queries.
+    unsafe {
+        libc::getauxval(libc::AT_HWCAP2) & HWCAP2_SME == 0
+            && (libc::getauxval(libc::AT_HWCAP) & HWCAP_SVE == 0
+                || libc::prctl(51 /* PR_SVE_GET_VL */, 0, 0, 0, 0) & 0xffff <= 16)
+    }
+}
+
+/// Takes the file's lock; `None` (with the reason printed) where this
+/// machine's vector state keeps every site on its breakpoint.
+fn serial_with_jumps() -> Option<std::sync::MutexGuard<'static, ()>> {
+    if !jumps_possible() {
+        eprintln!(
+            "skipped: SME, or SVE vectors over 128 bits (run qemu with sme=off,sve-default-vector-length=16)"
+        );
+        return None;
+    }
+    Some(serial())
 }
 
 /// An indirect call, as through a function pointer (`blr`: on a
@@ -123,7 +164,9 @@ fn is_branch(w: u32) -> bool {
 
 #[test]
 fn landing_pads_stay_in_place_and_the_jump_follows_them() {
-    let _one = serial();
+    let Some(_one) = serial_with_jumps() else {
+        return;
+    };
     let cases: [(&str, Fn1, u32, u64); 3] = [
         ("j_pac", j_pac, PACIASP, 3),
         ("j_pacb", j_pacb, PACIBSP, 3),
@@ -172,7 +215,9 @@ fn landing_pads_stay_in_place_and_the_jump_follows_them() {
 
 #[test]
 fn sites_that_stay_on_their_breakpoint_say_why() {
-    let _one = serial();
+    let Some(_one) = serial_with_jumps() else {
+        return;
+    };
     // A loop branches back to the instruction after the landing pad.
     let probe = Uprobe::function("j_loop").unwrap().attach().unwrap();
     assert!(
@@ -204,7 +249,9 @@ fn sites_that_stay_on_their_breakpoint_say_why() {
 
 #[test]
 fn a_handler_that_moves_the_pc_resumes_exactly_there() {
-    let _one = serial();
+    let Some(_one) = serial_with_jumps() else {
+        return;
+    };
     // Returns 99 to the caller without running the function.
     let probe = Uprobe::function("j_setpc")
         .unwrap()
@@ -226,7 +273,9 @@ fn a_handler_that_moves_the_pc_resumes_exactly_there() {
 
 #[test]
 fn without_a_trampoline_within_reach_the_probe_stays_on_its_breakpoint() {
-    let _one = serial();
+    let Some(_one) = serial_with_jumps() else {
+        return;
+    };
     uprobe_core::bench_only::no_trampoline_room(true);
     let probe = Uprobe::function("j_far").unwrap().attach();
     uprobe_core::bench_only::no_trampoline_room(false);
@@ -238,7 +287,9 @@ fn without_a_trampoline_within_reach_the_probe_stays_on_its_breakpoint() {
 
 #[test]
 fn a_thread_with_every_signal_blocked_hits_an_optimized_probe() {
-    let _one = serial();
+    let Some(_one) = serial_with_jumps() else {
+        return;
+    };
     let probe = Uprobe::function("j_blocked").unwrap().attach().unwrap();
     assert_eq!(probe.mode(), Mode::Jump);
     std::thread::spawn(|| {
@@ -259,7 +310,9 @@ fn a_thread_with_every_signal_blocked_hits_an_optimized_probe() {
 
 #[test]
 fn attach_and_detach_under_callers() {
-    let _one = serial();
+    let Some(_one) = serial_with_jumps() else {
+        return;
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let callers: Vec<_> = (0..2)
         .map(|t| {
@@ -299,7 +352,9 @@ fn attach_and_detach_under_callers() {
 
 #[test]
 fn a_forked_child_runs_an_optimized_probe() {
-    let _one = serial();
+    let Some(_one) = serial_with_jumps() else {
+        return;
+    };
     let probe = Uprobe::function("j_fork").unwrap().attach().unwrap();
     assert_eq!(probe.mode(), Mode::Jump);
     assert_eq!(call(j_fork, 1), 11);
@@ -333,7 +388,9 @@ fn a_forked_child_runs_an_optimized_probe() {
 
 #[test]
 fn a_bti_guarded_page() {
-    let _one = serial();
+    let Some(_one) = serial_with_jumps() else {
+        return;
+    };
     const PROT_BTI: i32 = 0x10;
     let code: [u32; 3] = [
         BTI_C,
@@ -384,7 +441,9 @@ fn a_bti_guarded_page() {
 
 #[test]
 fn a_probe_on_the_instruction_after_a_landing_pad_takes_the_jump_back() {
-    let _one = serial();
+    let Some(_one) = serial_with_jumps() else {
+        return;
+    };
     let f: Fn1 = j_pac_inner;
     let entry = Uprobe::function("j_pac_inner")
         .unwrap()
@@ -407,4 +466,66 @@ fn a_probe_on_the_instruction_after_a_landing_pad_takes_the_jump_back() {
     drop((entry, inner));
     assert_eq!(word(f, 0), PACIASP);
     assert_eq!(call(f, 10), 13);
+}
+
+#[test]
+fn wide_sve_vectors_keep_breakpoints() {
+    const HWCAP_SVE: libc::c_ulong = 1 << 22;
+    const HWCAP2_SME: libc::c_ulong = 1 << 23;
+    const PR_SVE_SET_VL: libc::c_int = 50;
+    let _one = serial();
+    // SAFETY: plain queries.
+    let (sve, sme) = unsafe {
+        (
+            libc::getauxval(libc::AT_HWCAP) & HWCAP_SVE != 0,
+            libc::getauxval(libc::AT_HWCAP2) & HWCAP2_SME != 0,
+        )
+    };
+    if !sve && !sme {
+        eprintln!("skipped: no SVE or SME on this CPU");
+        return;
+    }
+    std::thread::spawn(move || {
+        // 256-bit vectors for this thread, where SME does not already
+        // rule trampolines out.
+        // SAFETY: changes this thread's vector length only.
+        let raised = sme || unsafe { libc::prctl(PR_SVE_SET_VL, 32, 0, 0, 0) } >= 0;
+        assert!(raised, "PR_SVE_SET_VL failed");
+        let probe = Uprobe::function("j_wide").unwrap().attach().unwrap();
+        assert!(
+            matches!(probe.mode(), Mode::Trap(NotOptimized::VectorState { .. })),
+            "{:?}",
+            probe.mode()
+        );
+        assert_eq!(call(j_wide, 1), 12);
+        assert_eq!(probe.hits(), 1);
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn a_handler_that_moves_only_the_stack_pointer_runs_the_instruction_once() {
+    let Some(_one) = serial_with_jumps() else {
+        return;
+    };
+    let plain = call(j_sp_call, 0);
+    for trap_only in [false, true] {
+        let mut probe = Uprobe::function("j_sp").unwrap();
+        if trap_only {
+            probe = probe.trap_only();
+        }
+        let probe = probe
+            .on_entry(|cx| {
+                let sp = cx.reg(Reg::Sp);
+                cx.set_reg(Reg::Sp, sp - 32);
+            })
+            .attach()
+            .unwrap();
+        assert_eq!(probe.mode().is_jump(), !trap_only);
+        // The displaced `mov x0, sp` runs once, with the handler's stack
+        // pointer (not the probe again: that would move it further).
+        assert_eq!(call(j_sp_call, 0), plain - 32, "trap-only {trap_only}");
+        assert_eq!(probe.hits(), 1, "trap-only {trap_only}");
+    }
 }

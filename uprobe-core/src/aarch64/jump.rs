@@ -42,6 +42,13 @@
 //!      b target              (a conditional branch taken)
 //! ```
 //!
+//! **BTI.** The trampoline is entered by a direct `B` (PSTATE.BTYPE 0) on
+//! a page the engine maps without `PROT_BTI`, so it needs no landing pad;
+//! the common routine, entered by `blr x16`, starts with `bti c`; the
+//! way back is a direct `B` (or `ret`). A copied `br`/`blr` leaves the
+//! unguarded trampoline page with BTYPE 0b01, which every landing pad
+//! accepts (the trap path's simulation makes the same choice).
+//!
 //! No register but those the displaced instruction writes changes: the
 //! trampoline's own use of x16 and x30 is undone before the copy runs.
 //! A trap hit of the site (while the jump is being written or taken
@@ -52,8 +59,13 @@
 //! x0-x30, sp, the NZCV flags, and an FPSIMD record with all of
 //! `q0`-`q31`, FPSR and FPCR. It restores the integer and SIMD registers,
 //! NZCV and FPSR from it (not FPCR: the engine and handlers must not
-//! change the rounding mode; not SVE's upper Z bits, nor SME state, which
-//! the engine's code does not touch). When a handler moved the PC or the
+//! change the rounding mode). SVE's `z` registers beyond their low 128
+//! bits are not saved, and any SIMD write zeroes them: on a CPU with SVE
+//! vectors longer than 128 bits, or with SME (a thread in streaming mode
+//! cannot run the saves), sites stay on their breakpoints
+//! ([`NotOptimized::VectorState`], decided with the vector length of the
+//! attaching thread; a thread that raises its own with `PR_SVE_SET_VL`
+//! later is not covered). When a handler moved the PC or the
 //! stack pointer, the routine resumes the thread with `rt_sigreturn` on
 //! that frame, which restores every register exactly (two system calls
 //! on that path only).
@@ -92,6 +104,37 @@ const BLR_X16: u32 = 0xd63f_0200;
 /// `str x16, [sp, #-16]!` and `ldr x16, [sp], #16`.
 const PUSH_X16: u32 = 0xf81f_0ff0;
 const POP_X16: u32 = 0xf841_07f0;
+
+/// Why the calling thread's vector state rules trampolines out, if it
+/// does: with SME a thread in streaming mode cannot run the trampoline's
+/// Advanced SIMD saves, and SVE vectors longer than 128 bits have upper
+/// bits in `z0`-`z31` that the trampoline does not save (any SIMD write
+/// zeroes them). SVE at 128 bits (Neoverse N2/V2, for instance) has
+/// nothing beyond the `q` registers: its `p` registers and FFR are not
+/// touched by the engine's code. Not async-signal-safe.
+pub(crate) fn unsaved_vector_state() -> Option<&'static str> {
+    const HWCAP_SVE: libc::c_ulong = 1 << 22;
+    const HWCAP2_SME: libc::c_ulong = 1 << 23;
+    const PR_SVE_GET_VL: libc::c_int = 51;
+    // SAFETY: plain queries.
+    let (hwcap, hwcap2) = unsafe {
+        (
+            libc::getauxval(libc::AT_HWCAP),
+            libc::getauxval(libc::AT_HWCAP2),
+        )
+    };
+    if hwcap2 & HWCAP2_SME != 0 {
+        return Some("the CPU has SME: a thread in streaming mode cannot run the trampoline");
+    }
+    if hwcap & HWCAP_SVE != 0 {
+        // SAFETY: a query; the low 16 bits are the vector length in bytes.
+        let vl = unsafe { libc::prctl(PR_SVE_GET_VL, 0, 0, 0, 0) };
+        if vl < 0 || vl & 0xffff > 16 {
+            return Some("SVE vectors longer than 128 bits: their upper bits are not saved");
+        }
+    }
+    None
+}
 
 /// The landing pad a jump goes after, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -318,7 +361,8 @@ pub(crate) fn build(
             let rt32 = u32::from(rt);
             match kind {
                 LiteralKind::Prefetch => {}
-                _ if rt == 31 => {}
+                // Register 31 is xzr for the integer forms (v31 for SIMD).
+                LiteralKind::W | LiteralKind::X | LiteralKind::Sw if rt == 31 => {}
                 LiteralKind::W | LiteralKind::X | LiteralKind::Sw => {
                     materialize(&mut words, rt, addr);
                     let op = match kind {
@@ -548,10 +592,52 @@ extern "C" fn jump_hit(uc: &mut libc::ucontext_t, resume: usize) {
     let cell = unsafe { ((resume - RESUME_AT + CELL_AT) as *const usize).read() };
     let moved = crate::jump::on_jump(cell, uc);
     if moved || uc.uc_mcontext.sp != sp {
+        if !moved {
+            // Only the stack pointer changed: on with the displaced
+            // instruction (from the re-signing after a landing pad), as
+            // on the trap path.
+            uc.uc_mcontext.pc = copy_start(resume - RESUME_AT) as u64;
+        }
         // SAFETY: `uc` is the `uc` of the `SigFrame` the routine built on
         // the stack, all of whose registers it filled in.
         unsafe { resume_exactly(uc) }
     }
+}
+
+/// The thread's PSTATE.DIT, SSBS and TCO, where the CPU has them (read
+/// from their system registers, in their PSTATE positions).
+/// Async-signal-safe.
+fn el0_pstate_bits() -> u64 {
+    const HWCAP_DIT: libc::c_ulong = 1 << 24;
+    const HWCAP_SSBS: libc::c_ulong = 1 << 28;
+    const HWCAP2_MTE: libc::c_ulong = 1 << 18;
+    // SAFETY: plain queries (getauxval reads a static copy).
+    let (hwcap, hwcap2) = unsafe {
+        (
+            libc::getauxval(libc::AT_HWCAP),
+            libc::getauxval(libc::AT_HWCAP2),
+        )
+    };
+    let mut bits = 0;
+    if hwcap & HWCAP_DIT != 0 {
+        let v: u64;
+        // SAFETY: DIT is readable at EL0 where the CPU has it.
+        unsafe { core::arch::asm!("mrs {}, s3_3_c4_c2_5", out(reg) v, options(nomem, nostack)) };
+        bits |= v;
+    }
+    if hwcap & HWCAP_SSBS != 0 {
+        let v: u64;
+        // SAFETY: SSBS is readable at EL0 where the CPU has it.
+        unsafe { core::arch::asm!("mrs {}, s3_3_c4_c2_6", out(reg) v, options(nomem, nostack)) };
+        bits |= v;
+    }
+    if hwcap2 & HWCAP2_MTE != 0 {
+        let v: u64;
+        // SAFETY: TCO is readable at EL0 where the CPU has MTE.
+        unsafe { core::arch::asm!("mrs {}, s3_3_c4_c2_7", out(reg) v, options(nomem, nostack)) };
+        bits |= v;
+    }
+    bits
 }
 
 /// Resumes the thread with the registers of `uc` (every one of them:
@@ -569,8 +655,10 @@ unsafe fn resume_exactly(uc: &mut libc::ucontext_t) -> ! {
         libc::pthread_sigmask(libc::SIG_BLOCK, core::ptr::null(), &raw mut uc.uc_sigmask);
         libc::sigaltstack(core::ptr::null(), &raw mut uc.uc_stack);
     }
-    // BTYPE and everything but NZCV: as a plain return leaves them.
-    uc.uc_mcontext.pstate &= 0xf000_0000;
+    // NZCV as saved (or set by a handler), BTYPE 0 as after a plain
+    // branch, and the PSTATE bits EL0 can change (DIT, SSBS, TCO) as the
+    // thread has them now: the engine's code does not change them.
+    uc.uc_mcontext.pstate = uc.uc_mcontext.pstate & 0xf000_0000 | el0_pstate_bits();
     let frame = (core::ptr::from_mut(uc) as usize) - 128;
     // SAFETY: the stack moves onto the frame (16-aligned, with the
     // context `rt_sigreturn` reads right after the unused siginfo); the

@@ -347,6 +347,13 @@ pub(crate) fn copy_start(base: usize) -> usize {
     base + COPY_AT
 }
 
+/// Why the thread's vector state rules trampolines out: never on x86-64
+/// (the save covers what the engine's code may touch; see the module
+/// docs for what it leaves out).
+pub(crate) fn unsaved_vector_state() -> Option<&'static str> {
+    None
+}
+
 /// Where a thread that trapped at the start of a range after `endbr64`
 /// continues: 0, the consumers run in the trap handler (nothing the
 /// landing pad did needs undoing), and the thread goes on at the copy.
