@@ -67,6 +67,9 @@ mod stack;
 /// pin this crate's exact version).
 #[doc(hidden)]
 pub mod unstable {
+    // The benchmarks' floor: no model (the real sections only).
+    #[cfg(not(pcpu_loom))]
+    pub mod bare_stack;
     #[cfg(pcpu_loom)]
     pub mod loom_cpu;
     pub mod owed;

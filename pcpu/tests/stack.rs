@@ -195,3 +195,55 @@ fn try_variants_report_a_held_lock() {
     assert_eq!(stack.try_pop_slot(0), Ok(None));
     assert!(stack.looks_empty(0));
 }
+
+/// The bare lists (the benchmarks' floor): pinned to CPU 0, a thread pops
+/// what was put on CPU 0's list, last in first out, and gets back what it
+/// pushes.
+#[test]
+fn bare_lists_push_and_pop_on_the_current_cpu() {
+    use pcpu::unstable::bare_stack::BareStack;
+    let Some(mut stack) = BareStack::new(std::mem::offset_of!(Node, next)) else {
+        eprintln!("skipped: no rseq on this machine");
+        return;
+    };
+    let nodes = pool(16);
+    for node in &nodes {
+        // SAFETY: each node is pushed once and outlives the stack's use.
+        unsafe { stack.push_slot_mut(0, NonNull::from(node).cast()) };
+    }
+    let popped = std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: pins this scoped thread only.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                assert_eq!(
+                    libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set),
+                    0
+                );
+            }
+            let first: Vec<_> = std::iter::from_fn(|| stack.pop()).collect();
+            for &node in first.iter().rev() {
+                // SAFETY: popped, so ours; pushed back once.
+                assert!(unsafe { stack.push(node) });
+            }
+            let second: Vec<_> = std::iter::from_fn(|| stack.pop()).collect();
+            assert_eq!(
+                first, second,
+                "pushed back in reverse, popped in the same order"
+            );
+            first
+                .iter()
+                .map(|n| n.as_ptr() as usize)
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap()
+    });
+    let expected: Vec<usize> = nodes
+        .iter()
+        .rev()
+        .map(|n| core::ptr::from_ref(n) as usize)
+        .collect();
+    assert_eq!(popped, expected);
+}

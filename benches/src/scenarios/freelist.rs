@@ -5,8 +5,11 @@
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use core::ptr::NonNull;
 use crossbeam_queue::ArrayQueue;
 use lockfree_object_pool::LinearObjectPool;
+
+use pcpu::unstable::bare_stack::BareStack;
 use pcpu_freelist::{EmptyHint, FreeList};
 
 use crate::harness::{Scenario, Workload};
@@ -22,6 +25,7 @@ const PUSHPOP_IMPLS: &[&str] = &[
     "hint",
     "head",
     "nohint",
+    "rseq-list",
     "arrayqueue",
     "object-pool",
     "sharded-slab",
@@ -29,7 +33,7 @@ const PUSHPOP_IMPLS: &[&str] = &[
 
 pub const PUSHPOP: Scenario = Scenario {
     name: "freelist-pushpop",
-    about: "seed 004: a prefilled pool, each thread pops one element and pushes it back (the normal case)",
+    about: "seed 004: a prefilled pool, each thread pops one element and pushes it back (the normal case); rseq-list is the floor: bare per-CPU rseq lists as librseq's, one section per push or pop, with no lock word (no remote pop or push), no empty hint, no element handle and no steal path",
     impls: PUSHPOP_IMPLS,
     build: build_pushpop,
 };
@@ -122,6 +126,7 @@ struct PushPop {
 
 enum PoolImpl {
     Freelist(FreeList<u64>),
+    Bare(BareList),
     ArrayQueue(ArrayQueue<u64>),
     ObjectPool(LinearObjectPool<u64>),
     ShardedSlab(sharded_slab::Pool<Option<u64>>),
@@ -139,6 +144,19 @@ impl Workload for PushPop {
                 for _ in 0..iters {
                     match pool.pop() {
                         Some(e) => pool.push(black_box(e)),
+                        None => missed += 1,
+                    }
+                }
+            }
+            PoolImpl::Bare(list) => {
+                for _ in 0..iters {
+                    match list.stack.pop() {
+                        Some(node) => {
+                            // SAFETY: popped, so ours; pushed back at once.
+                            if !unsafe { list.stack.push(black_box(node)) } {
+                                missed += 1;
+                            }
+                        }
                         None => missed += 1,
                     }
                 }
@@ -182,7 +200,10 @@ impl Workload for PushPop {
         let free = match &self.pool {
             PoolImpl::Freelist(pool) => std::iter::from_fn(|| pool.pop()).collect::<Vec<_>>().len(),
             PoolImpl::ArrayQueue(q) => q.len(),
-            PoolImpl::ObjectPool(_) | PoolImpl::ShardedSlab(_) => return Ok(()),
+            // Each list can only be emptied from its own CPU.
+            PoolImpl::Bare(_) | PoolImpl::ObjectPool(_) | PoolImpl::ShardedSlab(_) => {
+                return Ok(());
+            }
         };
         if free == capacity() {
             Ok(())
@@ -195,10 +216,54 @@ impl Workload for PushPop {
     }
 }
 
-fn build_pushpop_with(imp: &str, oversubscription: usize) -> Box<dyn Workload> {
+/// The floor: bare per-CPU rseq lists of `PER_LIST` nodes each.
+struct BareList {
+    stack: BareStack,
+    /// The nodes (never moved: a boxed slice the lists point into).
+    _nodes: Box<[BareNode]>,
+}
+
+// SAFETY: the nodes' link words are written only by the lists' rseq
+// sections (one CPU's section at a time per list) while the lists hold
+// them, and by the thread that popped a node; nothing else reads them.
+unsafe impl Sync for BareList {}
+// SAFETY: as above; moving the whole pool moves its nodes with it.
+unsafe impl Send for BareList {}
+
+#[repr(C)]
+struct BareNode {
+    next: core::cell::UnsafeCell<usize>,
+    _value: u64,
+}
+
+fn bare_list() -> Result<BareList, String> {
+    let mut stack = BareStack::new(core::mem::offset_of!(BareNode, next))
+        .ok_or("rseq-list needs glibc's rseq area on x86-64")?;
+    let nodes: Box<[BareNode]> = (0..capacity())
+        .map(|_| BareNode {
+            next: core::cell::UnsafeCell::new(0),
+            _value: 0,
+        })
+        .collect();
+    // A contiguous block of nodes per CPU, as the freelist deals them (no
+    // cache line holds nodes of two CPUs' lists).
+    let cpus = stack.slots() - 1;
+    for (i, node) in nodes.iter().enumerate() {
+        // SAFETY: each node is pushed once; the boxed slice outlives the
+        // lists (both live in `BareList`) and never moves.
+        unsafe { stack.push_slot_mut((i / PER_LIST).min(cpus - 1), NonNull::from(node).cast()) };
+    }
+    Ok(BareList {
+        stack,
+        _nodes: nodes,
+    })
+}
+
+fn build_pushpop_with(imp: &str, oversubscription: usize) -> Result<Box<dyn Workload>, String> {
     MISSED.store(0, Relaxed);
     let pool = match (hint_of(imp), imp) {
         (Some(hint), _) => PoolImpl::Freelist(FreeList::with_hint(vec![0u64; capacity()], hint)),
+        (None, "rseq-list") => PoolImpl::Bare(bare_list()?),
         (None, "arrayqueue") => {
             let q = ArrayQueue::new(capacity());
             (0..capacity() as u64).for_each(|v| q.push(v).expect("capacity"));
@@ -208,18 +273,16 @@ fn build_pushpop_with(imp: &str, oversubscription: usize) -> Box<dyn Workload> {
         (None, "sharded-slab") => PoolImpl::ShardedSlab(sharded_slab::Pool::new()),
         _ => unreachable!("unknown implementation {imp}"),
     };
-    Box::new(PushPop {
+    Ok(Box::new(PushPop {
         pool,
         oversubscription,
-    })
+    }))
 }
 
-#[allow(clippy::unnecessary_wraps)] // the harness's `Build` signature
 fn build_pushpop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
-    Ok(build_pushpop_with(imp, 1))
+    build_pushpop_with(imp, 1)
 }
 
-#[allow(clippy::unnecessary_wraps)] // the harness's `Build` signature
 fn build_oversub(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
-    Ok(build_pushpop_with(imp, OVERSUBSCRIPTION))
+    build_pushpop_with(imp, OVERSUBSCRIPTION)
 }

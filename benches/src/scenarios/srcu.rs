@@ -2,9 +2,10 @@
 //! leases against a reference count per access and against the
 //! reclamation schemes Rust users pick today.
 
+use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering, compiler_fence};
 
 use arc_swap::ArcSwap;
 use seize::{Collector, Guard as _};
@@ -14,8 +15,15 @@ use crate::harness::{Scenario, Workload};
 
 pub const READ: Scenario = Scenario {
     name: "srcu-read",
-    about: "seed 002: each thread loops read-lock, read through a protected pointer, unlock (refcount = Arc clone+drop, the seed's WITHOUT SRCU row)",
-    impls: &["srcu", "refcount", "epoch", "seize", "arc-swap"],
+    about: "seed 002: each thread loops read-lock, read through a protected pointer, unlock (refcount = Arc clone+drop, the seed's WITHOUT SRCU row); thread-local is the floor: liburcu's memb read side (a thread-local word takes the grace-period counter, compiler barriers), with no writer, no registration, no unlock by another thread and no domain",
+    impls: &[
+        "srcu",
+        "thread-local",
+        "refcount",
+        "epoch",
+        "seize",
+        "arc-swap",
+    ],
     build: build_read,
 };
 
@@ -55,6 +63,67 @@ impl Workload for SrcuRead {
             }
         }
         black_box(acc);
+    }
+}
+
+/// The floor: liburcu's `urcu-memb` read-side fast path, reading through
+/// a pointer in between. What it leaves out is what makes it a floor:
+/// no grace period ever waits for it (so its writer-side `membarrier`
+/// and the scan of registered threads are absent), threads are not
+/// registered, and a section can only end on the thread that began it.
+struct ThreadLocalRead {
+    ptr: AtomicPtr<u64>,
+}
+
+/// The grace-period counter a reader's word takes at its outermost lock
+/// (liburcu's `gp.ctr`: a phase bit and a nesting count of one; constant
+/// here, as no writer runs), and the word a reader checks after its
+/// outermost unlock to wake a waiting writer (`gp.futex`).
+static GP_COUNTER: AtomicU64 = AtomicU64::new(1 << 32 | 1);
+static GP_FUTEX: AtomicU64 = AtomicU64::new(0);
+const NEST_MASK: u64 = 0xffff_ffff;
+
+thread_local! {
+    /// The reader's word: 0 outside a section, else the phase it took
+    /// plus the nesting depth.
+    static READER: Cell<u64> = const { Cell::new(0) };
+}
+
+impl Workload for ThreadLocalRead {
+    fn run(&self, _tid: usize, iters: u64) {
+        let mut acc = 0u64;
+        let mut wakeups = 0u64;
+        for _ in 0..iters {
+            READER.with(|r| {
+                let word = r.get();
+                r.set(if word & NEST_MASK == 0 {
+                    GP_COUNTER.load(Ordering::Relaxed)
+                } else {
+                    word + 1
+                });
+            });
+            compiler_fence(Ordering::SeqCst);
+            // SAFETY: the pointer is set once and never freed while the
+            // workload lives.
+            acc = acc.wrapping_add(unsafe { *self.ptr.load(Ordering::Acquire) });
+            compiler_fence(Ordering::SeqCst);
+            READER.with(|r| {
+                let word = r.get();
+                r.set(word - 1);
+                if word & NEST_MASK == 1 {
+                    compiler_fence(Ordering::SeqCst);
+                    wakeups += u64::from(GP_FUTEX.load(Ordering::Relaxed) != 0);
+                }
+            });
+        }
+        black_box((acc, wakeups));
+    }
+}
+
+impl Drop for ThreadLocalRead {
+    fn drop(&mut self) {
+        // SAFETY: made by `Box::into_raw` in `build_read`, no reader left.
+        drop(unsafe { Box::from_raw(*self.ptr.get_mut()) });
     }
 }
 
@@ -138,6 +207,9 @@ fn build_read(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
                 cell: SrcuCell::new(domain, Some(7)),
             })
         }
+        "thread-local" => Box::new(ThreadLocalRead {
+            ptr: AtomicPtr::new(Box::into_raw(Box::new(7))),
+        }),
         "refcount" => Box::new(Refcount(Arc::new(7))),
         "epoch" => Box::new(Epoch(crossbeam_epoch::Atomic::new(7))),
         "seize" => Box::new(Seize {

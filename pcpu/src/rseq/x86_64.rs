@@ -305,6 +305,79 @@ pub(crate) unsafe fn mark_empty(area: isize, base: *const u8, stride: usize, cpu
     rc
 }
 
+/// [`push`] of a list without a lock word (a `PerCpu<AtomicUsize>` of
+/// heads that no other CPU ever writes): the floor the locked lists are
+/// measured against.
+///
+/// # Safety
+/// As for [`push`], with each slot a head word only.
+// Always inlined: a call would cost more than the critical section.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) unsafe fn bare_push(
+    area: isize,
+    base: *const u8,
+    stride: usize,
+    cpus: u32,
+    node: usize,
+    next_field: *mut usize,
+) -> u32 {
+    let rc: u32;
+    // SAFETY: the caller's contract. The store to `next_field` may be
+    // repeated on restart, which is harmless: the node is not yet visible.
+    unsafe {
+        asm!(
+            rseq_cs_prologue!(),
+            "mov ({slot}), {tmp}",
+            "mov {tmp}, ({next})",
+            "mov {node}, ({slot})",
+            rseq_cs_epilogue!(),
+            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
+            cpus = in(reg) cpus, node = in(reg) node, next = in(reg) next_field,
+            tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
+            options(att_syntax, nostack),
+        );
+    }
+    rc
+}
+
+/// [`pop`] of a list without a lock word (see [`bare_push`]).
+///
+/// # Safety
+/// As for [`bare_push`]; every node in a list has a readable link word
+/// at `next_offset`.
+// Always inlined: a call would cost more than the critical section.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) unsafe fn bare_pop(
+    area: isize,
+    base: *const u8,
+    stride: usize,
+    cpus: u32,
+    next_offset: usize,
+) -> (u32, usize) {
+    let rc: u32;
+    let node: usize;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!(
+            rseq_cs_prologue!(),
+            "mov ({slot}), {node}",
+            "test {node}, {node}",
+            "jz 9f",
+            "mov ({node}, {off}), {tmp}",
+            "mov {tmp}, ({slot})",
+            rseq_cs_epilogue!(),
+            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
+            cpus = in(reg) cpus, off = in(reg) next_offset,
+            node = out(reg) node, tmp = out(reg) _,
+            slot = out(reg) _, rc = out(reg) rc,
+            options(att_syntax, nostack),
+        );
+    }
+    (rc, node)
+}
+
 /// Pops the current CPU's list: `node = head; head = *(node + next_offset)`,
 /// with the load of the next pointer inside the critical section (no ABA:
 /// nothing else can run on this CPU between the load and the commit).
