@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use uprobe_core::{Mode, NotOptimized, Reg, Uprobe};
 
+mod common;
+
 // Functions with symbols that have sizes (the landing-pad form needs the
 // function's extent), each probed by one test only.
 macro_rules! function {
@@ -391,32 +393,11 @@ fn a_bti_guarded_page() {
     let Some(_one) = serial_with_jumps() else {
         return;
     };
-    const PROT_BTI: i32 = 0x10;
-    let code: [u32; 3] = [
+    let f: Fn1 = common::bti_guarded_function(&[
         BTI_C,
         0x9100_1000, // add x0, x0, #4
         0xd65f_03c0, // ret
-    ];
-    // SAFETY: a fresh anonymous page, written, then made executable and
-    // guarded; never unmapped (the engine keeps a trampoline for it).
-    let f: Fn1 = unsafe {
-        let p = libc::mmap(
-            core::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        core::ptr::copy_nonoverlapping(code.as_ptr(), p.cast(), code.len());
-        core::arch::asm!("dc cvau, {0}", "dsb ish", "ic ivau, {0}", "dsb ish", "isb", in(reg) p);
-        assert_eq!(
-            libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_EXEC | PROT_BTI),
-            0
-        );
-        core::mem::transmute(p)
-    };
+    ]);
     // The landing pad itself, by address: it stays a breakpoint (BRK is
     // a valid landing instruction, B is not).
     // SAFETY: the page's first instruction.

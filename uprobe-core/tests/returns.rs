@@ -775,32 +775,11 @@ fn pointer_authentication_and_bti_entries() {
 /// guarded where the kernel shows it.
 #[test]
 fn a_function_on_a_bti_guarded_page() {
-    const PROT_BTI: i32 = 0x10;
-    let code: [u32; 3] = [
+    let f = common::bti_guarded_function(&[
         0xd503_245f, // bti c
         0x9100_1000, // add x0, x0, #4
         0xd65f_03c0, // ret
-    ];
-    // SAFETY: a fresh anonymous page, written, then made executable and
-    // guarded; never unmapped (the engine may keep a slot for it).
-    let f: unsafe extern "C" fn(u64) -> u64 = unsafe {
-        let p = libc::mmap(
-            core::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        core::ptr::copy_nonoverlapping(code.as_ptr(), p.cast(), code.len());
-        core::arch::asm!("dc cvau, {0}", "dsb ish", "ic ivau, {0}", "dsb ish", "isb", in(reg) p);
-        assert_eq!(
-            libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_EXEC | PROT_BTI),
-            0
-        );
-        core::mem::transmute(p)
-    };
+    ]);
     static RET: AtomicU64 = AtomicU64::new(0);
     let probe = probe_at(f as *const () as usize)
         .on_return(|cx| RET.store(cx.return_value(), SeqCst))

@@ -189,15 +189,23 @@ pub(crate) unsafe fn add_if_zero(
     rc
 }
 
-/// The body of [`push`] and [`push_clearing_flag`]: `$extra` runs after the
-/// link store and before the commit.
+/// The lock-word check of the locked lists' sections: the slow exit if
+/// the slot's lock (at `slot + 8`) is set.
+macro_rules! lock_check {
+    () => {
+        "cmpq $0, 8({slot})\njne 7f\n"
+    };
+}
+
+/// The body of [`push`], [`push_clearing_flag`] and [`bare_push`]:
+/// `$check` runs first (the lock check, or nothing for a bare list),
+/// `$extra` after the link store and before the commit.
 macro_rules! push_section {
-    ($area:expr, $base:expr, $stride:expr, $cpus:expr, $node:expr, $next:expr, $extra:expr) => {{
+    ($check:expr, $area:expr, $base:expr, $stride:expr, $cpus:expr, $node:expr, $next:expr, $extra:expr) => {{
         let rc: u32;
         asm!(
             rseq_cs_prologue!(),
-            "cmpq $0, 8({slot})",
-            "jne 7f",
+            $check,
             "mov ({slot}), {tmp}",
             "mov {tmp}, ({next})",
             $extra,
@@ -231,7 +239,18 @@ pub(crate) unsafe fn push(
 ) -> u32 {
     // SAFETY: the caller's contract. The store to `next_field` may be
     // repeated on restart, which is harmless: the node is not yet visible.
-    unsafe { push_section!(area, base, stride, cpus, node, next_field, "") }
+    unsafe {
+        push_section!(
+            lock_check!(),
+            area,
+            base,
+            stride,
+            cpus,
+            node,
+            next_field,
+            ""
+        )
+    }
 }
 
 /// [`push`] that also clears the slot's `u32` empty flag (at `slot + 16`)
@@ -258,6 +277,7 @@ pub(crate) unsafe fn push_clearing_flag(
     // SAFETY: as for `push`.
     unsafe {
         push_section!(
+            lock_check!(),
             area,
             base,
             stride,
@@ -290,8 +310,7 @@ pub(crate) unsafe fn mark_empty(area: isize, base: *const u8, stride: usize, cpu
     unsafe {
         asm!(
             rseq_cs_prologue!(),
-            "cmpq $0, 8({slot})",
-            "jne 7f",
+            lock_check!(),
             "cmpq $0, ({slot})",
             "jne 9f",
             "movl $1, 16({slot})",
@@ -322,25 +341,35 @@ pub(crate) unsafe fn bare_push(
     node: usize,
     next_field: *mut usize,
 ) -> u32 {
-    let rc: u32;
-    // SAFETY: the caller's contract. The store to `next_field` may be
-    // repeated on restart, which is harmless: the node is not yet visible.
-    unsafe {
-        asm!(
-            rseq_cs_prologue!(),
-            "mov ({slot}), {tmp}",
-            "mov {tmp}, ({next})",
-            "mov {node}, ({slot})",
-            rseq_cs_epilogue!(),
-            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
-            cpus = in(reg) cpus, node = in(reg) node, next = in(reg) next_field,
-            tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
-            options(att_syntax, nostack),
-        );
-    }
-    rc
+    // SAFETY: as for `push`.
+    unsafe { push_section!("", area, base, stride, cpus, node, next_field, "") }
 }
 
+/// The body of [`pop`] and [`bare_pop`]: `$check` runs first (the lock
+/// check, or nothing for a bare list).
+macro_rules! pop_section {
+    ($check:expr, $area:expr, $base:expr, $stride:expr, $cpus:expr, $off:expr) => {{
+        let rc: u32;
+        let node: usize;
+        let next: usize;
+        asm!(
+            rseq_cs_prologue!(),
+            $check,
+            "mov ({slot}), {node}",
+            "test {node}, {node}",
+            "jz 9f",
+            "mov ({node}, {off}), {next}",
+            "mov {next}, ({slot})",
+            rseq_cs_epilogue!(),
+            area = in(reg) $area, base = in(reg) $base, stride = in(reg) $stride,
+            cpus = in(reg) $cpus, off = in(reg) $off,
+            node = out(reg) node, next = out(reg) next, tmp = out(reg) _,
+            slot = out(reg) _, rc = out(reg) rc,
+            options(att_syntax, nostack),
+        );
+        (rc, node, next)
+    }};
+}
 /// [`pop`] of a list without a lock word (see [`bare_push`]).
 ///
 /// # Safety
@@ -356,25 +385,8 @@ pub(crate) unsafe fn bare_pop(
     cpus: u32,
     next_offset: usize,
 ) -> (u32, usize) {
-    let rc: u32;
-    let node: usize;
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!(
-            rseq_cs_prologue!(),
-            "mov ({slot}), {node}",
-            "test {node}, {node}",
-            "jz 9f",
-            "mov ({node}, {off}), {tmp}",
-            "mov {tmp}, ({slot})",
-            rseq_cs_epilogue!(),
-            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
-            cpus = in(reg) cpus, off = in(reg) next_offset,
-            node = out(reg) node, tmp = out(reg) _,
-            slot = out(reg) _, rc = out(reg) rc,
-            options(att_syntax, nostack),
-        );
-    }
+    // SAFETY: as for `pop`.
+    let (rc, node, _) = unsafe { pop_section!("", area, base, stride, cpus, next_offset) };
     (rc, node)
 }
 
@@ -397,27 +409,6 @@ pub(crate) unsafe fn pop(
     cpus: u32,
     next_offset: usize,
 ) -> (u32, usize, usize) {
-    let rc: u32;
-    let node: usize;
-    let next: usize;
     // SAFETY: the caller's contract.
-    unsafe {
-        asm!(
-            rseq_cs_prologue!(),
-            "cmpq $0, 8({slot})",
-            "jne 7f",
-            "mov ({slot}), {node}",
-            "test {node}, {node}",
-            "jz 9f",
-            "mov ({node}, {off}), {next}",
-            "mov {next}, ({slot})",
-            rseq_cs_epilogue!(),
-            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
-            cpus = in(reg) cpus, off = in(reg) next_offset,
-            node = out(reg) node, next = out(reg) next, tmp = out(reg) _,
-            slot = out(reg) _, rc = out(reg) rc,
-            options(att_syntax, nostack),
-        );
-    }
-    (rc, node, next)
+    unsafe { pop_section!(lock_check!(), area, base, stride, cpus, next_offset) }
 }

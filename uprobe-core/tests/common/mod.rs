@@ -163,3 +163,32 @@ pub fn emulated() -> bool {
     std::fs::read_link("/proc/self/exe").ok()
         != std::fs::read_link(format!("/proc/self/task/{tid}/exe")).ok()
 }
+
+/// A function made of `code` on a fresh page mapped executable and
+/// BTI-guarded (`PROT_BTI`); never unmapped (the engine may keep a slot or
+/// a trampoline for it).
+#[cfg(target_arch = "aarch64")]
+pub fn bti_guarded_function(code: &[u32]) -> unsafe extern "C" fn(u64) -> u64 {
+    const PROT_BTI: i32 = 0x10;
+    assert!(code.len() * 4 <= 4096);
+    // SAFETY: a fresh anonymous page, written, its caches synced, then
+    // made executable and guarded.
+    unsafe {
+        let p = libc::mmap(
+            core::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        core::ptr::copy_nonoverlapping(code.as_ptr(), p.cast(), code.len());
+        core::arch::asm!("dc cvau, {0}", "dsb ish", "ic ivau, {0}", "dsb ish", "isb", in(reg) p);
+        assert_eq!(
+            libc::mprotect(p, 4096, libc::PROT_READ | libc::PROT_EXEC | PROT_BTI),
+            0
+        );
+        core::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64) -> u64>(p)
+    }
+}
