@@ -57,11 +57,32 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::arch::BREAKPOINT;
 pub(crate) use crate::arch::jump::JUMP_LEN;
-use crate::arch::jump::{self as arch_jump, Function, Plan, TRAMPOLINE_SIZE};
+use crate::arch::jump::{self as arch_jump, Plan};
 use crate::engine::Site;
 use crate::maps::{Patch, Snapshot, write_patches};
 
 pub(crate) use crate::mode::NotOptimized;
+
+/// Every trampoline starts with the same header, on both architectures:
+/// the pointer to its [`JumpCell`], then the pointer to the architecture's
+/// common entry routine; its code follows.
+pub(crate) const CELL_AT: usize = 0;
+pub(crate) const ENTRY_PTR_AT: usize = 8;
+pub(crate) const CODE_AT: usize = 16;
+/// Bytes a trampoline may take (header, prologue and relocated code).
+pub(crate) const TRAMPOLINE_SIZE: usize = 128;
+
+/// The function around a site, when a plan needs it (a range of several
+/// instructions at its start, or a landing pad there): its start and its
+/// whole code, as it was before any patch.
+pub(crate) struct Function<'a> {
+    pub(crate) start: usize,
+    pub(crate) code: &'a [u8],
+}
+
+/// For each instruction of a range, its address and that of its
+/// relocated copy.
+pub(crate) type Moves = Vec<(usize, usize)>;
 
 /// Bytes of the engine's breakpoint: the jump's first byte on x86-64
 /// (its tail is written behind it), the whole jump on aarch64.
@@ -81,7 +102,7 @@ pub(crate) struct Trampoline {
     pub(crate) base: usize,
     cell: &'static JumpCell,
     /// (address of a range instruction, its relocated copy).
-    moves: Vec<(usize, usize)>,
+    moves: Moves,
 }
 
 /// A site that runs through a jump: the range the jump covers and what

@@ -125,13 +125,24 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// SVE vectors of at most 128 bits); otherwise every site reports
 /// `NotOptimized::VectorState`, checked by `wide_sve_vectors_keep_breakpoints`.
 fn jumps_possible() -> bool {
+    let (sve, sme) = vector_extensions();
+    // SAFETY: a query of this thread's vector length.
+    !sme && (!sve || unsafe { libc::prctl(PR_SVE_GET_VL, 0, 0, 0, 0) } & 0xffff <= 16)
+}
+
+const PR_SVE_SET_VL: libc::c_int = 50;
+const PR_SVE_GET_VL: libc::c_int = 51;
+
+/// Whether the CPU has SVE, and SME.
+fn vector_extensions() -> (bool, bool) {
     const HWCAP_SVE: libc::c_ulong = 1 << 22;
     const HWCAP2_SME: libc::c_ulong = 1 << 23;
     // SAFETY: plain queries.
     unsafe {
-        libc::getauxval(libc::AT_HWCAP2) & HWCAP2_SME == 0
-            && (libc::getauxval(libc::AT_HWCAP) & HWCAP_SVE == 0
-                || libc::prctl(51 /* PR_SVE_GET_VL */, 0, 0, 0, 0) & 0xffff <= 16)
+        (
+            libc::getauxval(libc::AT_HWCAP) & HWCAP_SVE != 0,
+            libc::getauxval(libc::AT_HWCAP2) & HWCAP2_SME != 0,
+        )
     }
 }
 
@@ -451,17 +462,8 @@ fn a_probe_on_the_instruction_after_a_landing_pad_takes_the_jump_back() {
 
 #[test]
 fn wide_sve_vectors_keep_breakpoints() {
-    const HWCAP_SVE: libc::c_ulong = 1 << 22;
-    const HWCAP2_SME: libc::c_ulong = 1 << 23;
-    const PR_SVE_SET_VL: libc::c_int = 50;
     let _one = serial();
-    // SAFETY: plain queries.
-    let (sve, sme) = unsafe {
-        (
-            libc::getauxval(libc::AT_HWCAP) & HWCAP_SVE != 0,
-            libc::getauxval(libc::AT_HWCAP2) & HWCAP2_SME != 0,
-        )
-    };
+    let (sve, sme) = vector_extensions();
     if !sve && !sme {
         eprintln!("skipped: no SVE or SME on this CPU");
         return;

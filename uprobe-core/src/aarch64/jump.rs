@@ -71,19 +71,14 @@
 //! on that path only).
 
 use super::insn::{Emulation, LiteralKind, RegisterBranch};
-use crate::jump::NotOptimized;
+use crate::jump::{CELL_AT, CODE_AT, ENTRY_PTR_AT, Function, Moves, NotOptimized, TRAMPOLINE_SIZE};
 
 /// The `B` written over a site.
 pub(crate) const JUMP_LEN: usize = 4;
-/// Offsets in a trampoline: the cell pointer, the entry routine's
-/// pointer, the code, where `entry` returns to, and the relocated copy.
-const CELL_AT: usize = 0;
-const ENTRY_PTR_AT: usize = 8;
-pub(crate) const CODE_AT: usize = 16;
+/// Offsets in a trampoline past the common header (`crate::jump`):
+/// where `entry` returns to, and the relocated copy.
 const RESUME_AT: usize = 32;
 const COPY_AT: usize = 36;
-/// Bytes a trampoline may take.
-pub(crate) const TRAMPOLINE_SIZE: usize = 128;
 /// `B`'s reach, either way.
 const B_REACH: i64 = 1 << 27;
 
@@ -105,6 +100,25 @@ const BLR_X16: u32 = 0xd63f_0200;
 const PUSH_X16: u32 = 0xf81f_0ff0;
 const POP_X16: u32 = 0xf841_07f0;
 
+// The CPU features this module asks about (`AT_HWCAP`, `AT_HWCAP2`).
+const HWCAP_SVE: libc::c_ulong = 1 << 22;
+const HWCAP_DIT: libc::c_ulong = 1 << 24;
+const HWCAP_SSBS: libc::c_ulong = 1 << 28;
+const HWCAP2_MTE: libc::c_ulong = 1 << 18;
+const HWCAP2_SME: libc::c_ulong = 1 << 23;
+
+/// `AT_HWCAP` and `AT_HWCAP2`. Async-signal-safe (getauxval reads a
+/// copy made at start-up).
+fn hwcaps() -> (libc::c_ulong, libc::c_ulong) {
+    // SAFETY: plain queries.
+    unsafe {
+        (
+            libc::getauxval(libc::AT_HWCAP),
+            libc::getauxval(libc::AT_HWCAP2),
+        )
+    }
+}
+
 /// Why the calling thread's vector state rules trampolines out, if it
 /// does: with SME a thread in streaming mode cannot run the trampoline's
 /// Advanced SIMD saves, and SVE vectors longer than 128 bits have upper
@@ -113,16 +127,8 @@ const POP_X16: u32 = 0xf841_07f0;
 /// nothing beyond the `q` registers: its `p` registers and FFR are not
 /// touched by the engine's code. Not async-signal-safe.
 pub(crate) fn unsaved_vector_state() -> Option<&'static str> {
-    const HWCAP_SVE: libc::c_ulong = 1 << 22;
-    const HWCAP2_SME: libc::c_ulong = 1 << 23;
     const PR_SVE_GET_VL: libc::c_int = 51;
-    // SAFETY: plain queries.
-    let (hwcap, hwcap2) = unsafe {
-        (
-            libc::getauxval(libc::AT_HWCAP),
-            libc::getauxval(libc::AT_HWCAP2),
-        )
-    };
+    let (hwcap, hwcap2) = hwcaps();
     if hwcap2 & HWCAP2_SME != 0 {
         return Some("the CPU has SME: a thread in streaming mode cannot run the trampoline");
     }
@@ -159,13 +165,6 @@ impl Plan {
     pub(crate) fn has_interior(&self) -> bool {
         false
     }
-}
-
-/// The function around a site, for a landing pad at its start: its start
-/// and its whole code.
-pub(crate) struct Function<'a> {
-    pub(crate) start: usize,
-    pub(crate) code: &'a [u8],
 }
 
 fn word(code: &[u8], at: usize) -> Option<u32> {
@@ -263,10 +262,6 @@ fn relocatable(addr: usize, insn: u32) -> Result<(), NotOptimized> {
         None => Ok(()),
     }
 }
-
-/// For each instruction of a range, its address and that of its
-/// relocated copy.
-pub(crate) type Moves = Vec<(usize, usize)>;
 
 /// `B` from `from` to `to`, if within reach.
 fn branch(from: usize, to: usize) -> Option<u32> {
@@ -608,16 +603,7 @@ extern "C" fn jump_hit(uc: &mut libc::ucontext_t, resume: usize) {
 /// from their system registers, in their PSTATE positions).
 /// Async-signal-safe.
 fn el0_pstate_bits() -> u64 {
-    const HWCAP_DIT: libc::c_ulong = 1 << 24;
-    const HWCAP_SSBS: libc::c_ulong = 1 << 28;
-    const HWCAP2_MTE: libc::c_ulong = 1 << 18;
-    // SAFETY: plain queries (getauxval reads a static copy).
-    let (hwcap, hwcap2) = unsafe {
-        (
-            libc::getauxval(libc::AT_HWCAP),
-            libc::getauxval(libc::AT_HWCAP2),
-        )
-    };
+    let (hwcap, hwcap2) = hwcaps();
     let mut bits = 0;
     if hwcap & HWCAP_DIT != 0 {
         let v: u64;

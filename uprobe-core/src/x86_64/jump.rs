@@ -35,19 +35,14 @@ use iced_x86::{
 };
 
 use super::trampoline::{restore_xmm, save_xmm};
-use crate::jump::NotOptimized;
+use crate::jump::{CELL_AT, CODE_AT, ENTRY_PTR_AT, Function, Moves, NotOptimized, TRAMPOLINE_SIZE};
 
 /// The `jmp rel32` written over a site.
 pub(crate) const JUMP_LEN: usize = 5;
-/// Offsets in a trampoline: the cell pointer, the entry routine's
-/// pointer, the code, where `entry` returns to, and the relocated copy.
-const CELL_AT: usize = 0;
-const ENTRY_PTR_AT: usize = 8;
-pub(crate) const CODE_AT: usize = 16;
+/// Offsets in a trampoline past the common header (`crate::jump`):
+/// where `entry` returns to, and the relocated copy.
 const RESUME_AT: usize = 27;
 const COPY_AT: usize = 35;
-/// Bytes a trampoline may take (prologue plus relocated code).
-pub(crate) const TRAMPOLINE_SIZE: usize = 128;
 
 /// What a site's optimization replaces: whole instructions from `start`,
 /// `len` (>= 5) bytes, decoded.
@@ -62,13 +57,6 @@ impl Plan {
     pub(crate) fn has_interior(&self) -> bool {
         self.insns.len() > 1
     }
-}
-
-/// The function around a site, for the multi-instruction form: its
-/// start and its whole code.
-pub(crate) struct Function<'a> {
-    pub(crate) start: usize,
-    pub(crate) code: &'a [u8],
 }
 
 /// Decides whether the instruction at `addr` (whose bytes start `here`)
@@ -235,10 +223,6 @@ fn relocatable(bytes: &[u8], insn: &Instruction) -> Result<(), NotOptimized> {
         _ => Ok(()),
     }
 }
-
-/// For each instruction of a range, its address and that of its
-/// relocated copy.
-pub(crate) type Moves = Vec<(usize, usize)>;
 
 /// A trampoline's code for `plan`, to be written at `base`, serving the
 /// cell at `cell`; and, for each instruction of the range, where its
