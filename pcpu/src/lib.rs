@@ -74,6 +74,7 @@ pub mod unstable {
     pub mod loom_cpu;
     pub mod owed;
     pub mod sync;
+    pub mod syscall;
 }
 #[cfg(pcpu_loom)]
 pub(crate) use unstable::loom_cpu;

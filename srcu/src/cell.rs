@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
+use crate::domain::Inner;
 use crate::{ReadGuard, Srcu};
 
 /// What a cell points to: the value and whether it was retired (replaced).
@@ -95,6 +96,9 @@ impl<T: std::fmt::Debug> std::fmt::Debug for CellRef<'_, T> {
 /// ```
 pub struct SrcuCell<'d, T: Send + Sync + 'static> {
     srcu: &'d Srcu,
+    /// The domain's state, resolved once: [`read`](Self::read) skips the
+    /// domain's lazy-allocation check.
+    inner: &'d Inner,
     ptr: AtomicPtr<Node<T>>,
 }
 
@@ -118,10 +122,11 @@ fn into_node<T>(value: Option<T>) -> *mut Node<T> {
 
 impl<'d, T: Send + Sync + 'static> SrcuCell<'d, T> {
     /// A cell of domain `srcu` holding `value`. Not async-signal-safe
-    /// (allocates).
+    /// (allocates, and prepares the domain as [`Srcu::prepare`] does).
     pub fn new(srcu: &'d Srcu, value: Option<T>) -> Self {
         Self {
             srcu,
+            inner: srcu.inner(),
             ptr: AtomicPtr::new(into_node(value)),
         }
     }
@@ -158,7 +163,7 @@ impl<'d, T: Send + Sync + 'static> SrcuCell<'d, T> {
     #[inline(always)]
     #[must_use]
     pub fn read(&self) -> Option<CellRef<'_, T>> {
-        let guard = self.srcu.read_lock();
+        let guard = self.srcu.read_lock_in(self.inner);
         let node = self.node_ptr()?;
         // SAFETY: as in `load`: the section began before the load.
         let value = unsafe { &(*node).value };

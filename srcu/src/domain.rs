@@ -1,6 +1,7 @@
-//! The SRCU domain: per-CPU read counts in two banks, and grace periods.
+//! The SRCU domain: read counts in two banks (per thread for guard
+//! sections, per CPU for sections that may end elsewhere), and grace
+//! periods.
 
-use std::marker::PhantomData;
 #[cfg(not(pcpu_loom))]
 use std::sync::PoisonError;
 use std::sync::{Arc, Mutex, Weak};
@@ -9,21 +10,24 @@ use std::time::{Duration, Instant};
 use pcpu::PerCpu;
 use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
+use crate::readers::{Nest, Readers};
 use crate::reclaim::Reclaimer;
 
 /// Words of a CPU's counts: `LOCK + bank`, `UNLOCK + bank`.
 const LOCK: usize = 0;
 const UNLOCK: usize = 2;
 
-/// The per-CPU counts of one domain, all four in one cache line per CPU:
-/// word `LOCK + b` counts read sections that began on bank `b`, word
-/// `UNLOCK + b` those that ended. They only grow, so a section may begin on
-/// one CPU and end on another.
+/// One domain's state. Guard sections are counted in per-thread slots
+/// (`readers`, see `crate::readers`); sections that may end on another
+/// thread (raw ones, leases) in the per-CPU `counts`, all four in one
+/// cache line per CPU: word `LOCK + b` counts read sections that began on
+/// bank `b`, word `UNLOCK + b` those that ended. They only grow, so a
+/// section may begin on one CPU and end on another.
 pub(crate) struct Inner {
-    /// The fast read path's rseq add: present only where rseq is registered
-    /// *and* the light fence is a compiler fence (membarrier mode), both
-    /// settled at load time, so the read side makes one check.
+    /// The per-CPU counts' rseq add: present only where rseq is
+    /// registered *and* the light fence is a compiler fence.
     fast: Option<pcpu::rseq::Adder>,
+    pub(crate) readers: Readers,
     counts: PerCpu<[AtomicU64; 4]>,
     /// Grace periods started; the active bank is `completed & 1`.
     completed: AtomicU64,
@@ -86,8 +90,9 @@ impl Drop for GpGuard<'_> {
 
 #[cfg(not(pcpu_loom))]
 thread_local! {
-    /// Guard sections (`ReadGuard`, and what a consumed lease hands over)
-    /// open on this thread, of every domain. Const-initialised without a
+    /// Sections counted per CPU that end on this thread (a consumed
+    /// lease's `LeasedValue`, a `ReadGuard` of a thread that found no free
+    /// slot), of every domain. Const-initialised without a
     /// destructor: no lazy allocation, usable from signal handlers (a
     /// handler's sections are balanced, so interrupting the owner's
     /// read-modify-write loses nothing). Guards are not `Send`, so this is
@@ -96,7 +101,7 @@ thread_local! {
     static HELD: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
 }
 
-/// Counts a guard section opened (`1`) or closed (`-1`) on this thread.
+/// Counts a thread-bound per-CPU section opened (`1`) or closed (`-1`) on this thread.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 pub(crate) fn held_add(delta: isize) {
@@ -106,7 +111,7 @@ pub(crate) fn held_add(delta: isize) {
     let _ = delta;
 }
 
-/// Guard sections open on this thread.
+/// Thread-bound per-CPU sections open on this thread.
 #[cfg(not(pcpu_loom))]
 pub(crate) fn held() -> usize {
     HELD.with(core::cell::Cell::get)
@@ -114,8 +119,12 @@ pub(crate) fn held() -> usize {
 
 impl Inner {
     fn new() -> Self {
+        let light_is_compiler = pcpu::fence::light_is_compiler_only();
         Self {
-            fast: pcpu::rseq::Adder::get().filter(|_| pcpu::fence::light_is_compiler_only()),
+            fast: pcpu::rseq::Adder::get().filter(|_| light_is_compiler),
+            // Slots rely on membarrier (their fence is a compiler fence);
+            // loom models them with full fences.
+            readers: Readers::new(light_is_compiler || cfg!(pcpu_loom)),
             counts: PerCpu::default(),
             completed: AtomicU64::new(0),
             gp_lock: GpLock {
@@ -128,7 +137,57 @@ impl Inner {
         }
     }
 
+    /// Begins a guard section (one that ends on this thread): counted in
+    /// this thread's slot (the count it raised is returned), or per CPU
+    /// (null count) if no slot is free.
     #[allow(clippy::inline_always)] // the read side must inline
+    #[inline(always)]
+    pub(crate) fn guard_lock(&self) -> (*const Nest, usize) {
+        let Some(slot) = self.readers.mine() else {
+            return (core::ptr::null(), self.guard_lock_per_cpu());
+        };
+        let bank = (self.completed.load(Ordering::Relaxed) & 1) as usize;
+        let nest = slot.nest(bank);
+        nest.enter();
+        // B: the section's loads come after the count; pairs with the
+        // heavy fences in `drained`.
+        slot_fence();
+        (nest, bank)
+    }
+
+    /// Ends a section begun by [`guard_lock`](Self::guard_lock), on the
+    /// thread that began it.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub(crate) fn guard_unlock(&self, nest: *const Nest, bank: usize) {
+        if nest.is_null() {
+            self.guard_unlock_per_cpu(bank);
+            return;
+        }
+        // C: the section's loads are done before the count.
+        slot_fence();
+        // SAFETY: `guard_lock` returned this count of our slot; slots
+        // live as long as the domain.
+        unsafe { &*nest }.leave();
+    }
+
+    /// A guard section of a thread that found no free slot.
+    #[cold]
+    #[inline(never)]
+    fn guard_lock_per_cpu(&self) -> usize {
+        held_add(1);
+        self.read_lock()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn guard_unlock_per_cpu(&self, bank: usize) {
+        held_add(-1);
+        self.read_unlock(bank);
+    }
+
+    /// Begins a section counted per CPU (it may end on another thread).
+    #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn read_lock(&self) -> usize {
         let bank = (self.completed.load(Ordering::Relaxed) & 1) as usize;
@@ -185,12 +244,13 @@ impl Inner {
     /// Whether every read section that began on `bank` has ended. Unlocks
     /// are summed before locks, with a heavy fence between (A): a section
     /// whose unlock is counted also has its lock counted, so an unbalanced
-    /// sum can only overestimate the readers.
+    /// sum can only overestimate the readers. The threads' slots are read
+    /// after the heavy fence too, which pairs with their light fence (B).
     fn drained(&self, bank: usize) -> bool {
         let unlocks = self.sum(UNLOCK + bank);
         pcpu::fence::heavy();
         let locks = self.sum(LOCK + bank);
-        locks == unlocks
+        locks == unlocks && self.readers.idle(bank)
     }
 
     /// Waits until `bank` drains: polls, then yields, then sleeps with a
@@ -243,12 +303,17 @@ impl Inner {
         true
     }
 
-    /// In a fork child (only the forking thread exists): ends, in the
-    /// counts, every read section open at the fork, so that grace periods
+    /// In a fork child (only the forking thread exists): ends the guard
+    /// sections of the other threads (they do not exist here) and, with
+    /// `per_cpu_too`, every section counted per CPU, so that grace periods
     /// stop waiting for threads that do not exist here. Callers make sure
     /// that no such section can still be ended (see `fork`).
     #[cfg(not(pcpu_loom))]
-    pub(crate) fn discount_all(&self) {
+    pub(crate) fn discount_in_child(&self, per_cpu_too: bool) {
+        self.readers.after_fork(crate::readers::current_thread_id());
+        if !per_cpu_too {
+            return;
+        }
         for c in self.counts.iter() {
             for bank in 0..2 {
                 c[UNLOCK + bank].store(c[LOCK + bank].load(Ordering::Relaxed), Ordering::Relaxed);
@@ -271,6 +336,18 @@ impl Inner {
     pub(crate) fn completed(&self) -> u64 {
         self.completed.load(Ordering::Relaxed)
     }
+}
+
+/// The light fence of the slot path (B, C): slots are handed out only in
+/// membarrier mode, where it is a compiler fence (loom: a full fence, as
+/// `pcpu::fence::light` models membarrier).
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn slot_fence() {
+    #[cfg(not(pcpu_loom))]
+    core::sync::atomic::compiler_fence(Ordering::SeqCst);
+    #[cfg(pcpu_loom)]
+    pcpu::fence::light();
 }
 
 /// Waiting for readers: spin, then yield, then sleep with a growing delay
@@ -300,13 +377,28 @@ fn backoff(_round: u32, _expedited: bool) {
 /// with [`call`](Self::call).
 ///
 /// Independent domains never wait for each other's readers. A domain can
-/// be a `static` (construction is `const`; the per-CPU counts are allocated
-/// on first use, or by [`prepare`](Self::prepare)).
+/// be a `static` (construction is `const`; its counts are allocated on
+/// first use, or by [`prepare`](Self::prepare)).
+///
+/// # Costs
+/// A guard section ([`read_lock`](Self::read_lock),
+/// [`SrcuCell::read`](crate::SrcuCell::read)) raises and lowers a count in
+/// the calling thread's *slot* of the domain, with a compiler fence: what
+/// liburcu's read side costs. A thread claims its slot on its first
+/// section, without registering; the slot of a thread that exited is
+/// taken over by the next thread that needs one. A slot is 128 bytes; a
+/// domain reserves 1024 of them (virtual memory, touched as claimed);
+/// threads beyond that, and every thread where `membarrier` is not
+/// available, count guard sections per CPU instead. A raw section
+/// ([`read_lock_raw`](Self::read_lock_raw)), which may end on another
+/// thread, is always counted per CPU (an rseq add). A grace period reads
+/// every CPU's counts and every claimed slot: its cost grows with the
+/// threads that used the domain. See [`reader_slots`](Self::reader_slots).
 ///
 /// # Async-signal safety
 /// | operation | from a signal handler |
 /// |---|---|
-/// | [`read_lock`](Self::read_lock), [`read_lock_raw`](Self::read_lock_raw), unlocking | yes (after [`prepare`](Self::prepare)): one per-CPU add and a compiler fence |
+/// | [`read_lock`](Self::read_lock), [`read_lock_raw`](Self::read_lock_raw), unlocking | yes (after [`prepare`](Self::prepare)): a count in the thread's slot or per CPU, and a compiler fence; a thread's first section of a domain claims its slot without locks or allocation |
 /// | [`synchronize`](Self::synchronize) and its variants, [`call`](Self::call), [`barrier`](Self::barrier) | no (they block, lock mutexes or allocate) |
 ///
 /// # Fork
@@ -314,17 +406,21 @@ fn backoff(_round: u32, _expedited: bool) {
 /// `pthread_atfork` handlers, see [`after_fork_in_child`](crate::after_fork_in_child)):
 /// - every lease of every [`LeaseSet`](crate::LeaseSet) is expired (as the
 ///   kernel expires a child's), so leases never stall the child;
-/// - if the forking thread holds no guard section ([`ReadGuard`],
-///   [`CellRef`](crate::CellRef), a consumed lease's
-///   [`LeasedValue`](crate::LeasedValue)) of any domain, every other read
-///   section open at the fork is **discounted** in the child: grace
-///   periods there wait only for sections begun in the child. Raw sections
-///   open at the fork are discounted too, so they must not be ended in the
-///   child (see [`read_unlock_raw`](Self::read_unlock_raw));
-/// - if it does hold one, nothing is discounted (sections are counted per
-///   thread, not per domain): its own sections stay valid, and grace
-///   periods in the child also wait for the other threads' sections, which
-///   never end there (use [`synchronize_timeout`](Self::synchronize_timeout)).
+/// - the guard sections ([`ReadGuard`], [`CellRef`](crate::CellRef)) of
+///   every other thread are **discounted** in the child (their slots are
+///   freed); the forking thread's own stay counted until they end there;
+/// - if the forking thread holds no section counted per CPU that ends on
+///   it (a consumed lease's [`LeasedValue`](crate::LeasedValue), or a
+///   guard of a thread that found no free slot) of any domain, every
+///   section counted per CPU is discounted too: grace periods in the child
+///   then wait only for sections begun there. Raw sections open at the
+///   fork are discounted with them, so they must not be ended in the child
+///   (see [`read_unlock_raw`](Self::read_unlock_raw));
+/// - if it does hold one, the per-CPU counts are left as they are (they
+///   do not say which thread a section belongs to): its own sections stay
+///   valid, and grace periods in the child also wait for the other
+///   threads' per-CPU sections, which never end there (use
+///   [`synchronize_timeout`](Self::synchronize_timeout)).
 ///
 /// Deferred callbacks keep working in the child: its reclaimer thread and
 /// the lease sets' expiry threads are started anew on the domain's first
@@ -438,21 +534,28 @@ impl Srcu {
     }
 
     /// Begins a read section, ended when the guard drops (on this thread:
-    /// guards are not `Send`). Never blocks, never allocates after [`prepare`](Self::prepare); the
-    /// read side is one per-CPU add (an rseq critical section where
-    /// available) and a compiler fence. **Async-signal-safe.**
+    /// guards are not `Send`). Never blocks, never allocates after
+    /// [`prepare`](Self::prepare); the read side raises a count in this
+    /// thread's slot and issues a compiler fence (see *Costs* above).
+    /// **Async-signal-safe**, also as a thread's first section of the
+    /// domain, and nested in a section the interrupted code holds.
     #[allow(clippy::inline_always)]
     #[inline(always)]
     #[must_use = "the read section ends when the guard is dropped"]
     pub fn read_lock(&self) -> ReadGuard<'_> {
-        let inner = self.inner();
-        let bank = inner.read_lock();
-        held_add(1);
+        self.read_lock_in(self.inner())
+    }
+
+    /// [`read_lock`](Self::read_lock) with the domain's state resolved.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub(crate) fn read_lock_in<'a>(&'a self, inner: &'a Inner) -> ReadGuard<'a> {
+        let (nest, bank) = inner.guard_lock();
         ReadGuard {
             srcu: self,
             inner,
+            nest,
             bank,
-            _not_send: PhantomData,
         }
     }
 
@@ -489,6 +592,24 @@ impl Srcu {
     #[allow(clippy::needless_pass_by_value)] // by value: a section ends once
     pub unsafe fn read_unlock_raw(&self, index: ReadIndex) {
         self.inner().read_unlock(usize::from(index.0));
+    }
+
+    /// How many per-thread reader slots the domain has handed out: about
+    /// the most threads that held guard sections of it at once (a slot of
+    /// an exited thread is taken over by the next thread that needs one).
+    /// A snapshot, for diagnostics and memory accounting (one slot is 128
+    /// bytes). Async-signal-safe.
+    ///
+    /// ```
+    /// let domain = srcu::Srcu::new();
+    /// drop(domain.read_lock());
+    /// // One slot, this thread's (none where membarrier is unavailable:
+    /// // guard sections are then counted per CPU).
+    /// assert!(domain.reader_slots() <= 1);
+    /// ```
+    #[must_use]
+    pub fn reader_slots(&self) -> usize {
+        self.inner().readers.handed_out()
     }
 
     /// Waits until every read section that began before this call has
@@ -629,16 +750,18 @@ impl Drop for Srcu {
 
 /// A read section begun with [`Srcu::read_lock`]; ends when dropped
 /// (async-signal-safe). Not `Send`: a guard section ends on the thread that
-/// began it (each thread counts its own, which is how a fork child tells
-/// the forking thread's sections from the vanished threads'); a section
-/// that must end elsewhere is a raw one ([`Srcu::read_lock_raw`]).
+/// began it (each thread counts its own in its slot, which is how a fork
+/// child tells the forking thread's sections from the vanished threads');
+/// a section that must end elsewhere is a raw one ([`Srcu::read_lock_raw`]).
 #[must_use = "the read section ends when the guard is dropped"]
 pub struct ReadGuard<'a> {
     srcu: &'a Srcu,
     inner: &'a Inner,
+    /// The count this section raised in this thread's slot (null: counted
+    /// per CPU). A raw pointer, so the guard is neither `Send` nor `Sync`:
+    /// the section ends on the thread that began it.
+    nest: *const Nest,
     bank: usize,
-    /// The section ends on the thread that began it (see `HELD`).
-    _not_send: PhantomData<*const ()>,
 }
 
 impl ReadGuard<'_> {
@@ -653,8 +776,7 @@ impl Drop for ReadGuard<'_> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn drop(&mut self) {
-        held_add(-1);
-        self.inner.read_unlock(self.bank);
+        self.inner.guard_unlock(self.nest, self.bank);
     }
 }
 

@@ -15,13 +15,15 @@
 //! - **read sections** of threads that do not exist in the child. The
 //!   child handler first expires every lease of every lease set (a lease's
 //!   section is ended the ordinary way, its value kept by a reference),
-//!   then, if the forking thread holds no guard section of any domain
-//!   (`domain::HELD`), discounts every section still open in every domain.
-//!   Raw sections (`read_lock_raw`) open at the fork are discounted too:
-//!   ending one in the child is a broken contract of `read_unlock_raw`. If
-//!   the forking thread does hold a guard, nothing is discounted (they are
-//!   counted per thread, not per domain): grace periods in the child then
-//!   wait for the parent's other readers, as `Srcu`'s docs say.
+//!   then frees the other threads' reader slots with their guard sections
+//!   (`readers::Readers::after_fork`) and, if the forking thread holds no
+//!   section counted per CPU that ends on it (`domain::HELD`), discounts
+//!   every section counted per CPU in every domain. Raw sections
+//!   (`read_lock_raw`) open at the fork are discounted too: ending one in
+//!   the child is a broken contract of `read_unlock_raw`. If the forking
+//!   thread does hold one, the per-CPU counts stay (they do not say whose
+//!   a section is): grace periods in the child then wait for the parent's
+//!   other per-CPU readers, as `Srcu`'s docs say.
 //! - **helper threads** (the reclaimer, the lease expiry threads) do not
 //!   exist in the child. Each domain restarts them on its first ordinary
 //!   use in the child (`Srcu::revive`), from `synchronize`, `call`,
@@ -211,12 +213,13 @@ extern "C" fn child() {
 /// it first; a call outside a fork child does nothing.
 ///
 /// In the child it releases the locks taken before the fork, expires
-/// every lease of every [`LeaseSet`](crate::LeaseSet), and, if the forking
-/// thread holds no guard section ([`ReadGuard`](crate::ReadGuard), a
-/// consumed lease's [`LeasedValue`](crate::LeasedValue)) of any domain,
-/// discounts every read section still open in every domain: grace periods
-/// in the child then wait only for sections begun in the child. The
-/// domains' reclaimer and expiry threads are restarted on first use.
+/// every lease of every [`LeaseSet`](crate::LeaseSet), discounts the
+/// other threads' guard sections ([`ReadGuard`](crate::ReadGuard)) and,
+/// if the forking thread holds no section counted per CPU that ends on it
+/// (a consumed lease's [`LeasedValue`](crate::LeasedValue)) of any domain,
+/// every section counted per CPU: grace periods in the child then wait
+/// only for sections begun in the child and the forking thread's own.
+/// The domains' reclaimer and expiry threads are restarted on first use.
 ///
 /// Allocates (the child of a glibc process may); no other thread exists
 /// when it runs.
@@ -241,10 +244,9 @@ pub fn after_fork_in_child() {
                 set.expire_in_child();
             }
         }
-        if crate::domain::held() == 0 {
-            for inner in &domains {
-                inner.discount_all();
-            }
+        let per_cpu_too = crate::domain::held() == 0;
+        for inner in &domains {
+            inner.discount_in_child(per_cpu_too);
         }
     }
 }

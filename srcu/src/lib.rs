@@ -9,8 +9,9 @@
 //! reclamation (crossbeam-epoch, seize) has no `synchronize()` and lets one
 //! stalled reader block all reclamation.
 //!
-//! - [`Srcu`]: a domain. [`read_lock`](Srcu::read_lock) is one per-CPU add
-//!   (an rseq critical section from [`pcpu`]) and a compiler fence;
+//! - [`Srcu`]: a domain. [`read_lock`](Srcu::read_lock) raises a count in
+//!   the calling thread's slot (claimed on first use, no registration)
+//!   and issues a compiler fence, as liburcu's read side does;
 //!   [`synchronize`](Srcu::synchronize) is the kernel's two-bank algorithm
 //!   with `membarrier()` as the heavy fence (four per grace period); [`call`](Srcu::call),
 //!   [`retire`](Srcu::retire) and [`barrier`](Srcu::barrier) defer work to a
@@ -25,22 +26,33 @@
 //!
 //! # Memory ordering
 //!
-//! Per CPU and per bank there are two counts, `lock` and `unlock`, that
-//! only grow. A reader reads the active bank index, adds 1 to `lock[bank]`
-//! and issues a light fence (B); on unlock, a light fence (C) and adds 1 to
-//! `unlock[bank]`. A grace period sums `unlock[bank]`, issues a heavy fence
-//! (A), sums `lock[bank]`: equal sums mean the bank has drained, because a
-//! section whose unlock was counted had its lock counted too, so a
-//! mismatch can only overestimate. The light/heavy pairs are
-//! [`pcpu::fence`]'s asymmetric fences: `membarrier()` on the writer's side
-//! makes every reader's compiler fence act as a full fence.
+//! Sections are counted in two banks, in two ways:
+//!
+//! - **Guard sections** (they end on the thread that began them): per
+//!   thread and per bank, a count of sections open, written only by that
+//!   thread (a plain load and store: a signal handler's sections are
+//!   balanced). A reader reads the active bank index, raises its count and
+//!   issues a light fence (B); on unlock, a light fence (C) and lowers it.
+//!   A bank has drained of them when every thread's count for it is zero,
+//!   read after a heavy fence (A).
+//! - **Sections that may end elsewhere** (raw sections, leases): per CPU
+//!   and per bank, two counts, `lock` and `unlock`, that only grow. A
+//!   grace period sums `unlock[bank]`, issues the heavy fence (A), sums
+//!   `lock[bank]`: equal sums mean the bank has drained, because a
+//!   section whose unlock was counted had its lock counted too, so a
+//!   mismatch can only overestimate.
+//!
+//! The light/heavy pairs are [`pcpu::fence`]'s asymmetric fences:
+//! `membarrier()` on the writer's side makes every reader's compiler fence
+//! act as a full fence. (Without membarrier, guard sections are counted
+//! per CPU too, whose path has full fences.)
 //!
 //! `synchronize` (i) waits for the *inactive* bank, catching readers that
 //! read the old index during the previous grace period but incremented
 //! late, (ii) flips the index, (iii) waits for the bank that was active,
 //! and (iv) fences (D) so the readers' loads are done before the caller
 //! frees. The heavy fence (A) of the first check also separates the
-//! caller's updates from every read of a lock count: a reader whose
+//! caller's updates from every read of a count that a section raised: a reader whose
 //! increment the grace period misses therefore sees those updates. A
 //! reader that read the index before the flip but increments after step
 //! (i) began after this grace period started; it is not waited for, and
@@ -65,6 +77,7 @@ mod deferred_drop;
 mod domain;
 mod fork;
 mod lease;
+mod readers;
 mod reclaim;
 
 pub use cell::{CellRef, SrcuCell, Strong};

@@ -151,6 +151,38 @@ fn a_section_of_the_forking_thread_stays_counted_in_the_child() {
     );
 }
 
+/// The forking thread holds a guard section and another thread holds one
+/// too: in the child the other thread's section (counted in that thread's
+/// slot) is discounted, the forking thread's own stays counted until it
+/// ends there.
+#[test]
+fn another_threads_guard_is_discounted_while_the_forking_thread_holds_one() {
+    let domain = Srcu::new();
+    domain.prepare();
+    let (held, forked) = (Barrier::new(2), Barrier::new(2));
+    let code = std::thread::scope(|s| {
+        s.spawn(|| {
+            let _guard = domain.read_lock();
+            held.wait();
+            forked.wait(); // holds the section across the fork
+        });
+        held.wait();
+        let guard = domain.read_lock();
+        let code = fork_and_check(|| {
+            let waited = !domain.synchronize_timeout(Duration::from_millis(50));
+            drop(guard);
+            let completes = domain.synchronize_timeout(Duration::from_secs(20));
+            i32::from(!waited) | i32::from(!completes) << 1
+        });
+        forked.wait();
+        code
+    });
+    assert_eq!(
+        code, 0,
+        "child: -1 killed (hung), bit0 own section discounted, bit1 other thread's section still counted"
+    );
+}
+
 /// Forks again and again while a lease set's expiry thread runs rounds
 /// every millisecond: a child that inherited a lock the expiry thread held
 /// mid-round (its buffer of blocks) hung in the fork's child handler.

@@ -84,6 +84,72 @@ fn raw_section_ended_on_another_thread_is_waited_for() {
     });
 }
 
+/// Guard sections of two threads, each claiming its slot while the other
+/// does (the claim race), and a writer running two grace periods: every
+/// section that saw an object published finds it alive, across the bank
+/// flip of the first grace period.
+#[test]
+fn guard_sections_of_two_threads_across_two_grace_periods() {
+    model(|| {
+        let domain = leak(Srcu::new());
+        domain.prepare();
+        let published = leak(AtomicUsize::new(2));
+        let freed = leak(AtomicUsize::new(0));
+        let readers: Vec<_> = (1..=2)
+            .map(|cpu| {
+                thread::spawn(move || {
+                    pcpu::unstable::loom_cpu::set_current(cpu);
+                    let g = domain.read_lock();
+                    let seen = published.load(Relaxed);
+                    assert!(
+                        freed.load(Relaxed) < 3 - seen,
+                        "object freed under a reader that saw it"
+                    );
+                    drop(g);
+                })
+            })
+            .collect();
+        // Objects 2 then 1 are unpublished and freed in turn: `freed`
+        // counts them, so a reader that saw `published == p` needs
+        // `freed < 3 - p`.
+        for p in [1, 0] {
+            published.store(p, Relaxed);
+            domain.synchronize();
+            freed.store(2 - p, Relaxed);
+        }
+        for r in readers {
+            r.join().unwrap();
+        }
+    });
+}
+
+/// A guard section nested in another one of the same thread, begun on the
+/// other bank (a grace period flipped in between), keeps the grace period
+/// waiting until the inner one ends, whatever order the guards drop in.
+#[test]
+fn nested_guards_on_both_banks_dropped_out_of_order() {
+    model(|| {
+        let domain = leak(Srcu::new());
+        domain.prepare();
+        let published = leak(AtomicBool::new(true));
+        let freed = leak(AtomicBool::new(false));
+        let outer = domain.read_lock();
+        let writer = thread::spawn(move || {
+            published.store(false, Relaxed);
+            domain.synchronize();
+            freed.store(true, Relaxed);
+        });
+        let inner = domain.read_lock();
+        let saw = published.load(Relaxed);
+        drop(outer);
+        if saw {
+            assert!(!freed.load(Relaxed), "freed under the inner section");
+        }
+        drop(inner);
+        writer.join().unwrap();
+    });
+}
+
 struct Canary {
     alive: AtomicBool,
     drops: &'static AtomicUsize,

@@ -73,14 +73,16 @@ impl Workload for SrcuRead {
 /// registered, and a section can only end on the thread that began it.
 struct ThreadLocalRead {
     ptr: AtomicPtr<u64>,
+    /// The grace-period counter a reader's word takes at its outermost
+    /// lock (liburcu's `gp.ctr`: a phase bit and a nesting count of one;
+    /// constant here, as no writer runs), and the word a reader checks
+    /// after its outermost unlock to wake a waiting writer (`gp.futex`).
+    /// Fields, not statics: a static never written is folded into a
+    /// constant, and liburcu loads both from memory.
+    gp_counter: AtomicU64,
+    gp_futex: AtomicU64,
 }
 
-/// The grace-period counter a reader's word takes at its outermost lock
-/// (liburcu's `gp.ctr`: a phase bit and a nesting count of one; constant
-/// here, as no writer runs), and the word a reader checks after its
-/// outermost unlock to wake a waiting writer (`gp.futex`).
-static GP_COUNTER: AtomicU64 = AtomicU64::new(1 << 32 | 1);
-static GP_FUTEX: AtomicU64 = AtomicU64::new(0);
 const NEST_MASK: u64 = 0xffff_ffff;
 
 thread_local! {
@@ -97,7 +99,7 @@ impl Workload for ThreadLocalRead {
             READER.with(|r| {
                 let word = r.get();
                 r.set(if word & NEST_MASK == 0 {
-                    GP_COUNTER.load(Ordering::Relaxed)
+                    self.gp_counter.load(Ordering::Relaxed)
                 } else {
                     word + 1
                 });
@@ -112,7 +114,7 @@ impl Workload for ThreadLocalRead {
                 r.set(word - 1);
                 if word & NEST_MASK == 1 {
                     compiler_fence(Ordering::SeqCst);
-                    wakeups += u64::from(GP_FUTEX.load(Ordering::Relaxed) != 0);
+                    wakeups += u64::from(self.gp_futex.load(Ordering::Relaxed) != 0);
                 }
             });
         }
@@ -209,6 +211,8 @@ fn build_read(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
         }
         "thread-local" => Box::new(ThreadLocalRead {
             ptr: AtomicPtr::new(Box::into_raw(Box::new(7))),
+            gp_counter: AtomicU64::new(1 << 32 | 1),
+            gp_futex: AtomicU64::new(0),
         }),
         "refcount" => Box::new(Refcount(Arc::new(7))),
         "epoch" => Box::new(Epoch(crossbeam_epoch::Atomic::new(7))),
