@@ -4,6 +4,7 @@ use core::ops::{Deref, DerefMut};
 use core::ptr::NonNull;
 
 use crate::FreeList;
+use crate::freelist::Node;
 
 /// Exclusive access to one value of a [`FreeList`], from
 /// [`pop`](FreeList::pop) until it is pushed back.
@@ -26,7 +27,9 @@ use crate::FreeList;
 /// ```
 pub struct Element<'a, T> {
     pool: &'a FreeList<T>,
-    index: u32,
+    /// One of `pool`'s nodes (a pointer, not an index: popping and pushing
+    /// convert nothing).
+    node: NonNull<Node<T>>,
 }
 
 // SAFETY: the handle is the value's only access path: sending it sends the
@@ -36,15 +39,25 @@ unsafe impl<T: Send> Send for Element<'_, T> {}
 unsafe impl<T: Sync> Sync for Element<'_, T> {}
 
 impl<'a, T> Element<'a, T> {
-    pub(crate) fn new(pool: &'a FreeList<T>, index: u32) -> Self {
-        Self { pool, index }
+    /// A handle for `node`, one of `pool`'s nodes that no list holds.
+    #[inline]
+    pub(crate) fn new(pool: &'a FreeList<T>, node: NonNull<Node<T>>) -> Self {
+        Self { pool, node }
+    }
+
+    /// Gives up the handle for its node, which stays out of the pool.
+    #[inline]
+    pub(crate) fn into_node(self) -> NonNull<Node<T>> {
+        let node = self.node;
+        core::mem::forget(self);
+        node
     }
 
     /// The element's index in its pool (`0..capacity()`), stable for the
     /// pool's life. Async-signal-safe.
     #[must_use]
     pub fn index(&self) -> usize {
-        self.index as usize
+        self.pool.index_of(self.node)
     }
 
     /// The pool this element belongs to.
@@ -65,9 +78,11 @@ impl<'a, T> Element<'a, T> {
     }
 
     fn value(&self) -> *mut T {
+        // SAFETY: the node is one of the pool's, which outlives `'a`.
+        let node = unsafe { self.node.as_ref() };
         // The pointer escapes the closure: loom checks the access when the
         // handle is dereferenced, which is when the value is touched.
-        self.pool.node(self.index).value.with_mut(|p| p)
+        node.value.with_mut(|p| p)
     }
 }
 
@@ -90,16 +105,15 @@ impl<T> DerefMut for Element<'_, T> {
 
 impl<T> Drop for Element<'_, T> {
     fn drop(&mut self) {
-        let node = NonNull::from(self.pool.node(self.index)).cast();
         // SAFETY: the node is ours (this handle owned it) and goes back once.
-        unsafe { self.pool.put_nowait(node) };
+        unsafe { self.pool.put_nowait(self.node.cast()) };
     }
 }
 
 impl<T: core::fmt::Debug> core::fmt::Debug for Element<'_, T> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Element")
-            .field("index", &self.index)
+            .field("index", &self.index())
             .field("value", &**self)
             .finish()
     }

@@ -2,9 +2,9 @@
 
 use core::ptr::NonNull;
 
-use pcpu::PerCpuStack;
 use pcpu::unstable::sync::atomic::AtomicU32;
 use pcpu::unstable::sync::cell::UnsafeCell;
+use pcpu::{LocalPop, PerCpuStack};
 
 use crate::element::Element;
 use crate::extralist::ExtraList;
@@ -221,8 +221,10 @@ impl<T> FreeList<T> {
         self.element(NonNull::from(&self.nodes[index]).cast())
     }
 
+    /// The handle for `node`, one of ours that no list holds.
+    #[inline]
     fn element(&self, node: NonNull<u8>) -> Element<'_, T> {
-        Element::new(self, self.element_index(node))
+        Element::new(self, node.cast())
     }
 
     pub(crate) fn node(&self, index: u32) -> &Node<T> {
@@ -237,7 +239,7 @@ impl<T> FreeList<T> {
             core::ptr::eq(element.pool(), self),
             "pushed an element into a FreeList it did not come from"
         );
-        NonNull::from(self.node(element.into_index() as u32)).cast()
+        element.into_node().cast()
     }
 
     /// Pushes without waiting: the current CPU's list, or the extralist.
@@ -248,29 +250,41 @@ impl<T> FreeList<T> {
     pub(crate) unsafe fn put_nowait(&self, node: NonNull<u8>) {
         // SAFETY: forwarded.
         if let Err(node) = unsafe { self.lists.try_push(node) } {
-            let index = self.element_index(node);
+            let index = self.index_of(node.cast()) as u32;
             self.extra.push(index, |i| &self.node(i).extra_link);
         }
     }
 
-    /// The index of `node`, one of `self.nodes` (the lists hold no other).
-    fn element_index(&self, node: NonNull<u8>) -> u32 {
+    /// The index of `node`, one of `self.nodes` (the lists and elements
+    /// hold no other).
+    pub(crate) fn index_of(&self, node: NonNull<Node<T>>) -> usize {
         // SAFETY: the node is one of `self.nodes`.
-        unsafe {
-            node.cast::<Node<T>>()
-                .offset_from(NonNull::from(&self.nodes[0])) as u32
+        let index = unsafe { node.offset_from(NonNull::from(&self.nodes[0])) };
+        index.unsigned_abs()
+    }
+
+    /// This CPU's list in one critical section (inlined: the common pop
+    /// pays for nothing else), then, out of line, the walk.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn take(&self, wait: bool) -> Option<NonNull<u8>> {
+        match self.lists.pop_local() {
+            LocalPop::Popped(node) => Some(node),
+            LocalPop::Empty { slot } => self.take_elsewhere(wait, Some(slot)),
+            LocalPop::Locked => self.take_elsewhere(wait, None),
         }
     }
 
-    /// The walk: this CPU's list, the others in turn, the extralist.
-    #[inline]
-    fn take(&self, wait: bool) -> Option<NonNull<u8>> {
+    /// The walk: this CPU's list (unless `empty`: the list just found
+    /// empty), the others in turn, the extralist.
+    #[inline(never)]
+    fn take_elsewhere(&self, wait: bool, empty: Option<usize>) -> Option<NonNull<u8>> {
         // One loop per hint, so the walk over empty lists is a tight run of
         // loads (the case the seed is about).
         let node = match self.hint {
-            EmptyHint::Flag => self.walk(wait, |s| self.lists.flagged_empty(s)),
-            EmptyHint::Head => self.walk(wait, |s| self.lists.looks_empty(s)),
-            EmptyHint::None => self.walk(wait, |_| false),
+            EmptyHint::Flag => self.walk(wait, empty, |s| self.lists.flagged_empty(s)),
+            EmptyHint::Head => self.walk(wait, empty, |s| self.lists.looks_empty(s)),
+            EmptyHint::None => self.walk(wait, empty, |_| false),
         };
         node.or_else(|| {
             let index = self.extra.pop(|i| &self.node(i).extra_link)?;
@@ -278,16 +292,22 @@ impl<T> FreeList<T> {
         })
     }
 
-    /// This CPU's list, then the others from the next one round to the one
-    /// before ours, skipping lists `looks_empty` rules out.
+    /// This CPU's list (unless `empty`: the list just found empty, which
+    /// is then taken as this CPU's), then the others from the next one
+    /// round to the one before ours, skipping lists `looks_empty` rules
+    /// out.
     #[inline]
-    fn walk(&self, wait: bool, looks_empty: impl Fn(usize) -> bool) -> Option<NonNull<u8>> {
+    fn walk(
+        &self,
+        wait: bool,
+        empty: Option<usize>,
+        looks_empty: impl Fn(usize) -> bool,
+    ) -> Option<NonNull<u8>> {
         let lists = &self.lists;
-        let here = lists.current_slot();
-        if !looks_empty(here) {
-            // With rseq this CPU's list is popped by a critical section
-            // (no lock to avoid, but the hint still saves the section);
-            // without, it is locked like the others.
+        let here = empty.unwrap_or_else(|| lists.current_slot());
+        if empty.is_none() && !looks_empty(here) {
+            // Without rseq, or with this CPU's list locked, it is locked
+            // like the others.
             let popped = match (lists.uses_rseq(), wait) {
                 (true, true) => lists.pop(),
                 (true, false) => lists.try_pop().ok().flatten(),

@@ -28,8 +28,11 @@
 //! - **This CPU's list without a lock.** Where rseq runs (x86-64, glibc's
 //!   rseq area, `membarrier` with rseq fences), pushes and pops on the
 //!   current CPU's list are restartable sequences of plain loads and
-//!   stores: a thread preempted in the middle is restarted, so a thread
-//!   descheduled "holding" the list holds nothing. Another CPU's list is
+//!   stores, **one section each, inlined** into the caller (the pop looks
+//!   at its CPU's empty flag first, and goes out of line to walk the
+//!   other lists only when its own is empty or locked): a thread
+//!   preempted in the middle is restarted, so a thread descheduled
+//!   "holding" the list holds nothing. Another CPU's list is
 //!   popped under that list's lock plus a `membarrier` aimed at its CPU
 //!   (which restarts a critical section that started before the lock);
 //!   an empty list is answered under the lock without the fence. Elsewhere

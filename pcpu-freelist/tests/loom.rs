@@ -75,12 +75,16 @@ fn concurrent_pop_and_push_never_lose_or_duplicate() {
 ///
 /// CPU 0's list holds `e`; thread C (CPU 0) pops it, emptying the list,
 /// while thread A (CPU 0 too, i.e. preempting C anywhere) pushes `f` there.
-/// Once both are done, B (CPU 1) pops: it must find `f` on CPU 0's list.
-/// (Setting the flag without re-checking the head after the emptying pop
-/// fails this model.)
+/// Once both are done, B pops: it must find `f` on CPU 0's list, from
+/// CPU 1 (the walk) and from CPU 0 (its own list, where the pop looks at
+/// the flag before its critical section). (Setting the flag without
+/// re-checking the head after the emptying pop fails this model.)
 #[test]
 fn a_completed_push_is_never_hidden_by_the_hint() {
-    for hint in [EmptyHint::Flag, EmptyHint::Head, EmptyHint::None] {
+    for (hint, last_cpu) in [EmptyHint::Flag, EmptyHint::Head, EmptyHint::None]
+        .into_iter()
+        .flat_map(|h| [(h, 1), (h, 0)])
+    {
         model(3, move || {
             loom_cpu::set_current(0);
             let pool = leak(FreeList::with_hint([0u8, 1], hint));
@@ -99,11 +103,11 @@ fn a_completed_push_is_never_hidden_by_the_hint() {
             });
             let taken = popper.join().unwrap();
             pusher.join().unwrap();
-            loom_cpu::set_current(1);
+            loom_cpu::set_current(last_cpu);
             let found = pool.pop();
             assert!(
                 found.is_some(),
-                "{hint:?}: pop missed a free element (C took {taken:?})"
+                "{hint:?}: pop on CPU {last_cpu} missed a free element (C took {taken:?})"
             );
         });
     }

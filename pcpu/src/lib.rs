@@ -85,4 +85,4 @@ pub use counter::PerCpuCounter;
 pub use cpu::sched_getcpu;
 pub use cpu::{current_cpu, possible_cpus};
 pub use per_cpu::PerCpu;
-pub use stack::{PerCpuStack, WouldBlock};
+pub use stack::{LocalPop, PerCpuStack, WouldBlock};

@@ -18,6 +18,23 @@ struct Head {
     empty: AtomicU32,
 }
 
+/// What [`PerCpuStack::pop_local`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalPop {
+    /// Popped this node from the current CPU's list.
+    Popped(NonNull<u8>),
+    /// List `slot`, the current CPU's, was empty (for a stack with empty
+    /// flags: its flag was set, or its head was null and the flag is set
+    /// now).
+    Empty {
+        /// The list found empty.
+        slot: usize,
+    },
+    /// No critical section could run (no rseq, the list is locked, or the
+    /// CPU is beyond the possible ones): pop through the locked path.
+    Locked,
+}
+
 /// The operation would have had to wait for a lock (returned by the `try_`
 /// methods, which never wait).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -292,6 +309,88 @@ impl PerCpuStack {
         }
     }
 
+    /// The current CPU's list in one critical section and nothing else: no
+    /// lock, no other list. Inlined, for callers whose own-CPU pop must not
+    /// pay for their other paths (a freelist's walk over the other lists
+    /// goes after [`LocalPop::Empty`] or [`LocalPop::Locked`]). With empty
+    /// flags, a set flag answers `Empty` without a critical section.
+    /// **Async-signal-safe.**
+    #[allow(clippy::inline_always)] // the own-CPU pop of a freelist
+    #[inline(always)]
+    #[must_use]
+    pub fn pop_local(&self) -> LocalPop {
+        if !self.use_rseq {
+            return LocalPop::Locked;
+        }
+        #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
+        if let Some(area) = crate::rseq::area::offset() {
+            let (base, stride) = self.heads.raw_layout();
+            let cpus = self.heads.cpus() as u32;
+            // With empty flags, a plain look at this CPU's flag first: a
+            // pop on an empty CPU then costs a load, not a section
+            // (between operations a set flag means an empty list; the CPU
+            // id read here is a hint, the section reads it again).
+            if self.empty_flags {
+                let cpu = crate::rseq::area::read_cpu_id(area);
+                if cpu < cpus && self.flagged_empty(cpu as usize) {
+                    return LocalPop::Empty { slot: cpu as usize };
+                }
+            }
+            // SAFETY: as in `push_fast`; nodes in a list have readable link
+            // words (the push contract).
+            let (rc, node, next) =
+                unsafe { crate::rseq::raw_pop(area, base, stride, cpus, self.next_offset) };
+            // One predicted branch for the common case (a `match` on
+            // every code compiles to a jump table).
+            if let (crate::rseq::DONE, Some(node)) = (rc, NonNull::new(node as *mut u8)) {
+                self.after_local_pop(next);
+                return LocalPop::Popped(node);
+            }
+            return self.pop_local_exit(rc);
+        }
+        #[cfg(pcpu_loom)]
+        {
+            let cpu = crate::loom_cpu::current();
+            if self.empty_flags && cpu < self.heads.cpus() && self.flagged_empty(cpu) {
+                return LocalPop::Empty { slot: cpu };
+            }
+            let mut popped = None;
+            if self.modelled_section(|head| popped = self.unlink_top(head)) {
+                return match popped {
+                    Some(node) => {
+                        // SAFETY: the node is ours now; its link word holds
+                        // the next pointer the pop read.
+                        self.after_local_pop(unsafe { self.link_word(node).read() });
+                        LocalPop::Popped(node)
+                    }
+                    None => {
+                        self.after_local_empty();
+                        LocalPop::Empty {
+                            slot: self.current_slot(),
+                        }
+                    }
+                };
+            }
+        }
+        LocalPop::Locked
+    }
+
+    /// A pop section's exits other than a popped node.
+    #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
+    #[inline(never)]
+    fn pop_local_exit(&self, rc: u32) -> LocalPop {
+        match rc {
+            crate::rseq::EMPTY => {
+                self.after_local_empty();
+                LocalPop::Empty {
+                    slot: self.current_slot(),
+                }
+            }
+            crate::rseq::SLOW => LocalPop::Locked,
+            other => unreachable!("rseq pop returned {other}"),
+        }
+    }
+
     /// Pops from list `slot`, whichever CPU the caller is on (takes the
     /// list's lock; in rseq mode, if the list is not empty, also fences
     /// that CPU). Not async-signal-safe.
@@ -348,52 +447,14 @@ impl PerCpuStack {
     }
 
     /// The rseq pop; `Err` if it must take the locked path.
-    #[inline]
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn pop_fast(&self) -> Result<Option<NonNull<u8>>, ()> {
-        if !self.use_rseq {
-            return Err(());
+        match self.pop_local() {
+            LocalPop::Popped(node) => Ok(Some(node)),
+            LocalPop::Empty { .. } => Ok(None),
+            LocalPop::Locked => Err(()),
         }
-        #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if let Some(area) = crate::rseq::area::offset() {
-            let (base, stride) = self.heads.raw_layout();
-            // SAFETY: as in `push_fast`; nodes in a list have readable link
-            // words (the push contract).
-            let (rc, node, next) = unsafe {
-                crate::rseq::raw_pop(
-                    area,
-                    base,
-                    stride,
-                    self.heads.cpus() as u32,
-                    self.next_offset,
-                )
-            };
-            return match rc {
-                crate::rseq::DONE => {
-                    self.after_local_pop(next);
-                    Ok(NonNull::new(node as *mut u8))
-                }
-                crate::rseq::EMPTY => {
-                    self.after_local_empty();
-                    Ok(None)
-                }
-                crate::rseq::SLOW => Err(()),
-                other => unreachable!("rseq pop returned {other}"),
-            };
-        }
-        #[cfg(pcpu_loom)]
-        {
-            let mut popped = None;
-            if self.modelled_section(|head| popped = self.unlink_top(head)) {
-                match popped {
-                    // SAFETY: the node is ours now; its link word holds
-                    // the next pointer the pop read.
-                    Some(node) => self.after_local_pop(unsafe { self.link_word(node).read() }),
-                    None => self.after_local_empty(),
-                }
-                return Ok(popped);
-            }
-        }
-        Err(())
     }
 
     /// After a critical section popped a node, leaving `next` as the head:
@@ -420,6 +481,7 @@ impl PerCpuStack {
     }
 
     #[cold]
+    #[inline(never)]
     #[cfg_attr(
         not(any(pcpu_loom, pcpu_arch = "x86_64")),
         allow(dead_code, clippy::unused_self)
