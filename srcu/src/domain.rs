@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use pcpu::PerCpu;
 use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
-use crate::readers::{Nest, Readers};
+use crate::readers::{Readers, Slot};
 use crate::reclaim::Reclaimer;
 
 /// Words of a CPU's counts: `LOCK + bank`, `UNLOCK + bank`.
@@ -138,42 +138,57 @@ impl Inner {
     }
 
     /// Begins a guard section (one that ends on this thread): counted in
-    /// this thread's slot (the count it raised is returned), or per CPU
-    /// (null count) if no slot is free.
+    /// this thread's slot (returned, with the bank), or per CPU (null
+    /// slot) if no slot is free.
     #[allow(clippy::inline_always)] // the read side must inline
     #[inline(always)]
-    pub(crate) fn guard_lock(&self) -> (*const Nest, usize) {
-        let Some(slot) = self.readers.mine() else {
-            return (core::ptr::null(), self.guard_lock_per_cpu());
-        };
+    pub(crate) fn guard_lock(&self) -> (*const Slot, usize) {
+        match self.readers.cached() {
+            Some(slot) => self.enter(slot),
+            None => self.guard_lock_uncached(),
+        }
+    }
+
+    /// Counts a guard section in `slot`, this thread's.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn enter(&self, slot: &Slot) -> (*const Slot, usize) {
         let bank = (self.completed.load(Ordering::Relaxed) & 1) as usize;
-        let nest = slot.nest(bank);
-        nest.enter();
+        slot.enter(bank);
         // B: the section's loads come after the count; pairs with the
         // heavy fences in `drained`.
         slot_fence();
-        (nest, bank)
+        (slot, bank)
+    }
+
+    /// A guard section of a thread whose slot is not cached: claims one,
+    /// or counts per CPU (null slot) if none is free.
+    #[cold]
+    #[inline(never)]
+    fn guard_lock_uncached(&self) -> (*const Slot, usize) {
+        match self.readers.claim() {
+            Some(slot) => self.enter(slot),
+            None => (core::ptr::null(), self.guard_lock_per_cpu()),
+        }
     }
 
     /// Ends a section begun by [`guard_lock`](Self::guard_lock), on the
     /// thread that began it.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    pub(crate) fn guard_unlock(&self, nest: *const Nest, bank: usize) {
-        if nest.is_null() {
+    pub(crate) fn guard_unlock(&self, slot: *const Slot, bank: usize) {
+        if slot.is_null() {
             self.guard_unlock_per_cpu(bank);
             return;
         }
         // C: the section's loads are done before the count.
         slot_fence();
-        // SAFETY: `guard_lock` returned this count of our slot; slots
-        // live as long as the domain.
-        unsafe { &*nest }.leave();
+        // SAFETY: `guard_lock` returned this slot of ours; slots live as
+        // long as the domain (tables are never freed).
+        unsafe { &*slot }.leave(bank);
     }
 
     /// A guard section of a thread that found no free slot.
-    #[cold]
-    #[inline(never)]
     fn guard_lock_per_cpu(&self) -> usize {
         held_add(1);
         self.read_lock()
@@ -244,13 +259,15 @@ impl Inner {
     /// Whether every read section that began on `bank` has ended. Unlocks
     /// are summed before locks, with a heavy fence between (A): a section
     /// whose unlock is counted also has its lock counted, so an unbalanced
-    /// sum can only overestimate the readers. The threads' slots are read
-    /// after the heavy fence too, which pairs with their light fence (B).
+    /// sum can only overestimate the readers. The threads' slots hold the
+    /// same two counts, summed in the same order.
     fn drained(&self, bank: usize) -> bool {
-        let unlocks = self.sum(UNLOCK + bank);
+        let unlocks = self
+            .sum(UNLOCK + bank)
+            .wrapping_add(self.readers.unlocks(bank));
         pcpu::fence::heavy();
-        let locks = self.sum(LOCK + bank);
-        locks == unlocks && self.readers.idle(bank)
+        let locks = self.sum(LOCK + bank).wrapping_add(self.readers.locks(bank));
+        locks == unlocks
     }
 
     /// Waits until `bank` drains: polls, then yields, then sleeps with a
@@ -303,17 +320,13 @@ impl Inner {
         true
     }
 
-    /// In a fork child (only the forking thread exists): ends the guard
-    /// sections of the other threads (they do not exist here) and, with
-    /// `per_cpu_too`, every section counted per CPU, so that grace periods
-    /// stop waiting for threads that do not exist here. Callers make sure
-    /// that no such section can still be ended (see `fork`).
+    /// In a fork child (only the forking thread exists): ends every
+    /// section counted per CPU, so that grace periods stop waiting for
+    /// threads that do not exist here (the other threads' guard sections
+    /// are ended in their slots by `readers::after_fork`). Callers make
+    /// sure that no such section can still be ended (see `fork`).
     #[cfg(not(pcpu_loom))]
-    pub(crate) fn discount_in_child(&self, per_cpu_too: bool) {
-        self.readers.after_fork(crate::readers::current_thread_id());
-        if !per_cpu_too {
-            return;
-        }
+    pub(crate) fn discount_per_cpu(&self) {
         for c in self.counts.iter() {
             for bank in 0..2 {
                 c[UNLOCK + bank].store(c[LOCK + bank].load(Ordering::Relaxed), Ordering::Relaxed);
@@ -382,7 +395,7 @@ fn backoff(_round: u32, _expedited: bool) {
 ///
 /// # Costs
 /// A guard section ([`read_lock`](Self::read_lock),
-/// [`SrcuCell::read`](crate::SrcuCell::read)) raises and lowers a count in
+/// [`SrcuCell::read`](crate::SrcuCell::read)) adds 1 to two counts in
 /// the calling thread's *slot* of the domain, with a compiler fence: what
 /// liburcu's read side costs. A thread claims its slot on its first
 /// section, without registering; the slot of a thread that exited is
@@ -535,8 +548,8 @@ impl Srcu {
 
     /// Begins a read section, ended when the guard drops (on this thread:
     /// guards are not `Send`). Never blocks, never allocates after
-    /// [`prepare`](Self::prepare); the read side raises a count in this
-    /// thread's slot and issues a compiler fence (see *Costs* above).
+    /// [`prepare`](Self::prepare); the read side adds 1 to a count in
+    /// this thread's slot and issues a compiler fence (see *Costs* above).
     /// **Async-signal-safe**, also as a thread's first section of the
     /// domain, and nested in a section the interrupted code holds.
     #[allow(clippy::inline_always)]
@@ -550,11 +563,11 @@ impl Srcu {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn read_lock_in<'a>(&'a self, inner: &'a Inner) -> ReadGuard<'a> {
-        let (nest, bank) = inner.guard_lock();
+        let (slot, bank) = inner.guard_lock();
         ReadGuard {
             srcu: self,
             inner,
-            nest,
+            slot,
             bank,
         }
     }
@@ -594,11 +607,13 @@ impl Srcu {
         self.inner().read_unlock(usize::from(index.0));
     }
 
-    /// How many per-thread reader slots the domain has handed out: about
-    /// the most threads that held guard sections of it at once (a slot of
-    /// an exited thread is taken over by the next thread that needs one).
+    /// How many per-thread reader slots the domain's table has handed
+    /// out: about the most threads that held guard sections at once (a
+    /// slot of an exited thread is taken over by the next thread that
+    /// needs one). A dropped domain's table passes to the next new domain
+    /// with its slots, so this counts the threads of earlier domains too.
     /// A snapshot, for diagnostics and memory accounting (one slot is 128
-    /// bytes). Async-signal-safe.
+    /// bytes, a table at most 1024 slots). Async-signal-safe.
     ///
     /// ```
     /// let domain = srcu::Srcu::new();
@@ -757,10 +772,10 @@ impl Drop for Srcu {
 pub struct ReadGuard<'a> {
     srcu: &'a Srcu,
     inner: &'a Inner,
-    /// The count this section raised in this thread's slot (null: counted
+    /// This thread's slot, where the section is counted (null: counted
     /// per CPU). A raw pointer, so the guard is neither `Send` nor `Sync`:
     /// the section ends on the thread that began it.
-    nest: *const Nest,
+    slot: *const Slot,
     bank: usize,
 }
 
@@ -776,7 +791,7 @@ impl Drop for ReadGuard<'_> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn drop(&mut self) {
-        self.inner.guard_unlock(self.nest, self.bank);
+        self.inner.guard_unlock(self.slot, self.bank);
     }
 }
 

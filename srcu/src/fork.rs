@@ -16,7 +16,7 @@
 //!   child handler first expires every lease of every lease set (a lease's
 //!   section is ended the ordinary way, its value kept by a reference),
 //!   then frees the other threads' reader slots with their guard sections
-//!   (`readers::Readers::after_fork`) and, if the forking thread holds no
+//!   (`readers::after_fork`) and, if the forking thread holds no
 //!   section counted per CPU that ends on it (`domain::HELD`), discounts
 //!   every section counted per CPU in every domain. Raw sections
 //!   (`read_lock_raw`) open at the fork are discounted too: ending one in
@@ -244,9 +244,11 @@ pub fn after_fork_in_child() {
                 set.expire_in_child();
             }
         }
-        let per_cpu_too = crate::domain::held() == 0;
-        for inner in &domains {
-            inner.discount_in_child(per_cpu_too);
+        crate::readers::after_fork();
+        if crate::domain::held() == 0 {
+            for inner in &domains {
+                inner.discount_per_cpu();
+            }
         }
     }
 }

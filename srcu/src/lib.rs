@@ -9,7 +9,7 @@
 //! reclamation (crossbeam-epoch, seize) has no `synchronize()` and lets one
 //! stalled reader block all reclamation.
 //!
-//! - [`Srcu`]: a domain. [`read_lock`](Srcu::read_lock) raises a count in
+//! - [`Srcu`]: a domain. [`read_lock`](Srcu::read_lock) adds 1 to a count in
 //!   the calling thread's slot (claimed on first use, no registration)
 //!   and issues a compiler fence, as liburcu's read side does;
 //!   [`synchronize`](Srcu::synchronize) is the kernel's two-bank algorithm
@@ -29,18 +29,20 @@
 //! Sections are counted in two banks, in two ways:
 //!
 //! - **Guard sections** (they end on the thread that began them): per
-//!   thread and per bank, a count of sections open, written only by that
-//!   thread (a plain load and store: a signal handler's sections are
-//!   balanced). A reader reads the active bank index, raises its count and
-//!   issues a light fence (B); on unlock, a light fence (C) and lowers it.
-//!   A bank has drained of them when every thread's count for it is zero,
-//!   read after a heavy fence (A).
+//!   thread (in the thread's *slot* of the domain) and per bank, two
+//!   counts, `lock` and `unlock`, that only grow, written only by that
+//!   thread with one indivisible add each.
 //! - **Sections that may end elsewhere** (raw sections, leases): per CPU
-//!   and per bank, two counts, `lock` and `unlock`, that only grow. A
-//!   grace period sums `unlock[bank]`, issues the heavy fence (A), sums
-//!   `lock[bank]`: equal sums mean the bank has drained, because a
-//!   section whose unlock was counted had its lock counted too, so a
-//!   mismatch can only overestimate.
+//!   and per bank, the same two counts, added to by rseq sections (or
+//!   atomics).
+//!
+//! A reader reads the active bank index, adds 1 to `lock[bank]` and
+//! issues a light fence (B); on unlock, a light fence (C) and adds 1 to
+//! `unlock[bank]`. A grace period sums `unlock[bank]` over CPUs and slots,
+//! issues a heavy fence (A), sums `lock[bank]`: equal sums mean the bank
+//! has drained, because a section whose unlock was counted had its lock
+//! counted too, so a mismatch can only overestimate (a slot claimed
+//! between the two sums adds locks only).
 //!
 //! The light/heavy pairs are [`pcpu::fence`]'s asymmetric fences:
 //! `membarrier()` on the writer's side makes every reader's compiler fence

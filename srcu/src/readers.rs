@@ -4,39 +4,49 @@
 //!
 //! # Why per thread
 //! A guard ends on the thread that began it, so its section can be
-//! counted in a word only that thread writes: one nesting count per bank,
-//! raised by a plain load and store at `read_lock` and lowered the same
-//! way when the guard drops, with the light fence in between. No atomic
-//! read-modify-write and no restartable sequence: the read side costs what
-//! liburcu's does (a thread-local word and a compiler barrier), where two
-//! per-CPU rseq adds cost about twice that.
-//!
-//! A plain load and store is enough against signal handlers too: a
-//! handler that interrupts the owner between the two runs whole sections
-//! (each raises and lowers a count), so the value the owner stores is
-//! still right.
+//! counted in words only that thread writes: per bank, a count of
+//! sections begun and one of sections ended, both only growing, as the
+//! per-CPU counts. `read_lock` adds 1 to the first, the guard's drop to
+//! the second, with the light fence in between. No `lock`-prefixed
+//! instruction and no restartable sequence: on x86-64 each add is one
+//! `inc` on memory, which a signal handler cannot split (an interrupted
+//! load-add-store could lose a handler's add), elsewhere a relaxed atomic
+//! add. The read side costs what liburcu's does (a thread-local word and
+//! a compiler barrier), where two per-CPU rseq adds cost about twice that.
+//! (Two growing counts rather than one count of open sections: the next
+//! section's add does not wait for the last one's to be forwarded.)
 //!
 //! Sections that may end on another thread (raw sections, leases) stay on
 //! the per-CPU counts, whose lock and unlock counts only grow; a grace
 //! period waits for both kinds.
 //!
-//! # Slots, claims and thread exit
-//! Each domain reserves [`CAPACITY`] slots of one cache-line pair each
-//! (virtual memory only; a page is touched when a slot on it is first
-//! claimed). A thread claims a slot on its first guard section of the
-//! domain and remembers it in a small thread-local cache (keyed by the
-//! domain's unique id, so a dropped domain's entry never matches a new
-//! domain). Claiming is a scan and a compare-and-swap, with no lock and
-//! no allocation, so a first section in a signal handler is fine.
+//! # Slots, tables, claims and thread exit
+//! A domain's slots are a *table* of [`CAPACITY`] slots of one
+//! cache-line pair each (virtual memory only; a page is touched when a
+//! slot on it is first claimed). A thread claims a slot on its first
+//! guard section of the domain and remembers the slot's address in a
+//! small thread-local cache. Claiming is a scan and a compare-and-swap,
+//! with no lock and no allocation, so a first section in a signal handler
+//! is fine.
+//!
+//! Tables are never unmapped: a dropped domain's table goes back to a
+//! process-wide list and the next new domain takes it, **with its
+//! owners**. So a cached address is right whenever it lies inside the
+//! domain's table: a thread caches only slots it owns, and it owns them
+//! in whichever domain holds the table. The read side checks the range
+//! with the table's base address; there is no domain id to compare, and
+//! an address from a dropped domain never points at freed memory.
 //!
 //! There is no registration and nothing runs at thread exit (a
 //! thread-local destructor cannot be registered from a signal handler).
 //! Instead a slot records its owner's kernel thread id, and a thread that
 //! finds no free slot takes over one whose owner has exited
 //! (`tgkill(pid, tid, 0)` fails with `ESRCH`) and whose counts are zero.
-//! A domain therefore holds about as many slots as threads that used it
-//! at once. When all [`CAPACITY`] slots are taken by live threads, further
-//! threads count their guard sections per CPU instead: correct, slower.
+//! A table therefore holds about as many slots as threads that used its
+//! domains at once, and the process as many tables as domains that were
+//! alive at once. When all [`CAPACITY`] slots are taken by live threads,
+//! further threads count their guard sections per CPU instead: correct,
+//! slower.
 //!
 //! # What a grace period pays
 //! Checking a bank reads the per-CPU counts and then one word per claimed
@@ -51,26 +61,32 @@ use core::sync::atomic::AtomicU64 as IdCounter;
 
 use pcpu::unstable::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// Slots per domain; threads beyond this many count per CPU instead.
+/// Slots per table; threads beyond this many count per CPU instead.
 #[cfg(not(pcpu_loom))]
 pub(crate) const CAPACITY: usize = 1024;
-/// Slots per domain in the loom models (small state space).
+/// Slots per table in the loom models (small state space).
 #[cfg(pcpu_loom)]
 pub(crate) const CAPACITY: usize = 3;
+
+/// A table's size in bytes: a cached slot address `a` is this domain's
+/// when `a - base < TABLE_BYTES`.
+const TABLE_BYTES: usize = CAPACITY * core::mem::size_of::<Slot>();
 
 /// Domains' cache entries per thread (a thread alternating between more
 /// domains than this takes the claim path's scan for a cache miss).
 const CACHE_WAYS: usize = 4;
-/// Bits of a cache entry that hold the slot's byte offset in the table
-/// (the rest: the domain id).
-const OFFSET_BITS: u32 = 20;
-const _: () = assert!(CAPACITY * core::mem::size_of::<Slot>() <= 1 << OFFSET_BITS);
 
 /// One thread's guard sections in one domain.
 #[repr(align(128))] // its own pair of cache lines (adjacent-line prefetch)
 pub(crate) struct Slot {
-    /// Guard sections open per bank.
-    nest: [Nest; 2],
+    /// Guard sections begun per bank, and ended: counts that only grow,
+    /// like the per-CPU ones. Written by the owner only, each raise one
+    /// indivisible add (a signal handler of the owner cannot split it),
+    /// read by grace periods. Two words rather than one count of open
+    /// sections: the next section's raise does not wait for the last
+    /// one's lower to be forwarded from the store buffer.
+    lock: [AtomicU64; 2],
+    unlock: [AtomicU64; 2],
     /// The owning thread's [`thread_id`] (0: free).
     owner: AtomicU64,
     /// The owner's kernel thread id (0: not yet known), for telling an
@@ -82,72 +98,66 @@ impl Slot {
     #[cfg(pcpu_loom)]
     fn new() -> Self {
         Self {
-            nest: [Nest(AtomicU64::new(0)), Nest(AtomicU64::new(0))],
+            lock: [AtomicU64::new(0), AtomicU64::new(0)],
+            unlock: [AtomicU64::new(0), AtomicU64::new(0)],
             owner: AtomicU64::new(0),
             tid: AtomicU64::new(0),
         }
     }
 
-    /// The count of guard sections open on `bank`.
+    /// Counts a section begun on `bank` (owner only). Async-signal-safe.
     #[allow(clippy::inline_always)] // the read side must inline
     #[inline(always)]
-    pub(crate) fn nest(&self, bank: usize) -> &Nest {
-        &self.nest[bank & 1]
+    pub(crate) fn enter(&self, bank: usize) {
+        raise(&self.lock[bank & 1]);
     }
 
-    fn idle(&self) -> bool {
-        self.nest[0].get() == 0 && self.nest[1].get() == 0
-    }
-}
-
-/// Guard sections of one thread open on one bank. Written by the owner
-/// only (and by its signal handlers, whose sections are balanced), read
-/// by grace periods.
-pub(crate) struct Nest(AtomicU64);
-
-impl Nest {
-    /// Counts a section begun (owner only). Async-signal-safe.
-    #[allow(clippy::inline_always)] // the read side must inline
-    #[inline(always)]
-    pub(crate) fn enter(&self) {
-        self.0.store(
-            self.0.load(Ordering::Relaxed).wrapping_add(1),
-            Ordering::Relaxed,
-        );
-    }
-
-    /// Counts a section ended (owner only). Async-signal-safe.
+    /// Counts a section of `bank` ended (owner only). Async-signal-safe.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    pub(crate) fn leave(&self) {
-        self.0.store(
-            self.0.load(Ordering::Relaxed).wrapping_sub(1),
-            Ordering::Relaxed,
-        );
+    pub(crate) fn leave(&self, bank: usize) {
+        raise(&self.unlock[bank & 1]);
     }
 
-    fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+    /// Whether every section counted here has ended.
+    fn balanced(&self) -> bool {
+        (0..2)
+            .all(|b| self.lock[b].load(Ordering::Relaxed) == self.unlock[b].load(Ordering::Relaxed))
     }
 
-    #[cfg(not(pcpu_loom))]
-    fn clear(&self) {
-        self.0.store(0, Ordering::Relaxed);
+    fn clear_counts(&self) {
+        for word in self.lock.iter().chain(&self.unlock) {
+            word.store(0, Ordering::Relaxed);
+        }
     }
 }
 
-/// A domain's slots.
+/// Adds 1 to a count only this thread writes, in one instruction on
+/// x86-64 (`inc` on memory: no `lock` prefix is needed for a word no
+/// other thread writes, and an instruction is never split by a signal
+/// handler), an atomic add elsewhere. Async-signal-safe.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn raise(word: &AtomicU64) {
+    #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+    // SAFETY: an aligned `u64` of ours, written by this thread only;
+    // other threads read it with atomic loads, which see the old or the
+    // new value (aligned 8-byte accesses do not tear).
+    unsafe {
+        core::arch::asm!("inc qword ptr [{0}]", in(reg) word.as_ptr(), options(nostack));
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(pcpu_loom))))]
+    word.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A domain's slots: the table it holds while it lives.
 pub(crate) struct Readers {
-    /// The domain's unique id (never reused) `<< OFFSET_BITS`: a cache
-    /// entry of this domain is `key | byte offset of the slot`.
-    key: u64,
-    slots: SlotTable,
-    /// Slots handed out so far: grace periods read `slots[..used]`.
-    used: AtomicUsize,
+    table: &'static Table,
+    /// The table's base address, copied here: one load fewer on the
+    /// read side.
+    base: usize,
 }
 
-/// Domain ids, from 1 (0 marks an empty cache entry).
-static NEXT_DOMAIN_ID: IdCounter = IdCounter::new(1);
 /// Thread ids (never reused, unlike kernel thread ids), from 1.
 static NEXT_THREAD_ID: IdCounter = IdCounter::new(1);
 
@@ -156,15 +166,15 @@ std::thread_local! {
     /// This thread's id (0: none yet). Const-initialised without a
     /// destructor, like the cache: usable from signal handlers.
     static THREAD_ID: Cell<u64> = const { Cell::new(0) };
-    /// `domain id << OFFSET_BITS | byte offset of the slot` per way (way:
-    /// the domain id's low bits); 0: empty.
-    static CACHE: [Cell<u64>; CACHE_WAYS] = const { [const { Cell::new(0) }; CACHE_WAYS] };
+    /// The address of a slot of this thread per way (way: bits of the
+    /// table's address); 0: empty.
+    static CACHE: [Cell<usize>; CACHE_WAYS] = const { [const { Cell::new(0) }; CACHE_WAYS] };
 }
 
 #[cfg(pcpu_loom)]
 loom::thread_local! {
     static THREAD_ID: Cell<u64> = Cell::new(0);
-    static CACHE: [Cell<u64>; CACHE_WAYS] = [Cell::new(0), Cell::new(0), Cell::new(0), Cell::new(0)];
+    static CACHE: [Cell<usize>; CACHE_WAYS] = [Cell::new(0), Cell::new(0), Cell::new(0), Cell::new(0)];
 }
 
 /// The calling thread's id, assigned on first use. Async-signal-safe (a
@@ -180,65 +190,242 @@ fn thread_id() -> u64 {
 }
 
 impl Readers {
-    /// A domain's slots; none if not `enabled` (every guard section is
-    /// then counted per CPU).
+    /// A domain's slots: a table no live domain holds (one a dropped
+    /// domain held, with its owners, or a new one); none if not `enabled`
+    /// (every guard section is then counted per CPU).
     pub(crate) fn new(enabled: bool) -> Self {
-        let id = NEXT_DOMAIN_ID.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        let table = if enabled {
+            Table::take()
+        } else {
+            Table::none()
+        };
         Self {
-            key: id << OFFSET_BITS,
-            slots: if enabled {
-                SlotTable::new()
-            } else {
-                SlotTable::empty()
-            },
-            used: AtomicUsize::new(0),
+            table,
+            base: table.base(),
         }
     }
 
-    /// The calling thread's slot: the cached one, else claimed now; `None`
-    /// when every slot is taken by a live thread (count per CPU then).
-    /// Async-signal-safe.
+    /// The calling thread's slot if its cache holds it (else
+    /// [`claim`](Self::claim) it). Async-signal-safe.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    pub(crate) fn mine(&self) -> Option<&Slot> {
-        let offset = CACHE.with(|c| c[self.way()].get()) ^ self.key;
-        if offset < 1 << OFFSET_BITS {
-            // SAFETY: the entry is this domain's (its key matched), and
-            // holds the offset of a slot `claim` returned.
-            return Some(unsafe { self.slots.at_offset(offset as usize) });
+    pub(crate) fn cached(&self) -> Option<&Slot> {
+        let base = self.base;
+        let cached = CACHE.with(|c| c[way(base)].get());
+        if cached.wrapping_sub(base) < TABLE_BYTES {
+            // SAFETY: inside this domain's table: a slot of this thread
+            // (see the module docs), valid as long as the table, forever;
+            // so not null either (tables are mapped memory).
+            return Some(unsafe { &*(cached as *const Slot) });
         }
-        self.claim_and_cache()
+        None
     }
 
-    /// This domain's way in each thread's cache: the id's low bits.
-    #[allow(clippy::inline_always)]
-    #[inline(always)]
-    fn way(&self) -> usize {
-        (self.key >> OFFSET_BITS) as usize % CACHE_WAYS
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn claim_and_cache(&self) -> Option<&Slot> {
-        let index = self.claim(thread_id())?;
-        let offset = (index * core::mem::size_of::<Slot>()) as u64;
+    /// Claims the calling thread's slot (or finds it, if its cache entry
+    /// was evicted) and caches it; `None` when every slot is taken by a
+    /// live thread (count per CPU then). Async-signal-safe.
+    pub(crate) fn claim(&self) -> Option<&Slot> {
+        let slot = self.table.slot(self.table.claim(thread_id())?);
         // One store: a signal handler sees the old entry or the new one.
-        CACHE.with(|c| c[self.way()].set(self.key | offset));
-        self.slots.get(index)
+        CACHE.with(|c| c[way(self.base)].set(core::ptr::from_ref(slot) as usize));
+        Some(slot)
+    }
+
+    /// Slots handed out in the domain's table.
+    pub(crate) fn handed_out(&self) -> usize {
+        self.table.handed_out()
+    }
+
+    /// The sum of the slots' counts of sections ended on `bank` (read
+    /// before the heavy fence, as the per-CPU unlock counts).
+    pub(crate) fn unlocks(&self, bank: usize) -> u64 {
+        self.sum(|slot| &slot.unlock[bank & 1])
+    }
+
+    /// The sum of the slots' counts of sections begun on `bank` (read
+    /// after the heavy fence). Slots claimed since
+    /// [`unlocks`](Self::unlocks) add locks without unlocks: an
+    /// overestimate, never an underestimate.
+    pub(crate) fn locks(&self, bank: usize) -> u64 {
+        self.sum(|slot| &slot.lock[bank & 1])
+    }
+
+    fn sum(&self, word: impl Fn(&Slot) -> &AtomicU64) -> u64 {
+        (0..self.table.handed_out()).fold(0u64, |s, i| {
+            s.wrapping_add(word(self.table.slot(i)).load(Ordering::Relaxed))
+        })
+    }
+}
+
+impl Drop for Readers {
+    fn drop(&mut self) {
+        // No guard of the domain can exist any more (guards borrow it),
+        // so a count left open belongs to a forgotten guard: clear it,
+        // then hand the table on.
+        self.table.release();
+    }
+}
+
+/// The cache way of the table at `base`.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn way(base: usize) -> usize {
+    (base / TABLE_BYTES) % CACHE_WAYS
+}
+
+/// [`CAPACITY`] slots in zeroed memory (a zeroed `Slot` is a valid one:
+/// all its fields are atomics), never freed. Tables form a process-wide
+/// list; a domain takes one that no live domain holds.
+pub(crate) struct Table {
+    base: *const Slot,
+    len: usize,
+    /// Slots handed out so far: grace periods read `slots[..used]`.
+    used: AtomicUsize,
+    /// Whether a live domain holds the table.
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
+    held: core::sync::atomic::AtomicBool,
+    /// The next table of the list.
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
+    next: *const Table,
+}
+
+// SAFETY: a table only hands out `&Slot`s, whose fields are atomics; its
+// other fields are atomics or set before it is shared.
+unsafe impl Send for Table {}
+// SAFETY: as above.
+unsafe impl Sync for Table {}
+
+/// The base address of a table without slots: no cached slot address
+/// lies within `TABLE_BYTES` above it.
+const NO_SLOTS_BASE: usize = usize::MAX.wrapping_sub(TABLE_BYTES - 1);
+
+/// The table of a domain without slots (where membarrier is unavailable,
+/// or no memory could be reserved).
+#[cfg(not(pcpu_loom))]
+static NO_SLOTS: Table = Table {
+    base: NO_SLOTS_BASE as *const Slot,
+    len: 0,
+    used: AtomicUsize::new(0),
+    held: core::sync::atomic::AtomicBool::new(true),
+    next: core::ptr::null(),
+};
+
+/// Every table made so far (never freed), newest first.
+#[cfg(not(pcpu_loom))]
+static TABLES: core::sync::atomic::AtomicPtr<Table> =
+    core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+
+impl Table {
+    #[cfg(not(pcpu_loom))]
+    fn none() -> &'static Self {
+        &NO_SLOTS
+    }
+
+    /// loom: loom's atomics cannot be in a `static`.
+    #[cfg(pcpu_loom)]
+    fn none() -> &'static Self {
+        Box::leak(Box::new(Self {
+            base: NO_SLOTS_BASE as *const Slot,
+            len: 0,
+            used: AtomicUsize::new(0),
+            held: core::sync::atomic::AtomicBool::new(true),
+            next: core::ptr::null(),
+        }))
+    }
+
+    /// A table no live domain holds, made if there is none.
+    #[cfg(not(pcpu_loom))]
+    fn take() -> &'static Self {
+        use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+        let mut t = TABLES.load(Acquire);
+        while !t.is_null() {
+            // SAFETY: tables are never freed.
+            let table = unsafe { &*t };
+            if !table.held.load(Relaxed)
+                && table
+                    .held
+                    .compare_exchange(false, true, Acquire, Relaxed)
+                    .is_ok()
+            {
+                return table;
+            }
+            t = table.next.cast_mut();
+        }
+        let Some(base) = reserve() else {
+            return Self::none();
+        };
+        let table: &'static mut Self = Box::leak(Box::new(Self {
+            base,
+            len: CAPACITY,
+            used: AtomicUsize::new(0),
+            held: core::sync::atomic::AtomicBool::new(true),
+            next: core::ptr::null(),
+        }));
+        let mut head = TABLES.load(Relaxed);
+        loop {
+            table.next = head;
+            match TABLES.compare_exchange_weak(head, table, AcqRel, Relaxed) {
+                Ok(_) => return table,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// loom: a fresh table per domain (loom's atomics live for one
+    /// execution, so tables are not kept across them).
+    #[cfg(pcpu_loom)]
+    fn take() -> &'static Self {
+        let slots: &'static [Slot] = Box::leak((0..CAPACITY).map(|_| Slot::new()).collect());
+        Box::leak(Box::new(Self {
+            base: slots.as_ptr(),
+            len: CAPACITY,
+            used: AtomicUsize::new(0),
+            held: core::sync::atomic::AtomicBool::new(true),
+            next: core::ptr::null(),
+        }))
+    }
+
+    /// Hands the table on to a later domain, its counts cleared.
+    fn release(&self) {
+        if self.len == 0 {
+            return; // no slots: nothing to hand on
+        }
+        for i in 0..self.handed_out() {
+            self.slot(i).clear_counts();
+        }
+        self.held
+            .store(false, core::sync::atomic::Ordering::Release);
+    }
+
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn base(&self) -> usize {
+        self.base as usize
+    }
+
+    fn handed_out(&self) -> usize {
+        self.used.load(Ordering::Acquire).min(self.len)
+    }
+
+    fn slot(&self, i: usize) -> &Slot {
+        assert!(i < self.len, "slot index below the capacity");
+        // SAFETY: inside the table, which is never freed.
+        unsafe { &*self.base.add(i) }
     }
 
     /// Finds the slot `me` owns (its cache entry was evicted), or claims a
     /// free one, one of an exited thread, or a fresh one.
     fn claim(&self, me: u64) -> Option<usize> {
-        let used = || self.used.load(Ordering::Acquire).min(self.slots.len());
-        if let Some(i) = (0..used()).find(|&i| self.slot(i).owner.load(Ordering::Relaxed) == me) {
+        if let Some(i) =
+            (0..self.handed_out()).find(|&i| self.slot(i).owner.load(Ordering::Relaxed) == me)
+        {
             return Some(i);
         }
         let tid = current_tid();
         loop {
-            let taken = (0..used())
-                .find(|&i| self.take(i, 0, me))
-                .or_else(|| (0..used()).find(|&i| self.take_from_exited(i, me)));
+            let taken = (0..self.handed_out())
+                .find(|&i| self.take_slot(i, 0, me))
+                .or_else(|| (0..self.handed_out()).find(|&i| self.take_from_exited(i, me)));
             if let Some(i) = taken {
                 self.slot(i).tid.store(tid, Ordering::Relaxed);
                 return Some(i);
@@ -246,10 +433,10 @@ impl Readers {
             let fresh = self
                 .used
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                    (u < self.slots.len()).then_some(u + 1)
+                    (u < self.len).then_some(u + 1)
                 })
                 .ok()?;
-            if self.take(fresh, 0, me) {
+            if self.take_slot(fresh, 0, me) {
                 self.slot(fresh).tid.store(tid, Ordering::Relaxed);
                 return Some(fresh);
             }
@@ -257,7 +444,7 @@ impl Readers {
         }
     }
 
-    fn take(&self, i: usize, from: u64, me: u64) -> bool {
+    fn take_slot(&self, i: usize, from: u64, me: u64) -> bool {
         let owner = &self.slot(i).owner;
         owner.load(Ordering::Relaxed) == from
             && owner
@@ -277,51 +464,53 @@ impl Readers {
         // The owner's last stores happened before its exit, which the
         // failed `tgkill` saw.
         pcpu::unstable::sync::atomic::fence(Ordering::SeqCst);
-        slot.idle() && self.take(i, owner, me)
+        slot.balanced() && self.take_slot(i, owner, me)
     }
+}
 
-    fn slot(&self, i: usize) -> &Slot {
-        self.slots.get(i).expect("slot index below the capacity")
-    }
+/// Reserves a table's zero-filled memory with `mmap` (untouched pages
+/// cost nothing).
+#[cfg(not(pcpu_loom))]
+fn reserve() -> Option<*const Slot> {
+    // SAFETY: a fresh private anonymous mapping; no existing memory is
+    // affected.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            TABLE_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED && !p.is_null()).then_some(p.cast_const().cast())
+}
 
-    /// Slots handed out so far.
-    pub(crate) fn handed_out(&self) -> usize {
-        self.used.load(Ordering::Relaxed).min(self.slots.len())
-    }
-
-    /// Whether no thread has a guard section open on `bank` (read after
-    /// the heavy fence of the caller).
-    pub(crate) fn idle(&self, bank: usize) -> bool {
-        let used = self.used.load(Ordering::Acquire).min(self.slots.len());
-        (0..used).all(|i| self.slot(i).nest(bank).get() == 0)
-    }
-
-    /// In a fork child (only the forking thread, `me`, exists): frees the
-    /// slots of every other thread, with their sections (they cannot end
-    /// here), and records the forking thread's new kernel thread id in its
-    /// own.
-    #[cfg(not(pcpu_loom))]
-    pub(crate) fn after_fork(&self, me: u64) {
-        let tid = current_tid();
-        for i in 0..self.used.load(Ordering::Relaxed).min(self.slots.len()) {
-            let slot = self.slot(i);
-            if slot.owner.load(Ordering::Relaxed) == me {
+/// In a fork child (only the forking thread exists): frees the slots of
+/// every other thread in every table, with their sections (they cannot
+/// end here), and records the forking thread's new kernel thread id in
+/// its own.
+#[cfg(not(pcpu_loom))]
+pub(crate) fn after_fork() {
+    let me = THREAD_ID.with(Cell::get);
+    let tid = current_tid();
+    let mut t = TABLES.load(core::sync::atomic::Ordering::Acquire);
+    while !t.is_null() {
+        // SAFETY: tables are never freed.
+        let table = unsafe { &*t };
+        for i in 0..table.handed_out() {
+            let slot = table.slot(i);
+            if slot.owner.load(Ordering::Relaxed) == me && me != 0 {
                 slot.tid.store(tid, Ordering::Relaxed);
             } else {
-                slot.nest[0].clear();
-                slot.nest[1].clear();
+                slot.clear_counts();
                 slot.tid.store(0, Ordering::Relaxed);
                 slot.owner.store(0, Ordering::Relaxed);
             }
         }
+        t = table.next.cast_mut();
     }
-}
-
-/// The calling thread's id for [`Readers::after_fork`] (0 if it never
-/// claimed a slot).
-#[cfg(not(pcpu_loom))]
-pub(crate) fn current_thread_id() -> u64 {
-    THREAD_ID.with(Cell::get)
 }
 
 /// The calling thread's kernel thread id. Async-signal-safe, and calls
@@ -348,114 +537,4 @@ fn has_exited(tid: u64) -> bool {
 #[cfg(pcpu_loom)]
 fn has_exited(_tid: u64) -> bool {
     false
-}
-
-/// [`CAPACITY`] slots in zeroed memory: reserved with `mmap`, so untouched
-/// pages cost no memory. If the reservation fails the table is empty and
-/// every thread counts per CPU.
-#[cfg(not(pcpu_loom))]
-struct SlotTable {
-    base: core::ptr::NonNull<Slot>,
-    len: usize,
-}
-
-// SAFETY: the table only hands out `&Slot`, whose fields are atomics.
-#[cfg(not(pcpu_loom))]
-unsafe impl Send for SlotTable {}
-// SAFETY: as above.
-#[cfg(not(pcpu_loom))]
-unsafe impl Sync for SlotTable {}
-
-#[cfg(not(pcpu_loom))]
-impl SlotTable {
-    const BYTES: usize = CAPACITY * core::mem::size_of::<Slot>();
-
-    fn new() -> Self {
-        // SAFETY: a fresh private anonymous mapping; no existing memory
-        // is affected.
-        let p = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                Self::BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        match core::ptr::NonNull::new(p.cast::<Slot>()) {
-            Some(base) if p != libc::MAP_FAILED => Self {
-                base,
-                len: CAPACITY,
-            },
-            _ => Self::empty(),
-        }
-    }
-
-    fn empty() -> Self {
-        Self {
-            base: core::ptr::NonNull::dangling(),
-            len: 0,
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn get(&self, i: usize) -> Option<&Slot> {
-        // SAFETY: the offset of slot `i < len`.
-        (i < self.len).then(|| unsafe { self.at_offset(i * core::mem::size_of::<Slot>()) })
-    }
-
-    /// The slot at byte offset `offset`.
-    ///
-    /// # Safety
-    /// `offset` is a multiple of the slot size below `len` slots.
-    #[allow(clippy::inline_always)]
-    #[inline(always)]
-    unsafe fn at_offset(&self, offset: usize) -> &Slot {
-        debug_assert!(offset < self.len * core::mem::size_of::<Slot>());
-        // SAFETY: a slot inside the mapping (the caller's promise), which
-        // is zero-filled (a zeroed `Slot` is a valid one: all its fields
-        // are atomics) and lives as long as `self`.
-        unsafe { &*self.base.as_ptr().byte_add(offset) }
-    }
-}
-
-#[cfg(not(pcpu_loom))]
-impl Drop for SlotTable {
-    fn drop(&mut self) {
-        if self.len != 0 {
-            // SAFETY: our mapping; the domain is gone, so no slot is used.
-            unsafe { libc::munmap(self.base.as_ptr().cast(), Self::BYTES) };
-        }
-    }
-}
-
-/// loom: a boxed slice (loom's atomics cannot be zero-filled).
-#[cfg(pcpu_loom)]
-struct SlotTable(Box<[Slot]>);
-
-#[cfg(pcpu_loom)]
-impl SlotTable {
-    fn new() -> Self {
-        Self((0..CAPACITY).map(|_| Slot::new()).collect())
-    }
-
-    fn empty() -> Self {
-        Self(Box::new([]))
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn get(&self, i: usize) -> Option<&Slot> {
-        self.0.get(i)
-    }
-
-    unsafe fn at_offset(&self, offset: usize) -> &Slot {
-        &self.0[offset / core::mem::size_of::<Slot>()]
-    }
 }
