@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use pcpu::PerCpu;
-use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::readers::{Readers, Slot};
 use crate::reclaim::Reclaimer;
@@ -31,6 +31,9 @@ pub(crate) struct Inner {
     counts: PerCpu<[AtomicU64; 4]>,
     /// Grace periods started; the active bank is `completed & 1`.
     completed: AtomicU64,
+    /// `completed & 1`, stored at each flip for the guard path (which then
+    /// indexes with it as it is).
+    active_bank: AtomicUsize,
     /// Serialises grace periods (ordinary context only).
     gp_lock: GpLock,
     /// Set when the `Srcu` is dropped: no guard can exist any more and raw
@@ -127,6 +130,7 @@ impl Inner {
             readers: Readers::new(light_is_compiler || cfg!(pcpu_loom)),
             counts: PerCpu::default(),
             completed: AtomicU64::new(0),
+            active_bank: AtomicUsize::new(0),
             gp_lock: GpLock {
                 owner: AtomicU64::new(0),
             },
@@ -153,7 +157,7 @@ impl Inner {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn enter(&self, slot: &Slot) -> (*const Slot, usize) {
-        let bank = (self.completed.load(Ordering::Relaxed) & 1) as usize;
+        let bank = self.active_bank.load(Ordering::Relaxed);
         slot.enter(bank);
         // B: the section's loads come after the count; pairs with the
         // heavy fences in `drained`.
@@ -177,15 +181,16 @@ impl Inner {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn guard_unlock(&self, slot: *const Slot, bank: usize) {
-        if slot.is_null() {
-            self.guard_unlock_per_cpu(bank);
-            return;
+        // SAFETY: `guard_lock` returned this slot of ours, or null; slots
+        // live forever (tables are never freed).
+        match unsafe { slot.as_ref() } {
+            Some(slot) => {
+                // C: the section's loads are done before the count.
+                slot_fence();
+                slot.leave(bank);
+            }
+            None => self.guard_unlock_per_cpu(bank),
         }
-        // C: the section's loads are done before the count.
-        slot_fence();
-        // SAFETY: `guard_lock` returned this slot of ours; slots live as
-        // long as the domain (tables are never freed).
-        unsafe { &*slot }.leave(bank);
     }
 
     /// A guard section of a thread that found no free slot.
@@ -309,7 +314,9 @@ impl Inner {
             return false;
         }
         // Flip: new readers use the other bank.
-        self.completed.fetch_add(1, Ordering::Relaxed);
+        let started = self.completed.fetch_add(1, Ordering::Relaxed);
+        self.active_bank
+            .store(((started + 1) & 1) as usize, Ordering::Relaxed);
         pcpu::fence::heavy();
         // Every reader of the bank that was active when we started.
         if !self.wait_drained(active, expedited, deadline) {

@@ -105,18 +105,24 @@ impl Slot {
         }
     }
 
-    /// Counts a section begun on `bank` (owner only). Async-signal-safe.
+    /// Counts a section begun on `bank` (0 or 1; owner only).
+    /// Async-signal-safe.
     #[allow(clippy::inline_always)] // the read side must inline
     #[inline(always)]
     pub(crate) fn enter(&self, bank: usize) {
-        raise(&self.lock[bank & 1]);
+        debug_assert!(bank < 2);
+        // SAFETY: banks are 0 and 1 (the caller's `active_bank`).
+        raise(unsafe { self.lock.get_unchecked(bank) });
     }
 
-    /// Counts a section of `bank` ended (owner only). Async-signal-safe.
+    /// Counts a section of `bank` (0 or 1) ended (owner only).
+    /// Async-signal-safe.
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn leave(&self, bank: usize) {
-        raise(&self.unlock[bank & 1]);
+        debug_assert!(bank < 2);
+        // SAFETY: as in `enter`.
+        raise(unsafe { self.unlock.get_unchecked(bank) });
     }
 
     /// Whether every section counted here has ended.
