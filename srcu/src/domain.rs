@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use pcpu::PerCpu;
 use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-use crate::readers::{Readers, Slot};
+use crate::readers::{Readers, Slot, Ticket};
 use crate::reclaim::Reclaimer;
+use pcpu::unstable::sync::atomic::AtomicU64 as Count;
 
 /// Words of a CPU's counts: `LOCK + bank`, `UNLOCK + bank`.
 const LOCK: usize = 0;
@@ -142,11 +143,11 @@ impl Inner {
     }
 
     /// Begins a guard section (one that ends on this thread): counted in
-    /// this thread's slot (returned, with the bank), or per CPU (null
-    /// slot) if no slot is free.
+    /// this thread's slot (its ticket is returned, with the bank), or per
+    /// CPU (null ticket) if no slot is free.
     #[allow(clippy::inline_always)] // the read side must inline
     #[inline(always)]
-    pub(crate) fn guard_lock(&self) -> (*const Slot, usize) {
+    pub(crate) fn guard_lock(&self) -> (*const Count, usize) {
         match self.readers.cached() {
             Some(slot) => self.enter(slot),
             None => self.guard_lock_uncached(),
@@ -156,20 +157,20 @@ impl Inner {
     /// Counts a guard section in `slot`, this thread's.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn enter(&self, slot: &Slot) -> (*const Slot, usize) {
+    fn enter(&self, slot: &Slot) -> (*const Count, usize) {
         let bank = self.active_bank.load(Ordering::Relaxed);
-        slot.enter(bank);
+        let ticket = slot.enter(bank);
         // B: the section's loads come after the count; pairs with the
         // heavy fences in `drained`.
         slot_fence();
-        (slot, bank)
+        (ticket.as_ptr(), bank)
     }
 
     /// A guard section of a thread whose slot is not cached: claims one,
-    /// or counts per CPU (null slot) if none is free.
+    /// or counts per CPU (null ticket) if none is free.
     #[cold]
     #[inline(never)]
-    fn guard_lock_uncached(&self) -> (*const Slot, usize) {
+    fn guard_lock_uncached(&self) -> (*const Count, usize) {
         match self.readers.claim() {
             Some(slot) => self.enter(slot),
             None => (core::ptr::null(), self.guard_lock_per_cpu()),
@@ -180,14 +181,13 @@ impl Inner {
     /// thread that began it.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    pub(crate) fn guard_unlock(&self, slot: *const Slot, bank: usize) {
-        // SAFETY: `guard_lock` returned this slot of ours, or null; slots
-        // live forever (tables are never freed).
-        match unsafe { slot.as_ref() } {
-            Some(slot) => {
+    pub(crate) fn guard_unlock(&self, ticket: *const Count, bank: usize) {
+        // SAFETY: `guard_lock` returned this ticket, or null.
+        match unsafe { Ticket::from_ptr(ticket) } {
+            Some(ticket) => {
                 // C: the section's loads are done before the count.
                 slot_fence();
-                slot.leave(bank);
+                crate::readers::leave(ticket);
             }
             None => self.guard_unlock_per_cpu(bank),
         }
@@ -570,11 +570,11 @@ impl Srcu {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn read_lock_in<'a>(&'a self, inner: &'a Inner) -> ReadGuard<'a> {
-        let (slot, bank) = inner.guard_lock();
+        let (ticket, bank) = inner.guard_lock();
         ReadGuard {
             srcu: self,
             inner,
-            slot,
+            ticket,
             bank,
         }
     }
@@ -779,10 +779,10 @@ impl Drop for Srcu {
 pub struct ReadGuard<'a> {
     srcu: &'a Srcu,
     inner: &'a Inner,
-    /// This thread's slot, where the section is counted (null: counted
+    /// Where the section is counted in this thread's slot (null: counted
     /// per CPU). A raw pointer, so the guard is neither `Send` nor `Sync`:
     /// the section ends on the thread that began it.
-    slot: *const Slot,
+    ticket: *const Count,
     bank: usize,
 }
 
@@ -798,7 +798,7 @@ impl Drop for ReadGuard<'_> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn drop(&mut self) {
-        self.inner.guard_unlock(self.slot, self.bank);
+        self.inner.guard_unlock(self.ticket, self.bank);
     }
 }
 

@@ -41,7 +41,8 @@
 //! thread-local destructor cannot be registered from a signal handler).
 //! Instead a slot records its owner's kernel thread id, and a thread that
 //! finds no free slot takes over one whose owner has exited
-//! (`tgkill(pid, tid, 0)` fails with `ESRCH`) and whose counts are zero.
+//! (`tgkill(pid, tid, 0)` fails with `ESRCH`) and whose counts balance
+//! (every section it began has ended).
 //! A table therefore holds about as many slots as threads that used its
 //! domains at once, and the process as many tables as domains that were
 //! alive at once. When all [`CAPACITY`] slots are taken by live threads,
@@ -49,12 +50,12 @@
 //! slower.
 //!
 //! # What a grace period pays
-//! Checking a bank reads the per-CPU counts and then one word per claimed
-//! slot (each on its own cache line): the cost grows with the number of
-//! threads that used the domain, where the per-CPU scheme's grew with the
-//! number of CPUs. The heavy fence before the slots are read pairs with
-//! the reader's light fence after its store, exactly as for the per-CPU
-//! lock counts (see the crate's *Memory ordering*).
+//! Checking a bank sums the unlock counts of every CPU and every claimed
+//! slot, issues the heavy fence, and sums their lock counts (each slot on
+//! its own cache line): the cost grows with the number of threads that
+//! used the domain's table, where the per-CPU scheme's grew with the
+//! number of CPUs. The ordering argument is the per-CPU counts' (see the
+//! crate's *Memory ordering*).
 
 use core::cell::Cell;
 use core::sync::atomic::AtomicU64 as IdCounter;
@@ -79,14 +80,14 @@ const CACHE_WAYS: usize = 4;
 /// One thread's guard sections in one domain.
 #[repr(align(128))] // its own pair of cache lines (adjacent-line prefetch)
 pub(crate) struct Slot {
-    /// Guard sections begun per bank, and ended: counts that only grow,
-    /// like the per-CPU ones. Written by the owner only, each raise one
-    /// indivisible add (a signal handler of the owner cannot split it),
-    /// read by grace periods. Two words rather than one count of open
-    /// sections: the next section's raise does not wait for the last
-    /// one's lower to be forwarded from the store buffer.
-    lock: [AtomicU64; 2],
-    unlock: [AtomicU64; 2],
+    /// Guard sections begun per bank (`LOCK + bank`), and ended
+    /// (`UNLOCK + bank`): counts that only grow, like the per-CPU ones.
+    /// Written by the owner only, each add indivisible (a signal handler
+    /// of the owner cannot split it), read by grace periods. Two counts
+    /// rather than one count of open sections: the next section's add
+    /// does not wait for the last one's to be forwarded from the store
+    /// buffer.
+    counts: [AtomicU64; 4],
     /// The owning thread's [`thread_id`] (0: free).
     owner: AtomicU64,
     /// The owner's kernel thread id (0: not yet known), for telling an
@@ -98,70 +99,110 @@ impl Slot {
     #[cfg(pcpu_loom)]
     fn new() -> Self {
         Self {
-            lock: [AtomicU64::new(0), AtomicU64::new(0)],
-            unlock: [AtomicU64::new(0), AtomicU64::new(0)],
+            counts: core::array::from_fn(|_| AtomicU64::new(0)),
             owner: AtomicU64::new(0),
             tid: AtomicU64::new(0),
         }
     }
 
-    /// Counts a section begun on `bank` (0 or 1; owner only).
-    /// Async-signal-safe.
+    /// Counts a section begun on `bank` (0 or 1; owner only) and returns
+    /// its ticket for [`leave`]. Async-signal-safe.
     #[allow(clippy::inline_always)] // the read side must inline
     #[inline(always)]
-    pub(crate) fn enter(&self, bank: usize) {
+    pub(crate) fn enter(&self, bank: usize) -> Ticket {
         debug_assert!(bank < 2);
         // SAFETY: banks are 0 and 1 (the caller's `active_bank`).
-        raise(unsafe { self.lock.get_unchecked(bank) });
-    }
-
-    /// Counts a section of `bank` (0 or 1) ended (owner only).
-    /// Async-signal-safe.
-    #[allow(clippy::inline_always)]
-    #[inline(always)]
-    pub(crate) fn leave(&self, bank: usize) {
-        debug_assert!(bank < 2);
-        // SAFETY: as in `enter`.
-        raise(unsafe { self.unlock.get_unchecked(bank) });
+        let word = unsafe { self.counts.get_unchecked(LOCK + bank) };
+        raise(word, 0);
+        Ticket(word)
     }
 
     /// Whether every section counted here has ended.
     fn balanced(&self) -> bool {
-        (0..2)
-            .all(|b| self.lock[b].load(Ordering::Relaxed) == self.unlock[b].load(Ordering::Relaxed))
+        (0..2).all(|b| {
+            self.counts[LOCK + b].load(Ordering::Relaxed)
+                == self.counts[UNLOCK + b].load(Ordering::Relaxed)
+        })
     }
 
     fn clear_counts(&self) {
-        for word in self.lock.iter().chain(&self.unlock) {
+        for word in &self.counts {
             word.store(0, Ordering::Relaxed);
         }
     }
 }
 
-/// Adds 1 to a count only this thread writes, in one instruction on
+/// Words of a slot's counts: `LOCK + bank`, `UNLOCK + bank`.
+const LOCK: usize = 0;
+const UNLOCK: usize = 2;
+
+/// A guard section counted in a slot: the lock count it raised (its
+/// unlock count lies `UNLOCK - LOCK` words on).
+#[derive(Clone, Copy)]
+pub(crate) struct Ticket(*const AtomicU64);
+
+impl Ticket {
+    /// The ticket's address, for a guard to keep (null: none).
+    pub(crate) fn as_ptr(self) -> *const AtomicU64 {
+        self.0
+    }
+
+    /// A ticket kept with [`as_ptr`](Self::as_ptr), if not null.
+    ///
+    /// # Safety
+    /// `p` came from `as_ptr` (slots are never freed).
+    pub(crate) unsafe fn from_ptr(p: *const AtomicU64) -> Option<Self> {
+        (!p.is_null()).then_some(Self(p))
+    }
+}
+
+/// Counts the section of `ticket` ended (on the thread that began it).
+/// Async-signal-safe.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) fn leave(ticket: Ticket) {
+    // SAFETY: a ticket is a slot's lock count; its unlock count is in the
+    // same array, `UNLOCK - LOCK` words on.
+    raise(unsafe { &*ticket.0 }, UNLOCK - LOCK);
+}
+
+/// Adds 1 to the count `words` after `word` in a slot's counts (0 or
+/// `UNLOCK - LOCK`), which only this thread writes: in one instruction on
 /// x86-64 (`inc` on memory: no `lock` prefix is needed for a word no
 /// other thread writes, and an instruction is never split by a signal
 /// handler), an atomic add elsewhere. Async-signal-safe.
 #[allow(clippy::inline_always)]
 #[inline(always)]
-fn raise(word: &AtomicU64) {
+fn raise(word: &AtomicU64, words: usize) {
     #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
-    // SAFETY: an aligned `u64` of ours, written by this thread only;
-    // other threads read it with atomic loads, which see the old or the
-    // new value (aligned 8-byte accesses do not tear).
+    // SAFETY: an aligned `u64` of this thread's slot (`words` stays in
+    // its counts), written by this thread only; other threads read it
+    // with atomic loads, which see the old or the new value (aligned
+    // 8-byte accesses do not tear).
     unsafe {
-        core::arch::asm!("inc qword ptr [{0}]", in(reg) word.as_ptr(), options(nostack));
+        if words == 0 {
+            core::arch::asm!("inc qword ptr [{0}]", in(reg) word.as_ptr(), options(nostack));
+        } else {
+            core::arch::asm!(
+                "inc qword ptr [{0} + {d}]",
+                in(reg) word.as_ptr(),
+                d = const (UNLOCK - LOCK) * 8,
+                options(nostack),
+            );
+        }
     }
     #[cfg(not(all(target_arch = "x86_64", not(pcpu_loom))))]
-    word.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: as above, within the slot's counts.
+    unsafe { &*core::ptr::from_ref(word).add(words) }.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A domain's slots: the table it holds while it lives.
 pub(crate) struct Readers {
     table: &'static Table,
-    /// The table's base address, copied here: one load fewer on the
-    /// read side.
+    /// The table's base address and cache way, copied here: fewer loads
+    /// and no arithmetic on the read side.
     base: usize,
+    way: usize,
 }
 
 /// Thread ids (never reused, unlike kernel thread ids), from 1.
@@ -208,6 +249,7 @@ impl Readers {
         Self {
             table,
             base: table.base(),
+            way: way(table.base()),
         }
     }
 
@@ -217,7 +259,8 @@ impl Readers {
     #[inline(always)]
     pub(crate) fn cached(&self) -> Option<&Slot> {
         let base = self.base;
-        let cached = CACHE.with(|c| c[way(base)].get());
+        // SAFETY: `way` is below `CACHE_WAYS`.
+        let cached = CACHE.with(|c| unsafe { c.get_unchecked(self.way) }.get());
         if cached.wrapping_sub(base) < TABLE_BYTES {
             // SAFETY: inside this domain's table: a slot of this thread
             // (see the module docs), valid as long as the table, forever;
@@ -233,7 +276,7 @@ impl Readers {
     pub(crate) fn claim(&self) -> Option<&Slot> {
         let slot = self.table.slot(self.table.claim(thread_id())?);
         // One store: a signal handler sees the old entry or the new one.
-        CACHE.with(|c| c[way(self.base)].set(core::ptr::from_ref(slot) as usize));
+        CACHE.with(|c| c[self.way].set(core::ptr::from_ref(slot) as usize));
         Some(slot)
     }
 
@@ -245,7 +288,7 @@ impl Readers {
     /// The sum of the slots' counts of sections ended on `bank` (read
     /// before the heavy fence, as the per-CPU unlock counts).
     pub(crate) fn unlocks(&self, bank: usize) -> u64 {
-        self.sum(|slot| &slot.unlock[bank & 1])
+        self.sum(|slot| &slot.counts[UNLOCK + (bank & 1)])
     }
 
     /// The sum of the slots' counts of sections begun on `bank` (read
@@ -253,7 +296,7 @@ impl Readers {
     /// [`unlocks`](Self::unlocks) add locks without unlocks: an
     /// overestimate, never an underestimate.
     pub(crate) fn locks(&self, bank: usize) -> u64 {
-        self.sum(|slot| &slot.lock[bank & 1])
+        self.sum(|slot| &slot.counts[LOCK + (bank & 1)])
     }
 
     fn sum(&self, word: impl Fn(&Slot) -> &AtomicU64) -> u64 {
@@ -273,8 +316,6 @@ impl Drop for Readers {
 }
 
 /// The cache way of the table at `base`.
-#[allow(clippy::inline_always)]
-#[inline(always)]
 fn way(base: usize) -> usize {
     (base / TABLE_BYTES) % CACHE_WAYS
 }
@@ -496,10 +537,13 @@ fn reserve() -> Option<*const Slot> {
 /// In a fork child (only the forking thread exists): frees the slots of
 /// every other thread in every table, with their sections (they cannot
 /// end here), and records the forking thread's new kernel thread id in
-/// its own.
+/// its own. Its own: those it owns, and those its cache holds (a signal
+/// handler that interrupted the thread's first id assignment claimed one
+/// under an id the thread then lost).
 #[cfg(not(pcpu_loom))]
 pub(crate) fn after_fork() {
     let me = THREAD_ID.with(Cell::get);
+    let cached: [usize; CACHE_WAYS] = CACHE.with(|c| core::array::from_fn(|w| c[w].get()));
     let tid = current_tid();
     let mut t = TABLES.load(core::sync::atomic::Ordering::Acquire);
     while !t.is_null() {
@@ -507,7 +551,10 @@ pub(crate) fn after_fork() {
         let table = unsafe { &*t };
         for i in 0..table.handed_out() {
             let slot = table.slot(i);
-            if slot.owner.load(Ordering::Relaxed) == me && me != 0 {
+            let owner = slot.owner.load(Ordering::Relaxed);
+            let mine =
+                (owner == me && me != 0) || cached.contains(&(core::ptr::from_ref(slot) as usize));
+            if mine {
                 slot.tid.store(tid, Ordering::Relaxed);
             } else {
                 slot.clear_counts();
