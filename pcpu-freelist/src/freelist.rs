@@ -268,7 +268,8 @@ impl<T> FreeList<T> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn take(&self, wait: bool) -> Option<NonNull<u8>> {
-        match self.lists.pop_local() {
+        // The hints look at this CPU's list before its section too.
+        match self.lists.pop_local(self.hint != EmptyHint::None) {
             LocalPop::Popped(node) => Some(node),
             LocalPop::Empty { slot } => self.take_elsewhere(wait, Some(slot)),
             LocalPop::Locked => self.take_elsewhere(wait, None),

@@ -312,13 +312,16 @@ impl PerCpuStack {
     /// The current CPU's list in one critical section and nothing else: no
     /// lock, no other list. Inlined, for callers whose own-CPU pop must not
     /// pay for their other paths (a freelist's walk over the other lists
-    /// goes after [`LocalPop::Empty`] or [`LocalPop::Locked`]). With empty
-    /// flags, a set flag answers `Empty` without a critical section.
-    /// **Async-signal-safe.**
+    /// goes after [`LocalPop::Empty`] or [`LocalPop::Locked`]).
+    ///
+    /// With `look_first`, a plain look at the list before the section (its
+    /// empty flag if the stack keeps flags, else its head) answers `Empty`
+    /// without a section when it looks empty: a pop on an empty CPU then
+    /// costs a load. **Async-signal-safe.**
     #[allow(clippy::inline_always)] // the own-CPU pop of a freelist
     #[inline(always)]
     #[must_use]
-    pub fn pop_local(&self) -> LocalPop {
+    pub fn pop_local(&self, look_first: bool) -> LocalPop {
         if !self.use_rseq {
             return LocalPop::Locked;
         }
@@ -326,13 +329,12 @@ impl PerCpuStack {
         if let Some(area) = crate::rseq::area::offset() {
             let (base, stride) = self.heads.raw_layout();
             let cpus = self.heads.cpus() as u32;
-            // With empty flags, a plain look at this CPU's flag first: a
-            // pop on an empty CPU then costs a load, not a section
-            // (between operations a set flag means an empty list; the CPU
-            // id read here is a hint, the section reads it again).
-            if self.empty_flags {
+            // The look: between operations a set flag means an empty
+            // list; the CPU id read here is a hint, the section reads it
+            // again.
+            if look_first {
                 let cpu = crate::rseq::area::read_cpu_id(area);
-                if cpu < cpus && self.flagged_empty(cpu as usize) {
+                if cpu < cpus && self.looks_empty_for_pop(cpu as usize) {
                     return LocalPop::Empty { slot: cpu as usize };
                 }
             }
@@ -351,7 +353,7 @@ impl PerCpuStack {
         #[cfg(pcpu_loom)]
         {
             let cpu = crate::loom_cpu::current();
-            if self.empty_flags && cpu < self.heads.cpus() && self.flagged_empty(cpu) {
+            if look_first && cpu < self.heads.cpus() && self.looks_empty_for_pop(cpu) {
                 return LocalPop::Empty { slot: cpu };
             }
             let mut popped = None;
@@ -446,11 +448,24 @@ impl PerCpuStack {
         }
     }
 
-    /// The rseq pop; `Err` if it must take the locked path.
+    /// The look of [`pop_local`](Self::pop_local): list `slot`'s flag if
+    /// kept, else its head.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn looks_empty_for_pop(&self, slot: usize) -> bool {
+        if self.empty_flags {
+            self.flagged_empty(slot)
+        } else {
+            self.looks_empty(slot)
+        }
+    }
+
+    /// The rseq pop; `Err` if it must take the locked path. With empty
+    /// flags, a set flag answers `None` without a section.
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn pop_fast(&self) -> Result<Option<NonNull<u8>>, ()> {
-        match self.pop_local() {
+        match self.pop_local(self.empty_flags) {
             LocalPop::Popped(node) => Ok(Some(node)),
             LocalPop::Empty { .. } => Ok(None),
             LocalPop::Locked => Err(()),

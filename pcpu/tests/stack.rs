@@ -213,15 +213,7 @@ fn bare_lists_push_and_pop_on_the_current_cpu() {
     }
     let popped = std::thread::scope(|s| {
         s.spawn(|| {
-            // SAFETY: pins this scoped thread only.
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(0, &mut set);
-                assert_eq!(
-                    libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set),
-                    0
-                );
-            }
+            pin_to_cpu0();
             let first: Vec<_> = std::iter::from_fn(|| stack.pop()).collect();
             for &node in first.iter().rev() {
                 // SAFETY: popped, so ours; pushed back once.
@@ -246,4 +238,58 @@ fn bare_lists_push_and_pop_on_the_current_cpu() {
         .map(|n| core::ptr::from_ref(n) as usize)
         .collect();
     assert_eq!(popped, expected);
+}
+
+/// Pins the calling thread to CPU 0.
+fn pin_to_cpu0() {
+    // SAFETY: pins the calling thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set),
+            0
+        );
+    }
+}
+
+/// `pop_local`, pinned to CPU 0: the node on CPU 0's list comes back in
+/// one section; then the list is reported empty, by its slot, with and
+/// without the look first, for both kinds of stack (without rseq every
+/// list takes the locked path).
+#[test]
+fn pop_local_pops_and_reports_empty() {
+    use pcpu::LocalPop;
+    for flags in [false, true] {
+        let nodes = pool(1);
+        let stack = if flags {
+            PerCpuStack::with_empty_flags(0)
+        } else {
+            PerCpuStack::new(0)
+        };
+        // An address: nodes are not `Sync` (their link word is written
+        // through raw pointers).
+        let addr = core::ptr::from_ref(&nodes[0]) as usize;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let a = NonNull::new(addr as *mut u8).unwrap();
+                pin_to_cpu0();
+                // SAFETY: a pool node, in one list at a time.
+                unsafe { stack.push_slot(0, a) };
+                if !stack.uses_rseq() {
+                    assert_eq!(stack.pop_local(true), LocalPop::Locked);
+                    return;
+                }
+                assert_eq!(stack.pop_local(true), LocalPop::Popped(a));
+                for look in [true, false] {
+                    assert_eq!(stack.pop_local(look), LocalPop::Empty { slot: 0 });
+                }
+                assert_eq!(
+                    stack.flagged_empty(0),
+                    flags,
+                    "flag set by the emptying pop"
+                );
+            });
+        });
+    }
 }
