@@ -12,7 +12,9 @@ use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize
 
 use crate::readers::{Readers, Slot, Ticket};
 use crate::reclaim::Reclaimer;
-use pcpu::unstable::sync::atomic::AtomicU64 as Count;
+
+/// A count in a reader slot (a guard's ticket points at one).
+type Count = AtomicU64;
 
 /// Words of a CPU's counts: `LOCK + bank`, `UNLOCK + bank`.
 const LOCK: usize = 0;
@@ -405,11 +407,15 @@ fn backoff(_round: u32, _expedited: bool) {
 /// [`SrcuCell::read`](crate::SrcuCell::read)) adds 1 to two counts in
 /// the calling thread's *slot* of the domain, with a compiler fence: what
 /// liburcu's read side costs. A thread claims its slot on its first
-/// section, without registering; the slot of a thread that exited is
-/// taken over by the next thread that needs one. A slot is 128 bytes; a
-/// domain reserves 1024 of them (virtual memory, touched as claimed);
-/// threads beyond that, and every thread where `membarrier` is not
-/// available, count guard sections per CPU instead. A raw section
+/// section, without registering, and keeps its address in a small
+/// thread-local cache (four domains used in turn by one thread stay
+/// cached; more cost a scan of the domain's slots per miss); the slot of
+/// a thread that exited is taken over by the next thread that needs one.
+/// A slot is 128 bytes; a domain's table reserves 1024 of them (virtual
+/// memory, touched as claimed; a dropped domain's table is kept for the
+/// next new domain, never unmapped); threads beyond that, and every
+/// thread where `membarrier` is not available, count guard sections per
+/// CPU instead. A raw section
 /// ([`read_lock_raw`](Self::read_lock_raw)), which may end on another
 /// thread, is always counted per CPU (an rseq add). A grace period reads
 /// every CPU's counts and every claimed slot: its cost grows with the

@@ -371,9 +371,15 @@ impl Table {
     /// loom: loom's atomics cannot be in a `static`.
     #[cfg(pcpu_loom)]
     fn none() -> &'static Self {
+        Self::leak(NO_SLOTS_BASE as *const Slot, 0)
+    }
+
+    /// A table of `len` slots at `base`, held, leaked (tables are never
+    /// freed).
+    fn leak(base: *const Slot, len: usize) -> &'static mut Self {
         Box::leak(Box::new(Self {
-            base: NO_SLOTS_BASE as *const Slot,
-            len: 0,
+            base,
+            len,
             used: AtomicUsize::new(0),
             held: core::sync::atomic::AtomicBool::new(true),
             next: core::ptr::null(),
@@ -401,13 +407,7 @@ impl Table {
         let Some(base) = reserve() else {
             return Self::none();
         };
-        let table: &'static mut Self = Box::leak(Box::new(Self {
-            base,
-            len: CAPACITY,
-            used: AtomicUsize::new(0),
-            held: core::sync::atomic::AtomicBool::new(true),
-            next: core::ptr::null(),
-        }));
+        let table = Self::leak(base, CAPACITY);
         let mut head = TABLES.load(Relaxed);
         loop {
             table.next = head;
@@ -423,13 +423,7 @@ impl Table {
     #[cfg(pcpu_loom)]
     fn take() -> &'static Self {
         let slots: &'static [Slot] = Box::leak((0..CAPACITY).map(|_| Slot::new()).collect());
-        Box::leak(Box::new(Self {
-            base: slots.as_ptr(),
-            len: CAPACITY,
-            used: AtomicUsize::new(0),
-            held: core::sync::atomic::AtomicBool::new(true),
-            next: core::ptr::null(),
-        }))
+        Self::leak(slots.as_ptr(), CAPACITY)
     }
 
     /// Hands the table on to a later domain, its counts cleared.

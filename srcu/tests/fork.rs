@@ -53,6 +53,24 @@ fn fork_and_check(child: impl FnOnce() -> i32) -> i32 {
     }
 }
 
+/// Runs `run` on this thread while another thread holds a guard
+/// section of `domain` from before it until after it returns (across the
+/// fork `run` makes); returns what `run` returns.
+fn while_another_thread_reads(domain: &Srcu, run: impl FnOnce() -> i32) -> i32 {
+    let (held, forked) = (Barrier::new(2), Barrier::new(2));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _guard = domain.read_lock();
+            held.wait();
+            forked.wait(); // holds the section across the fork
+        });
+        held.wait();
+        let code = run();
+        forked.wait();
+        code
+    })
+}
+
 #[test]
 fn child_handles_sections_and_leases_held_at_fork() {
     let domain = Srcu::new();
@@ -96,17 +114,10 @@ fn child_runs_callbacks_queued_before_the_fork_while_another_thread_read() {
     DOMAIN.prepare();
     let cell = SrcuCell::new(&DOMAIN, Some(1u64));
     let set = LeaseSet::with_timeout(&DOMAIN, Duration::from_millis(20));
-    let (held, forked) = (Barrier::new(2), Barrier::new(2));
-    let code = std::thread::scope(|s| {
-        s.spawn(|| {
-            let _guard = DOMAIN.read_lock();
-            held.wait();
-            forked.wait(); // holds the section across the fork
-        });
-        held.wait();
+    let code = while_another_thread_reads(&DOMAIN, || {
         // Waits for the reader above: pending (or in flight) at the fork.
         DOMAIN.call(|| RAN.store(true, SeqCst));
-        let code = fork_and_check(|| {
+        fork_and_check(|| {
             DOMAIN.barrier();
             let ran = RAN.load(SeqCst);
             let completes = DOMAIN.synchronize_timeout(Duration::from_secs(20));
@@ -120,9 +131,7 @@ fn child_runs_callbacks_queued_before_the_fork_while_another_thread_read() {
                 && fresh.is_expired();
             drop((reused, fresh));
             i32::from(!ran) | i32::from(!completes) << 1 | i32::from(!leases_expire) << 2
-        });
-        forked.wait();
-        code
+        })
     });
     assert_eq!(
         code, 0,
@@ -159,23 +168,14 @@ fn a_section_of_the_forking_thread_stays_counted_in_the_child() {
 fn another_threads_guard_is_discounted_while_the_forking_thread_holds_one() {
     let domain = Srcu::new();
     domain.prepare();
-    let (held, forked) = (Barrier::new(2), Barrier::new(2));
-    let code = std::thread::scope(|s| {
-        s.spawn(|| {
-            let _guard = domain.read_lock();
-            held.wait();
-            forked.wait(); // holds the section across the fork
-        });
-        held.wait();
+    let code = while_another_thread_reads(&domain, || {
         let guard = domain.read_lock();
-        let code = fork_and_check(|| {
+        fork_and_check(|| {
             let waited = !domain.synchronize_timeout(Duration::from_millis(50));
             drop(guard);
             let completes = domain.synchronize_timeout(Duration::from_secs(20));
             i32::from(!waited) | i32::from(!completes) << 1
-        });
-        forked.wait();
-        code
+        })
     });
     assert_eq!(
         code, 0,
