@@ -141,19 +141,26 @@ fn child_runs_callbacks_queued_before_the_fork_while_another_thread_read() {
     assert!(RAN.load(SeqCst));
 }
 
+/// Forks holding a guard section of `domain`; the child checks that a
+/// grace period waits for that section (bit 0 if not), ends it, and
+/// checks that a grace period then completes (bit 1 if not).
+fn fork_holding_a_guard(domain: &Srcu) -> i32 {
+    let guard = domain.read_lock();
+    fork_and_check(|| {
+        let waited = !domain.synchronize_timeout(Duration::from_millis(50));
+        drop(guard);
+        let completes = domain.synchronize_timeout(Duration::from_secs(20));
+        i32::from(!waited) | i32::from(!completes) << 1
+    })
+}
+
 /// A section the forking thread holds across the fork is its own in the
 /// child too: it stays counted (discounting it would let the child free
 /// what the section still reads), and ending it in the child ends it.
 #[test]
 fn a_section_of_the_forking_thread_stays_counted_in_the_child() {
     let domain = Srcu::new();
-    let guard = domain.read_lock();
-    let code = fork_and_check(|| {
-        let waited = !domain.synchronize_timeout(Duration::from_millis(50));
-        drop(guard);
-        let completes = domain.synchronize_timeout(Duration::from_secs(20));
-        i32::from(!waited) | i32::from(!completes) << 1
-    });
+    let code = fork_holding_a_guard(&domain);
     assert_eq!(
         code, 0,
         "child: -1 killed (hung), bit0 own section discounted, bit1 no grace period"
@@ -168,15 +175,7 @@ fn a_section_of_the_forking_thread_stays_counted_in_the_child() {
 fn another_threads_guard_is_discounted_while_the_forking_thread_holds_one() {
     let domain = Srcu::new();
     domain.prepare();
-    let code = while_another_thread_reads(&domain, || {
-        let guard = domain.read_lock();
-        fork_and_check(|| {
-            let waited = !domain.synchronize_timeout(Duration::from_millis(50));
-            drop(guard);
-            let completes = domain.synchronize_timeout(Duration::from_secs(20));
-            i32::from(!waited) | i32::from(!completes) << 1
-        })
-    });
+    let code = while_another_thread_reads(&domain, || fork_holding_a_guard(&domain));
     assert_eq!(
         code, 0,
         "child: -1 killed (hung), bit0 own section discounted, bit1 other thread's section still counted"
