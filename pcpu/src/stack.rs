@@ -325,6 +325,9 @@ impl PerCpuStack {
         if !self.use_rseq {
             return LocalPop::Locked;
         }
+        // No critical sections here (aarch64 and others): only locks.
+        #[cfg(not(any(pcpu_arch = "x86_64", pcpu_loom)))]
+        let _ = look_first;
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         if let Some(area) = crate::rseq::area::offset() {
             let (base, stride) = self.heads.raw_layout();
@@ -452,6 +455,7 @@ impl PerCpuStack {
     /// kept, else its head.
     #[allow(clippy::inline_always)]
     #[inline(always)]
+    #[cfg_attr(not(any(pcpu_arch = "x86_64", pcpu_loom)), allow(dead_code))]
     fn looks_empty_for_pop(&self, slot: usize) -> bool {
         if self.empty_flags {
             self.flagged_empty(slot)
