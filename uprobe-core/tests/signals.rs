@@ -100,8 +100,48 @@ extern "C" fn on_alarm(_: libc::c_int) {
     NESTED.fetch_sub(1, SeqCst);
 }
 
+/// Sets SIGALRM's blocking on the calling thread.
+fn block_alarm(block: bool) {
+    // SAFETY: plain signal-mask calls on this thread.
+    unsafe {
+        let mut set: libc::sigset_t = core::mem::zeroed();
+        libc::sigemptyset(&raw mut set);
+        libc::sigaddset(&raw mut set, libc::SIGALRM);
+        let how = if block {
+            libc::SIG_BLOCK
+        } else {
+            libc::SIG_UNBLOCK
+        };
+        assert_eq!(
+            libc::pthread_sigmask(how, &raw const set, core::ptr::null_mut()),
+            0
+        );
+    }
+}
+
 #[test]
 fn nested_program_signal_handlers_may_call_probed_code() {
+    // Ticks nest: each one a signal frame and, where it lands inside a
+    // probe hit, that hit's frames (tens of KB per level in a debug build;
+    // under an emulator, whose clock runs fast against the code, ticks
+    // nest deeper). A test thread's 2 MiB ran out under qemu: the run
+    // gets a thread with a stack of its own, SIGALRM blocked here.
+    block_alarm(true);
+    let run = std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(|| {
+            block_alarm(false);
+            nested_ticks_calling_probed_code();
+        })
+        .expect("spawn the run's thread")
+        .join();
+    block_alarm(false);
+    if let Err(panic) = run {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn nested_ticks_calling_probed_code() {
     install(libc::SIGALRM, on_alarm, libc::SA_NODEFER | libc::SA_RESTART);
     let f: extern "C" fn(u64) -> u64 = probed_triple;
     // SAFETY: a function's address starts an instruction.
