@@ -62,6 +62,19 @@
 //!
 //! Counts are 64-bit and wrap; the sums are compared, not subtracted.
 //!
+//! # Why per-thread slots
+//! The kernel's 2025 answer, SRCU-fast, keeps per-CPU counters and drops
+//! the read side's full barrier; in userspace a per-CPU add is an rseq
+//! critical section, and a read section needs two of them, about twice
+//! liburcu's thread-local read side. A thread's own slot needs no rseq
+//! (only its thread writes it), which is what makes guard sections cost
+//! what liburcu's do. The price: 128 bytes per thread per domain table
+//! (tables are reused, never freed; see [`Srcu`]'s *Costs*), and a grace
+//! period reads every claimed slot as well as every CPU. The loom models
+//! (`tests/loom.rs`, `RUSTFLAGS="--cfg pcpu_loom"`) check guard sections
+//! on several threads claiming slots across grace periods, nested guards
+//! on both banks, raw sections ended elsewhere and the leases.
+//!
 //! # Fork
 //! A child discounts the read sections of the threads that do not exist
 //! there and restarts the helper threads; see [`Srcu`]'s *Fork* section
