@@ -293,10 +293,10 @@ impl<T> FreeList<T> {
         })
     }
 
-    /// This CPU's list (unless `empty`: the list just found empty, which
-    /// is then taken as this CPU's), then the others from the next one
-    /// round to the one before ours, skipping lists `looks_empty` rules
-    /// out.
+    /// This CPU's list under its lock (unless `empty`: the list its
+    /// critical section just found empty, then taken as this CPU's), then
+    /// the others from the next one round to the one before ours,
+    /// skipping lists `looks_empty` rules out.
     #[inline]
     fn walk(
         &self,
@@ -306,18 +306,6 @@ impl<T> FreeList<T> {
     ) -> Option<NonNull<u8>> {
         let lists = &self.lists;
         let here = empty.unwrap_or_else(|| lists.current_slot());
-        if empty.is_none() && !looks_empty(here) {
-            // Without rseq, or with this CPU's list locked, it is locked
-            // like the others.
-            let popped = match (lists.uses_rseq(), wait) {
-                (true, true) => lists.pop(),
-                (true, false) => lists.try_pop().ok().flatten(),
-                (false, _) => self.pop_list(here, wait),
-            };
-            if popped.is_some() {
-                return popped;
-            }
-        }
         let try_list = |slot| {
             if looks_empty(slot) {
                 None
@@ -325,6 +313,14 @@ impl<T> FreeList<T> {
                 self.pop_list(slot, wait)
             }
         };
+        // No section could run on this CPU's list (no rseq, the list
+        // locked, a CPU beyond the possible ones): it is locked like the
+        // others.
+        if empty.is_none()
+            && let Some(node) = try_list(here)
+        {
+            return Some(node);
+        }
         // Two plain loops (a chained iterator costs a branch per step).
         for slot in here + 1..lists.slots() {
             if let Some(node) = try_list(slot) {

@@ -13,9 +13,6 @@ use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize
 use crate::readers::{Readers, Slot, Ticket};
 use crate::reclaim::Reclaimer;
 
-/// A count in a reader slot (a guard's ticket points at one).
-type Count = AtomicU64;
-
 /// Words of a CPU's counts: `LOCK + bank`, `UNLOCK + bank`.
 const LOCK: usize = 0;
 const UNLOCK: usize = 2;
@@ -146,10 +143,10 @@ impl Inner {
 
     /// Begins a guard section (one that ends on this thread): counted in
     /// this thread's slot (its ticket is returned, with the bank), or per
-    /// CPU (null ticket) if no slot is free.
+    /// CPU (no ticket) if no slot is free.
     #[allow(clippy::inline_always)] // the read side must inline
     #[inline(always)]
-    pub(crate) fn guard_lock(&self) -> (*const Count, usize) {
+    pub(crate) fn guard_lock(&self) -> (Option<Ticket>, usize) {
         match self.readers.cached() {
             Some(slot) => self.enter(slot),
             None => self.guard_lock_uncached(),
@@ -159,23 +156,23 @@ impl Inner {
     /// Counts a guard section in `slot`, this thread's.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn enter(&self, slot: &Slot) -> (*const Count, usize) {
+    fn enter(&self, slot: &Slot) -> (Option<Ticket>, usize) {
         let bank = self.active_bank.load(Ordering::Relaxed);
         let ticket = slot.enter(bank);
         // B: the section's loads come after the count; pairs with the
         // heavy fences in `drained`.
         slot_fence();
-        (ticket.as_ptr(), bank)
+        (Some(ticket), bank)
     }
 
     /// A guard section of a thread whose slot is not cached: claims one,
-    /// or counts per CPU (null ticket) if none is free.
+    /// or counts per CPU (no ticket) if none is free.
     #[cold]
     #[inline(never)]
-    fn guard_lock_uncached(&self) -> (*const Count, usize) {
+    fn guard_lock_uncached(&self) -> (Option<Ticket>, usize) {
         match self.readers.claim() {
             Some(slot) => self.enter(slot),
-            None => (core::ptr::null(), self.guard_lock_per_cpu()),
+            None => (None, self.guard_lock_per_cpu()),
         }
     }
 
@@ -183,9 +180,8 @@ impl Inner {
     /// thread that began it.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    pub(crate) fn guard_unlock(&self, ticket: *const Count, bank: usize) {
-        // SAFETY: `guard_lock` returned this ticket, or null.
-        match unsafe { Ticket::from_ptr(ticket) } {
+    pub(crate) fn guard_unlock(&self, ticket: Option<Ticket>, bank: usize) {
+        match ticket {
             Some(ticket) => {
                 // C: the section's loads are done before the count.
                 slot_fence();
@@ -785,10 +781,10 @@ impl Drop for Srcu {
 pub struct ReadGuard<'a> {
     srcu: &'a Srcu,
     inner: &'a Inner,
-    /// Where the section is counted in this thread's slot (null: counted
-    /// per CPU). A raw pointer, so the guard is neither `Send` nor `Sync`:
-    /// the section ends on the thread that began it.
-    ticket: *const Count,
+    /// Where the section is counted in this thread's slot (`None`:
+    /// counted per CPU). Neither `Send` nor `Sync`, nor is the guard: the
+    /// section ends on the thread that began it.
+    ticket: Option<Ticket>,
     bank: usize,
 }
 

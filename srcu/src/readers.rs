@@ -114,7 +114,7 @@ impl Slot {
         // SAFETY: banks are 0 and 1 (the caller's `active_bank`).
         let word = unsafe { self.counts.get_unchecked(LOCK + bank) };
         raise(word, 0);
-        Ticket(word)
+        Ticket(core::ptr::NonNull::from(word))
     }
 
     /// Whether every section counted here has ended.
@@ -137,33 +137,19 @@ const LOCK: usize = 0;
 const UNLOCK: usize = 2;
 
 /// A guard section counted in a slot: the lock count it raised (its
-/// unlock count lies `UNLOCK - LOCK` words on).
+/// unlock count lies `UNLOCK - LOCK` words on). A raw pointer, so neither
+/// `Send` nor `Sync`: the section ends on the thread that began it.
 #[derive(Clone, Copy)]
-pub(crate) struct Ticket(*const AtomicU64);
-
-impl Ticket {
-    /// The ticket's address, for a guard to keep (null: none).
-    pub(crate) fn as_ptr(self) -> *const AtomicU64 {
-        self.0
-    }
-
-    /// A ticket kept with [`as_ptr`](Self::as_ptr), if not null.
-    ///
-    /// # Safety
-    /// `p` came from `as_ptr` (slots are never freed).
-    pub(crate) unsafe fn from_ptr(p: *const AtomicU64) -> Option<Self> {
-        (!p.is_null()).then_some(Self(p))
-    }
-}
+pub(crate) struct Ticket(core::ptr::NonNull<AtomicU64>);
 
 /// Counts the section of `ticket` ended (on the thread that began it).
 /// Async-signal-safe.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 pub(crate) fn leave(ticket: Ticket) {
-    // SAFETY: a ticket is a slot's lock count; its unlock count is in the
-    // same array, `UNLOCK - LOCK` words on.
-    raise(unsafe { &*ticket.0 }, UNLOCK - LOCK);
+    // SAFETY: a ticket is a slot's lock count (slots are never freed); its
+    // unlock count is in the same array, `UNLOCK - LOCK` words on.
+    raise(unsafe { ticket.0.as_ref() }, UNLOCK - LOCK);
 }
 
 /// Adds 1 to the count `words` after `word` in a slot's counts (0 or
