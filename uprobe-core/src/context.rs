@@ -26,7 +26,7 @@ pub struct EntryContext<'a> {
     pub(crate) cookie: u64,
     pub(crate) skip_return: bool,
     /// The USDT probe's arguments, for a probe made on one.
-    pub(crate) usdt: Option<&'a [crate::usdt::UsdtArg]>,
+    pub(crate) usdt: Option<&'a [crate::usdt::arg::UsdtArg]>,
 }
 
 impl<'a> EntryContext<'a> {
@@ -52,7 +52,7 @@ impl<'a> EntryContext<'a> {
     /// probed instruction).
     #[must_use]
     pub fn usdt_arg(&self, n: usize) -> Option<i64> {
-        use crate::usdt::UsdtLocation;
+        use crate::usdt::arg::UsdtLocation;
         let arg = self.usdt?.get(n)?;
         let raw = match arg.location {
             UsdtLocation::Constant(v) => v as u64,
@@ -97,7 +97,7 @@ impl<'a> EntryContext<'a> {
     /// The thread that hit the probe (its kernel thread id).
     #[must_use]
     pub fn tid(&self) -> i32 {
-        crate::engine::current_tid()
+        crate::thread::current_tid()
     }
 
     /// Stores `cookie` for this call's return handler (a session: a probe
@@ -201,7 +201,7 @@ impl<'a> ReturnContext<'a> {
     /// The thread that returned (its kernel thread id).
     #[must_use]
     pub fn tid(&self) -> i32 {
-        crate::engine::current_tid()
+        crate::thread::current_tid()
     }
 }
 

@@ -335,42 +335,40 @@ compile_error!(
 );
 
 // The engine runs on x86-64 and aarch64; elsewhere the crate builds with
-// just its error type.
+// just its error type. The modules form layers, each using only those
+// listed before it (see ARCHITECTURE.md); the architecture's modules
+// (`arch`) sit among them, each at the layer of what it does.
 #[cfg(uprobe_engine)]
-mod blocked_code;
+mod attach;
 #[cfg(uprobe_engine)]
-mod checks;
+mod code;
 #[cfg(uprobe_engine)]
 mod context;
 #[cfg(uprobe_engine)]
 mod deferral;
 #[cfg(uprobe_engine)]
-mod engine;
+mod entry;
 mod error;
 #[cfg(uprobe_engine)]
-mod jump;
-#[cfg(uprobe_engine)]
-mod lookup;
-#[cfg(uprobe_engine)]
-mod maps;
+mod hit;
 #[cfg(uprobe_engine)]
 mod mode;
 #[cfg(uprobe_engine)]
+mod patch;
+#[cfg(uprobe_engine)]
 mod probe;
 #[cfg(uprobe_engine)]
-mod return_stubs;
+mod process;
 #[cfg(uprobe_engine)]
-mod returns;
-#[cfg(uprobe_engine)]
-mod symbols;
+mod site;
 #[cfg(uprobe_engine)]
 mod table;
+#[cfg(uprobe_engine)]
+mod thread;
 #[cfg(uprobe_engine)]
 pub mod usdt;
 #[cfg(uprobe_arch = "x86_64")]
 mod x86_64;
-#[cfg(uprobe_engine)]
-mod xol;
 #[cfg(uprobe_arch = "x86_64")]
 use x86_64 as arch;
 #[cfg(uprobe_arch = "aarch64")]
@@ -400,8 +398,8 @@ pub mod bench_only {
     /// independent decoder.
     #[cfg(uprobe_arch = "aarch64")]
     pub use crate::arch::{Class, classify};
-    pub use crate::lookup::Lookup;
-    pub use crate::returns::{Pinning, ReturnHold};
+    pub use crate::site::returns::{Pinning, ReturnHold};
+    pub use crate::table::lookup::Lookup;
 
     /// Chooses how the trap handler protects its table lookup. Only call
     /// it while no probe is attached (it is not synchronised with hits
@@ -409,7 +407,7 @@ pub mod bench_only {
     /// SRCU default never does.
     #[cfg(feature = "bench-variants")]
     pub fn set_lookup(lookup: Lookup) {
-        crate::lookup::set_mode(lookup);
+        crate::table::lookup::set_mode(lookup);
     }
 
     /// Chooses how pending returns keep their probe alive: an SRCU lease
@@ -417,7 +415,7 @@ pub mod bench_only {
     /// (the kernel before it). Only call it while no return is pending.
     #[cfg(feature = "bench-variants")]
     pub fn set_return_hold(hold: ReturnHold) {
-        crate::returns::set_hold(hold);
+        crate::site::returns::set_hold(hold);
     }
 
     /// Chooses how an in-flight charge ([`Uprobe::max_active`](crate::Uprobe::max_active))
@@ -426,7 +424,7 @@ pub mod bench_only {
     /// Applies to probes attached from now on.
     #[cfg(feature = "bench-variants")]
     pub fn set_in_flight_pinning(pinning: Pinning) {
-        crate::returns::set_pinning(pinning);
+        crate::site::returns::set_pinning(pinning);
     }
 
     /// Makes the signal deferral of trap-ended slots take one process-wide
@@ -441,21 +439,21 @@ pub mod bench_only {
     /// Async-signal-safe.
     #[must_use]
     pub fn pending_returns() -> usize {
-        crate::returns::pending()
+        crate::hit::returns::pending()
     }
 
     /// Per-thread stacks of pending returns made so far (the pool grows
     /// as threads need them; for tests). Not async-signal-safe.
     #[must_use]
     pub fn return_stacks() -> usize {
-        crate::returns::stacks()
+        crate::hit::returns::stacks()
     }
 
     /// The lookup in use.
     #[must_use]
     #[cfg(feature = "bench-variants")]
     pub fn lookup() -> Lookup {
-        crate::lookup::mode()
+        crate::table::lookup::mode()
     }
 
     /// Makes out-of-line slots created from now on end in a trap (two
@@ -464,7 +462,7 @@ pub mod bench_only {
     /// code, forced everywhere to measure it.
     #[cfg(feature = "bench-variants")]
     pub fn force_trap_back_slots(on: bool) {
-        crate::xol::force_trap_back(on);
+        crate::code::slots::force_trap_back(on);
     }
 
     /// The file and file offset that executable address `addr` of this
@@ -472,7 +470,7 @@ pub mod bench_only {
     /// attached to), if any.
     #[must_use]
     pub fn file_offset_of(addr: usize) -> Option<(std::path::PathBuf, u64)> {
-        crate::maps::file_offset_of(addr)
+        crate::process::maps::file_offset_of(addr)
     }
 
     /// Makes trampolines made from now on fail as if no free gap were
@@ -481,13 +479,13 @@ pub mod bench_only {
     /// Sites that already have a trampoline keep it. Not
     /// async-signal-safe.
     pub fn no_trampoline_room(on: bool) {
-        crate::jump::refuse_trampoline_room(on);
+        crate::code::trampolines::refuse_room(on);
     }
 
     /// Whether `ip` is inside an out-of-line slot (for tests that check
     /// where signals find a thread). Async-signal-safe.
     #[must_use]
     pub fn in_xol_slot(ip: usize) -> bool {
-        crate::xol::origin_of(ip).is_some()
+        crate::code::slots::origin_of(ip).is_some()
     }
 }

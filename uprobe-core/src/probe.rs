@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::AttachError;
+use crate::attach::{self, queries};
 use crate::context::{EntryContext, ReturnContext};
-use crate::engine::{self, Consumer};
-use crate::returns::{ReturnHandler, ReturnProbe};
-use crate::symbols::{self, Function};
+use crate::process::symbols::{self, Function};
+use crate::site::consumer::{Consumer, Handler};
+use crate::site::returns::{ReturnHandler, ReturnProbe};
 
 /// A probe to attach: where, and what runs on each hit.
 ///
@@ -31,7 +32,7 @@ use crate::symbols::{self, Function};
 /// ```
 pub struct Uprobe {
     addr: usize,
-    handler: Option<engine::Handler>,
+    handler: Option<Handler>,
     ret_handler: Option<ReturnHandler>,
     max_active: Option<NonZeroUsize>,
     only_tid: i32,
@@ -102,7 +103,7 @@ impl Uprobe {
         offset: u64,
     ) -> Result<Self, AttachError> {
         let path = path.as_ref();
-        let addr = crate::maps::address_of_file_offset(path, offset).ok_or_else(|| {
+        let addr = crate::process::maps::address_of_file_offset(path, offset).ok_or_else(|| {
             AttachError::FileOffsetNotMapped {
                 path: path.display().to_string(),
                 offset,
@@ -240,7 +241,7 @@ impl Uprobe {
             });
         }
         let inside = self.addr > f.start && (f.size == 0 || self.addr < f.start + f.size);
-        let end = crate::maps::code_end(f.start).unwrap_or(f.start);
+        let end = crate::process::maps::code_end(f.start).unwrap_or(f.start);
         let code_end = if f.size == 0 {
             end
         } else {
@@ -249,7 +250,7 @@ impl Uprobe {
         let on_boundary = inside && {
             // `[f.start, code_end)` lies in executable mappings; probes
             // there may have patched it.
-            let code = engine::original_code(f.start, code_end - f.start);
+            let code = queries::original_code(f.start, code_end - f.start);
             crate::arch::is_boundary(f.start, self.addr, &code)
         };
         if on_boundary {
@@ -380,7 +381,7 @@ impl Uprobe {
         for p in &probes {
             p.check_boundary()?;
             if !p.allow_blocked {
-                crate::blocked_code::refuse(p.addr)?;
+                crate::process::blocked_code::refuse(p.addr)?;
             }
         }
         let items: Vec<(usize, Arc<Consumer>)> = probes
@@ -401,8 +402,8 @@ impl Uprobe {
             })
             .collect();
         // SAFETY: `address`'s contract, or checked by `check_boundary`.
-        if let Err((failed, e)) = unsafe { engine::attach_many(&items) } {
-            let _ = engine::detach_many(&items[..failed]);
+        if let Err((failed, e)) = unsafe { attach::attach_many(&items) } {
+            let _ = attach::detach_many(&items[..failed]);
             return Err(e);
         }
         for (_, c) in &items {
@@ -458,7 +459,7 @@ impl Probe {
     /// async-signal-safe.
     #[must_use]
     pub fn mode(&self) -> crate::Mode {
-        engine::mode(self.addr).unwrap_or(crate::Mode::Trap(crate::NotOptimized::CodeChanged))
+        queries::mode(self.addr).unwrap_or(crate::Mode::Trap(crate::NotOptimized::CodeChanged))
     }
 
     /// Return handlers of this probe run so far.
@@ -503,7 +504,7 @@ impl Probe {
     /// the code was unloaded. Not async-signal-safe.
     #[must_use]
     pub fn is_armed(&self) -> bool {
-        engine::armed(self.addr)
+        queries::armed(self.addr)
     }
 
     /// Hits at this address that ran no handler because the thread was
@@ -511,7 +512,7 @@ impl Probe {
     /// handler), shared by every probe on the address.
     #[must_use]
     pub fn missed(&self) -> u64 {
-        engine::missed(self.addr)
+        queries::missed(self.addr)
     }
 
     /// Removes the probe; the last one at an address restores the original
@@ -539,7 +540,7 @@ impl Probe {
                 (p.addr, Arc::clone(&p.consumer))
             })
             .collect();
-        let result = engine::detach_many(&items);
+        let result = attach::detach_many(&items);
         for (_, c) in &items {
             release_semaphore(c);
         }
@@ -550,7 +551,7 @@ impl Probe {
 impl Drop for Probe {
     fn drop(&mut self) {
         if self.attached {
-            let _ = engine::detach_many(&[(self.addr, Arc::clone(&self.consumer))]);
+            let _ = attach::detach_many(&[(self.addr, Arc::clone(&self.consumer))]);
             release_semaphore(&self.consumer);
         }
     }
@@ -561,7 +562,7 @@ fn release_semaphore(consumer: &Consumer) {
     // An object unloaded meanwhile (`dlclose`) took its semaphore along.
     if let Some(sem) = consumer
         .semaphore
-        .filter(|&s| crate::maps::path_of(s).is_some())
+        .filter(|&s| crate::process::maps::path_of(s).is_some())
     {
         // SAFETY: the semaphore incremented at attach, still mapped.
         unsafe { crate::usdt::adjust_semaphore(sem, -1) };

@@ -283,7 +283,7 @@ pub(crate) fn analyze(addr: usize, bytes: &[u8]) -> Result<Emulation, AttachErro
     let (slot, end) = super::xol::slot_for(addr, insn)?;
     Ok(Emulation::OutOfLine {
         slot: slot as u64,
-        trap_back: end == crate::xol::SlotEnd::TrapBack,
+        trap_back: end == crate::code::slots::SlotEnd::TrapBack,
     })
 }
 

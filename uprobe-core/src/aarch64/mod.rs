@@ -5,6 +5,8 @@
 mod context;
 mod insn;
 pub(crate) mod jump;
+pub(crate) mod jump_entry;
+pub(crate) mod return_entry;
 mod simulate;
 pub(crate) mod trampoline;
 pub(crate) mod usdt;
@@ -15,6 +17,33 @@ pub(crate) use context::return_address_at;
 pub use insn::{Class, classify};
 pub(crate) use insn::{Emulation, analyze, is_boundary};
 pub(crate) use simulate::apply;
+
+/// Bytes per out-of-line slot (two instructions are used).
+pub(crate) const SLOT_SIZE: usize = 64;
+/// How far an out-of-line slot or trampoline region may be from the code
+/// it serves: `B`'s 26-bit word offset.
+pub(crate) const REACH_LIMIT: usize = 1 << 27;
+/// The `B` written over a site.
+pub(crate) const JUMP_LEN: usize = 4;
+
+// The CPU features the jump code asks about (`AT_HWCAP`, `AT_HWCAP2`).
+pub(crate) const HWCAP_SVE: libc::c_ulong = 1 << 22;
+pub(crate) const HWCAP_DIT: libc::c_ulong = 1 << 24;
+pub(crate) const HWCAP_SSBS: libc::c_ulong = 1 << 28;
+pub(crate) const HWCAP2_MTE: libc::c_ulong = 1 << 18;
+pub(crate) const HWCAP2_SME: libc::c_ulong = 1 << 23;
+
+/// `AT_HWCAP` and `AT_HWCAP2`. Async-signal-safe (getauxval reads a
+/// copy made at start-up).
+pub(crate) fn hwcaps() -> (libc::c_ulong, libc::c_ulong) {
+    // SAFETY: plain queries.
+    unsafe {
+        (
+            libc::getauxval(libc::AT_HWCAP),
+            libc::getauxval(libc::AT_HWCAP2),
+        )
+    }
+}
 
 /// Every A64 instruction is 4 bytes.
 pub(crate) const MAX_INSN_LEN: usize = 4;

@@ -1,5 +1,7 @@
-//! The aarch64 return trampoline: plain code, no trap (the stubs and their
-//! bookkeeping are `crate::return_stubs`).
+//! The aarch64 return trampoline's layout: the registers it saves and the
+//! stubs that reach it, with their unwind rules (the stubs' region and
+//! bookkeeping are `crate::code::return_stubs`, the common trampoline's
+//! code `super::return_entry`).
 //!
 //! The region starts with a pad (`ldr x16, 8; br x16; .quad trampoline`:
 //! the trampoline may be beyond a `bl`'s reach), then 8-byte stubs of
@@ -48,94 +50,6 @@ impl SavedRegs {
         self.caller_sp()
     }
 }
-
-core::arch::global_asm!(
-    ".pushsection .text.uprobe_core_return_trampoline,\"ax\",@progbits",
-    ".p2align 4",
-    ".globl uprobe_core_return_trampoline",
-    ".hidden uprobe_core_return_trampoline",
-    "uprobe_core_return_trampoline:",
-    ".cfi_startproc",
-    "hint #34", // bti c: entered by `br x16`
-    "sub sp, sp, #560",
-    ".cfi_def_cfa_offset 560",
-    "stp x0, x1, [sp, #0]",
-    "stp x2, x3, [sp, #16]",
-    "stp x4, x5, [sp, #32]",
-    "stp x6, x7, [sp, #48]",
-    "stp x8, x9, [sp, #64]",
-    "stp x10, x11, [sp, #80]",
-    "stp x12, x13, [sp, #96]",
-    "stp x14, x15, [sp, #112]",
-    "stp x16, x17, [sp, #128]",
-    "str x18, [sp, #144]",
-    "stp x29, x30, [sp, #152]",
-    ".cfi_offset x29, -408",
-    ".cfi_offset x30, -400",
-    "mrs x9, nzcv",
-    "str x9, [sp, #168]",
-    "stp q0, q1, [sp, #176]",
-    "stp q2, q3, [sp, #208]",
-    "stp q4, q5, [sp, #240]",
-    "stp q6, q7, [sp, #272]",
-    "stp q16, q17, [sp, #304]",
-    "stp q18, q19, [sp, #336]",
-    "stp q20, q21, [sp, #368]",
-    "stp q22, q23, [sp, #400]",
-    "stp q24, q25, [sp, #432]",
-    "stp q26, q27, [sp, #464]",
-    "stp q28, q29, [sp, #496]",
-    "stp q30, q31, [sp, #528]",
-    "mov x0, sp",
-    "add x1, sp, #176",
-    "bl {on_return}",
-    "ldp q0, q1, [sp, #176]",
-    "ldp q2, q3, [sp, #208]",
-    "ldp q4, q5, [sp, #240]",
-    "ldp q6, q7, [sp, #272]",
-    "ldp q16, q17, [sp, #304]",
-    "ldp q18, q19, [sp, #336]",
-    "ldp q20, q21, [sp, #368]",
-    "ldp q22, q23, [sp, #400]",
-    "ldp q24, q25, [sp, #432]",
-    "ldp q26, q27, [sp, #464]",
-    "ldp q28, q29, [sp, #496]",
-    "ldp q30, q31, [sp, #528]",
-    "ldr x9, [sp, #168]",
-    "msr nzcv, x9",
-    "ldp x0, x1, [sp, #0]",
-    "ldp x2, x3, [sp, #16]",
-    "ldp x4, x5, [sp, #32]",
-    "ldp x6, x7, [sp, #48]",
-    "ldp x8, x9, [sp, #64]",
-    "ldp x10, x11, [sp, #80]",
-    "ldp x12, x13, [sp, #96]",
-    "ldp x14, x15, [sp, #112]",
-    "ldp x16, x17, [sp, #128]",
-    "ldr x18, [sp, #144]",
-    "ldp x29, x30, [sp, #152]",
-    "add sp, sp, #560",
-    ".cfi_def_cfa_offset 0",
-    ".cfi_restore x29",
-    ".cfi_restore x30",
-    "ret",
-    ".cfi_endproc",
-    ".popsection",
-    on_return = sym trampoline_entry,
-);
-
-unsafe extern "C" {
-    /// The common trampoline above (not callable from Rust: it expects a
-    /// stub's `bl`).
-    fn uprobe_core_return_trampoline();
-}
-
-/// What the trampoline calls: hands the saved registers to the engine,
-/// which writes the original return address into `regs.ret`.
-extern "C" fn trampoline_entry(regs: &mut SavedRegs, simd: &mut SavedSimd) {
-    crate::returns::on_return(regs, simd);
-}
-
 /// Bytes per stub.
 pub(crate) const STUB_SIZE: usize = 8;
 /// Where the first stub starts (after the pad).
@@ -147,15 +61,15 @@ pub(crate) const RA_COLUMN: u8 = 30;
 pub(crate) const SP_COLUMN: u8 = 31;
 pub(crate) const CIE_INSTRUCTIONS: &[u8] = &[0x0c, 31, 0];
 
-/// Writes the stub region: the pad, then `stubs` stubs.
-pub(crate) fn write_region(bytes: &mut [u8], _base: usize, stubs: usize) {
+/// Writes the stub region: the pad (to the common trampoline at
+/// `trampoline`), then `stubs` stubs.
+pub(crate) fn write_region(bytes: &mut [u8], _base: usize, stubs: usize, trampoline: usize) {
     const LDR_X16_PC_8: u32 = 0x5800_0050;
     const BR_X16: u32 = 0xd61f_0200;
     let brk = u32::from_le_bytes(super::BREAKPOINT);
     bytes[0..4].copy_from_slice(&LDR_X16_PC_8.to_le_bytes());
     bytes[4..8].copy_from_slice(&BR_X16.to_le_bytes());
-    let trampoline = uprobe_core_return_trampoline as *const () as u64;
-    bytes[8..16].copy_from_slice(&trampoline.to_le_bytes());
+    bytes[8..16].copy_from_slice(&(trampoline as u64).to_le_bytes());
     for k in 0..stubs {
         let at = FIRST_STUB + STUB_SIZE * k;
         // bl pad: a negative word offset back to the region's start.

@@ -2,7 +2,7 @@
 //! `wN`, `sp`, a constant, `[xN]`, `[xN, offset]`.
 
 use crate::Reg;
-use crate::usdt::{UsdtLocation, parse_int};
+use crate::usdt::arg::{UsdtLocation, parse_int};
 
 /// Parses the part of an argument after `@`.
 pub(crate) fn parse_location(text: &str) -> Result<UsdtLocation, &'static str> {
@@ -48,7 +48,7 @@ fn register(name: &str) -> Result<Reg, &'static str> {
 #[cfg(test)]
 mod tests {
     use crate::Reg;
-    use crate::usdt::{UsdtArg, UsdtLocation};
+    use crate::usdt::arg::{UsdtArg, UsdtLocation};
 
     #[test]
     fn every_form_gcc_and_clang_emit() {

@@ -2,21 +2,15 @@
 //! of line is position-independent: the PC-relative classes are
 //! simulated), then `B` back to the next instruction when the slot is
 //! within +-128 MB, or `BRK #5` (a second trap) anywhere. The regions are
-//! the architecture-independent `crate::xol`.
+//! the architecture-independent `crate::code::slots`.
 
 use crate::AttachError;
-use crate::xol::SlotEnd;
-
-/// Bytes per slot (two instructions are used).
-pub(crate) const SLOT_SIZE: usize = 64;
-/// How far a slot may be from the code it serves: `B`'s 26-bit word
-/// offset.
-pub(crate) const REACH_LIMIT: usize = 1 << 27;
+use crate::code::slots::{self, SlotEnd};
 
 /// The slot running `insn` (at `addr`) out of line, and how it ends. Not
 /// async-signal-safe.
 pub(crate) fn slot_for(addr: usize, insn: u32) -> Result<(usize, SlotEnd), AttachError> {
-    crate::xol::slot_for(addr, &insn.to_le_bytes(), false, |slot, end| {
+    slots::slot_for(addr, &insn.to_le_bytes(), false, |slot, end| {
         let back = match end {
             SlotEnd::JumpBack => {
                 let offset = (addr as i64 + 4) - (slot as i64 + 4);

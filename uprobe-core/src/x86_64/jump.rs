@@ -1,9 +1,8 @@
 //! x86-64 trap-free probes: which sites can take a `jmp rel32` into a
-//! per-probe trampoline ([`plan`]), and the trampoline's code ([`build`],
-//! with the common entry routine every trampoline calls).
+//! per-probe trampoline ([`plan`]), and the trampoline's code ([`build`]).
 //!
 //! **A trampoline** (immutable once written, never freed; see
-//! `crate::jump` for the patching protocol):
+//! `crate::patch::jump` for the patching protocol):
 //!
 //! ```text
 //!  +0  .quad cell            the probe's JumpCell (which site it serves)
@@ -18,30 +17,22 @@
 //!      jmp back              to the first byte after the replaced range
 //! ```
 //!
-//! **The common routine** saves the flags (then clears DF, as the ABI
-//! wants), every general-purpose register (in `ucontext_t`'s `gregs`
-//! layout, so handlers get the same [`Frame`](super::Frame) as on the
-//! trap path) and `xmm0`-`xmm15`, calls [`jump_hit`] with the frame,
-//! restores, and returns into the trampoline, or, when a handler moved
-//! the instruction pointer, `ret 128`s to the new address with the stack
-//! pointer the thread had at the probe. Not saved: the upper halves of
-//! `ymm`/`zmm`, the mask registers, the x87 stack and MXCSR (a full
-//! `xsave` costs ~170 ns here; the engine's code uses none of them, and
-//! handlers must not either, as for the return trampoline).
+//!
+//! The common routine every trampoline calls is [`super::jump_entry`].
 
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
     InstructionBlock, MemoryOperand, Mnemonic, OpKind, Register,
 };
 
-use super::trampoline::{restore_xmm, save_xmm};
-use crate::jump::{CELL_AT, CODE_AT, ENTRY_PTR_AT, Function, Moves, NotOptimized, TRAMPOLINE_SIZE};
+use super::JUMP_LEN;
+use super::jump_entry::{RESUME_AT, uprobe_core_jump_entry};
+use crate::code::trampolines::{CELL_AT, CODE_AT, ENTRY_PTR_AT, Moves, TRAMPOLINE_SIZE};
+use crate::mode::NotOptimized;
+use crate::site::jump::Function;
 
-/// The `jmp rel32` written over a site.
-pub(crate) const JUMP_LEN: usize = 5;
-/// Offsets in a trampoline past the common header (`crate::jump`):
-/// where `entry` returns to, and the relocated copy.
-const RESUME_AT: usize = 27;
+/// Where the relocated copy starts in a trampoline (past the common
+/// header, `crate::code::trampolines`, and the call into the entry).
 const COPY_AT: usize = 35;
 
 /// What a site's optimization replaces: whole instructions from `start`,
@@ -343,128 +334,4 @@ pub(crate) fn unsaved_vector_state() -> Option<&'static str> {
 /// landing pad did needs undoing), and the thread goes on at the copy.
 pub(crate) fn landing_entry(_base: usize) -> usize {
     0
-}
-
-/// What the common routine hands [`jump_hit`]: the saved registers, then
-/// the return address of the trampoline's `call` (which names the
-/// trampoline, and which a handler's new RIP replaces).
-#[repr(C)]
-pub(crate) struct JumpFrame {
-    pub(crate) regs: super::Frame,
-    pub(crate) ret: u64,
-}
-
-impl JumpFrame {
-    /// The trampoline whose `call` made this frame.
-    pub(crate) fn trampoline(&self) -> usize {
-        self.ret as usize - RESUME_AT
-    }
-
-    /// The cell pointer written at the trampoline's start.
-    pub(crate) fn cell(&self) -> usize {
-        // SAFETY: the trampoline's first word is its cell pointer, written
-        // before any jump to it and never changed.
-        unsafe { ((self.trampoline() + CELL_AT) as *const usize).read() }
-    }
-
-    /// The stack pointer the thread had at the probed instruction.
-    pub(crate) fn probed_sp(&self) -> u64 {
-        core::ptr::from_ref(self) as u64 + size_of::<Self>() as u64 + 128
-    }
-}
-
-/// Pops the registers of a `JumpFrame` (the RSP and RIP slots skipped,
-/// `lea`s leaving the restored flags alone), up to its return slot.
-macro_rules! restore_frame {
-    () => {
-        concat!(
-            "pop r8\n",
-            "pop r9\n",
-            "pop r10\n",
-            "pop r11\n",
-            "pop r12\n",
-            "pop r13\n",
-            "pop r14\n",
-            "pop r15\n",
-            "pop rdi\n",
-            "pop rsi\n",
-            "pop rbp\n",
-            "pop rbx\n",
-            "pop rdx\n",
-            "pop rax\n",
-            "pop rcx\n",
-            "lea rsp, [rsp + 16]\n",
-            "popfq\n",
-            "lea rsp, [rsp + 40]\n",
-        )
-    };
-}
-
-// The common routine. Entered by a trampoline's `call`, with the red zone
-// stepped over; builds a `JumpFrame` (gregs indexes 18-22 unused),
-// realigns the stack for the xmm saves and the call, and returns through
-// the frame's `ret` slot: `ret` when it is the trampoline's own return
-// address, `ret 128` (the red zone back) when a handler set RIP.
-core::arch::global_asm!(
-    ".pushsection .text.uprobe_core_jump_entry,\"ax\",@progbits",
-    ".p2align 4",
-    ".globl uprobe_core_jump_entry",
-    ".hidden uprobe_core_jump_entry",
-    "uprobe_core_jump_entry:",
-    // `lea`, not `sub`: nothing may touch the flags before they are saved.
-    "lea rsp, [rsp - 40]",
-    "pushfq",
-    "cld",
-    "sub rsp, 16",
-    "push rcx",
-    "push rax",
-    "push rdx",
-    "push rbx",
-    "push rbp",
-    "push rsi",
-    "push rdi",
-    "push r15",
-    "push r14",
-    "push r13",
-    "push r12",
-    "push r11",
-    "push r10",
-    "push r9",
-    "push r8",
-    "mov rdi, rsp",
-    "mov rbx, rsp",
-    "and rsp, -16",
-    "sub rsp, 256",
-    save_xmm!(),
-    "call {hit}",
-    restore_xmm!(),
-    "mov rsp, rbx",
-    "test eax, eax",
-    "jnz 2f",
-    restore_frame!(),
-    "ret",
-    "2:",
-    restore_frame!(),
-    "ret 128",
-    ".popsection",
-    hit = sym jump_hit,
-);
-
-unsafe extern "C" {
-    /// The common routine above (not callable from Rust: it expects a
-    /// trampoline's `call`).
-    fn uprobe_core_jump_entry();
-}
-
-/// What the common routine calls: fills in what the pushes could not
-/// (the stack pointer and instruction pointer at the probe), runs the
-/// consumers, and says whether a handler moved RIP (then `frame.ret` is
-/// the new address). Async-signal-safe.
-extern "C" fn jump_hit(frame: &mut JumpFrame) -> u32 {
-    frame.regs[libc::REG_RSP as usize] = frame.probed_sp() as i64;
-    let moved = crate::jump::on_jump(frame.cell(), &mut frame.regs);
-    if moved {
-        frame.ret = frame.regs[libc::REG_RIP as usize] as u64;
-    }
-    u32::from(moved)
 }

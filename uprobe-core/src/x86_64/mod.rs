@@ -1,18 +1,30 @@
 //! x86-64: instruction analysis, emulation, and the handler's view of the
 //! registers.
 
+mod analyze;
 mod context;
 mod emulate;
 mod insn;
 pub(crate) mod jump;
+pub(crate) mod jump_entry;
+pub(crate) mod return_entry;
 pub(crate) mod trampoline;
 pub(crate) mod usdt;
 pub(crate) mod xol;
 
+pub(crate) use analyze::analyze;
 pub use context::Reg;
 pub(crate) use context::return_address_at;
 pub(crate) use emulate::apply;
-pub(crate) use insn::{Emulation, analyze, is_boundary};
+pub(crate) use insn::{Emulation, is_boundary};
+
+/// Bytes per slot: the longest instruction relocated (15 bytes, longer when
+/// a branch is widened) plus a 5-byte jump back fits easily.
+pub(crate) const SLOT_SIZE: usize = 64;
+/// How far an out-of-line slot or trampoline region may be from the code it serves: a rel32 displacement.
+pub(crate) const REACH_LIMIT: usize = 1 << 31;
+/// The `jmp rel32` written over a site.
+pub(crate) const JUMP_LEN: usize = 5;
 
 /// The longest instruction.
 pub(crate) const MAX_INSN_LEN: usize = 15;

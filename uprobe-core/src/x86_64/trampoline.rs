@@ -1,5 +1,7 @@
-//! The x86-64 return trampoline: plain code, no trap (the stubs and their
-//! bookkeeping are `crate::return_stubs`).
+//! The x86-64 return trampoline's layout: the registers it saves, the
+//! stubs that call it, their unwind rules (the stubs' region and
+//! bookkeeping are `crate::code::return_stubs`, the common trampoline's
+//! code `super::return_entry`), and the xmm save the jump entry shares.
 //!
 //! A stub is 16 bytes holding `call [rip + disp]` to the common trampoline
 //! through the pointer at the region's start; the `call` pushes the
@@ -96,69 +98,6 @@ macro_rules! restore_xmm {
 
 pub(crate) use {restore_xmm, save_xmm};
 
-// The common trampoline. Entered by a stub's `call`, so its frame
-// description is the ordinary one of a called function (CFA = rsp + 8 on
-// entry); `rbp` then anchors the frame while the stack is realigned.
-core::arch::global_asm!(
-    ".pushsection .text.uprobe_core_return_trampoline,\"ax\",@progbits",
-    ".p2align 4",
-    ".globl uprobe_core_return_trampoline",
-    ".hidden uprobe_core_return_trampoline",
-    "uprobe_core_return_trampoline:",
-    ".cfi_startproc",
-    "push rbp",
-    ".cfi_adjust_cfa_offset 8",
-    ".cfi_rel_offset rbp, 0",
-    "mov rbp, rsp",
-    ".cfi_def_cfa_register rbp",
-    "pushfq",
-    "push rax",
-    "push rcx",
-    "push rdx",
-    "push rsi",
-    "push rdi",
-    "push r8",
-    "push r9",
-    "push r10",
-    "push r11",
-    "mov rdi, rsp",
-    "and rsp, -16",
-    "sub rsp, 256",
-    save_xmm!(),
-    "mov rsi, rsp",
-    "call {on_return}",
-    restore_xmm!(),
-    "lea rsp, [rbp - 80]",
-    "pop r11",
-    "pop r10",
-    "pop r9",
-    "pop r8",
-    "pop rdi",
-    "pop rsi",
-    "pop rdx",
-    "pop rcx",
-    "pop rax",
-    "popfq",
-    "pop rbp",
-    ".cfi_def_cfa rsp, 8",
-    "ret",
-    ".cfi_endproc",
-    ".popsection",
-    on_return = sym trampoline_entry,
-);
-
-unsafe extern "C" {
-    /// The common trampoline above (not callable from Rust: it expects a
-    /// stub's `call`).
-    fn uprobe_core_return_trampoline();
-}
-
-/// What the trampoline calls: hands the saved registers to the engine,
-/// which writes the original return address into `regs.ret`.
-extern "C" fn trampoline_entry(regs: &mut SavedRegs, xmm: &mut SavedXmm) {
-    crate::returns::on_return(regs, xmm);
-}
-
 /// Bytes per stub.
 pub(crate) const STUB_SIZE: usize = 16;
 /// Where the first stub starts (the trampoline's address comes first).
@@ -171,11 +110,11 @@ pub(crate) const RA_COLUMN: u8 = 16;
 pub(crate) const SP_COLUMN: u8 = 7;
 pub(crate) const CIE_INSTRUCTIONS: &[u8] = &[0x0c, 7, 8];
 
-/// Writes the stub region: the trampoline's address, then `stubs` stubs
-/// of `call [rip + disp]` to it, padded with `int3`.
-pub(crate) fn write_region(bytes: &mut [u8], _base: usize, stubs: usize) {
+/// Writes the stub region: the common trampoline's address
+/// (`super::return_entry`), then `stubs` stubs of `call [rip + disp]` to
+/// it, padded with `int3`.
+pub(crate) fn write_region(bytes: &mut [u8], _base: usize, stubs: usize, trampoline: usize) {
     bytes.fill(0xcc);
-    let trampoline = uprobe_core_return_trampoline as *const () as usize;
     bytes[..8].copy_from_slice(&trampoline.to_le_bytes());
     for k in 0..stubs {
         let at = FIRST_STUB + STUB_SIZE * k;

@@ -2,7 +2,7 @@
 //! emits: `%reg`, `$imm`, `disp(%base)`, `disp(%base,%index,scale)`.
 
 use crate::Reg;
-use crate::usdt::{UsdtLocation, parse_int};
+use crate::usdt::arg::{UsdtLocation, parse_int};
 
 /// Parses the part of an argument after `@`.
 pub(crate) fn parse_location(text: &str) -> Result<UsdtLocation, &'static str> {
@@ -91,7 +91,7 @@ fn register(name: &str) -> Result<Reg, &'static str> {
 #[cfg(test)]
 mod tests {
     use crate::Reg;
-    use crate::usdt::{UsdtArg, UsdtLocation};
+    use crate::usdt::arg::{UsdtArg, UsdtLocation};
 
     fn parse(s: &str) -> UsdtArg {
         UsdtArg::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))

@@ -1,27 +1,21 @@
 //! x86-64 out-of-line slots: the instruction re-encoded at the slot by
 //! iced-x86's block encoder (RIP-relative operands re-targeted), then a
 //! `jmp` back or an `int3`. The regions and their bookkeeping are the
-//! architecture-independent `crate::xol`.
+//! architecture-independent `crate::code::slots`.
 
 use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock};
 
 use crate::AttachError;
-use crate::xol::SlotEnd;
-
-/// Bytes per slot: the longest instruction relocated (15 bytes, longer when
-/// a branch is widened) plus a 5-byte jump back fits easily.
-pub(crate) const SLOT_SIZE: usize = 64;
-/// How far a slot may be from the code it serves: a rel32 displacement.
-pub(crate) const REACH_LIMIT: usize = 1 << 31;
+use crate::code::slots::{self, SlotEnd};
 
 /// The slot running `insn` (decoded at `addr` from `bytes`) out of line,
-/// and how it ends (see `crate::xol::slot_for`). Not async-signal-safe.
+/// and how it ends (see `crate::code::slots::slot_for`). Not async-signal-safe.
 pub(crate) fn slot_for(
     addr: usize,
     bytes: &[u8],
     insn: &Instruction,
 ) -> Result<(usize, SlotEnd), AttachError> {
-    crate::xol::slot_for(addr, bytes, insn.is_ip_rel_memory_operand(), |slot, end| {
+    slots::slot_for(addr, bytes, insn.is_ip_rel_memory_operand(), |slot, end| {
         relocate(addr, insn, slot, end)
     })
 }

@@ -1,9 +1,9 @@
 //! The probe table: probed sites by address, an open-addressing hash
 //! table that grows.
 //!
-//! **Readers** (the trap handler, inside a read section of the engine's
-//! SRCU domain) load the current table with one acquire load and probe
-//! it: no lock, no allocation, no write. **Writers** (attach and detach,
+//! **Readers** (the hit path, inside a read section of the engine's SRCU
+//! domain [`DOMAIN`], entered through [`lookup`]) load the current table
+//! with one acquire load and probe it: no lock, no allocation, no write. **Writers** (attach and detach,
 //! serialised by the engine's writer lock) insert into free or tombstoned
 //! slots and tombstone removed ones. When live entries and tombstones
 //! together pass half the slots, the writer builds a table twice the
@@ -17,9 +17,16 @@
 //! is followed by `membarrier(SYNC_CORE)`), so a thread that traps on it
 //! loads a table that holds it.
 
+pub(crate) mod lookup;
+
 use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use crate::engine::Site;
+use crate::site::Site;
+
+/// Guards the table and the sites' consumer lists against readers: every
+/// unpublished site or list, and every outgrown table, is freed only
+/// after a grace period of it.
+pub(crate) static DOMAIN: srcu::Srcu = srcu::Srcu::new();
 
 /// Slots of the first table.
 const INITIAL_SLOTS: usize = 1024;
@@ -88,6 +95,12 @@ pub(crate) fn find(addr: usize) -> Option<(usize, &'static Site)> {
         }
     }
     None
+}
+
+/// The site at `addr`, if any; call inside a read section (or holding
+/// the writer lock). Async-signal-safe.
+pub(crate) fn site_at(addr: usize) -> Option<&'static Site> {
+    find(addr).map(|(_, site)| site)
 }
 
 /// Publishes `site` (whose address is not in the table). Returns the

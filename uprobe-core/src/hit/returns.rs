@@ -36,21 +36,22 @@
 //! `ESRCH`).
 
 use core::cell::Cell;
-use std::num::NonZeroUsize;
-#[cfg(feature = "bench-variants")]
-use std::sync::atomic::AtomicU8;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use pcpu_freelist::FreeList;
-use sigpending::{Account, Owner, Release};
-use srcu::{LeaseBlock, LeaseSet, RawLease, Srcu, SrcuCell, Strong};
+use sigpending::Account;
+use srcu::{LeaseBlock, LeaseSet, RawLease, Strong};
 
 use crate::AttachError;
 use crate::arch::trampoline;
+use crate::code::return_stubs;
 use crate::context::ReturnContext;
-use crate::return_stubs;
+use crate::site::returns::{
+    Pinning, RETURN_DOMAIN, ReturnCounters, ReturnHold, ReturnPart, ReturnProbe, hold_mode, pinning,
+};
+use crate::thread::{AbortOnUnwind, current_tid, enter, fatal, leave};
 
 /// Pending returns a thread may have (the kernel's `max_uretprobe_depth`);
 /// a return probe hit past it is not tracked and counts as missed.
@@ -65,138 +66,6 @@ const FIRST_CHUNK: usize = 256;
 const CHUNKS: usize = 8;
 /// How often the service thread looks for threads that are gone.
 const SERVICE_PERIOD: Duration = Duration::from_millis(20);
-
-/// A return handler.
-pub(crate) type ReturnHandler = Box<dyn Fn(&mut ReturnContext<'_>) + Send + Sync>;
-
-/// Counters of one consumer's returns, shared by its [`ReturnProbe`] and
-/// the leased [`ReturnPart`].
-#[derive(Default)]
-pub(crate) struct ReturnCounters {
-    /// Return handlers run, per CPU (no line shared by the threads
-    /// returning).
-    pub(crate) returns: pcpu::PerCpuCounter,
-    /// Returns that could not be tracked (depth, in-flight limit, no
-    /// per-thread stack, no stub) or whose instance was abandoned.
-    pub(crate) missed: AtomicU64,
-}
-
-/// What a pending return leases: a consumer's return handler.
-pub(crate) struct ReturnPart {
-    handler: ReturnHandler,
-    detached: AtomicBool,
-    counters: Arc<ReturnCounters>,
-    in_flight: Option<Arc<Account>>,
-}
-
-/// The return side of one consumer, owned by the consumer.
-pub(crate) struct ReturnProbe {
-    cell: SrcuCell<'static, ReturnPart>,
-    pub(crate) counters: Arc<ReturnCounters>,
-    pub(crate) in_flight: Option<Arc<Account>>,
-}
-
-/// Leases of pending returns live in this domain, apart from the table's:
-/// a grace period of the table (attach, detach) never waits for them.
-static RETURN_DOMAIN: Srcu = Srcu::new();
-
-impl ReturnProbe {
-    /// A return side for `handler`, with at most `max_active` returns in
-    /// flight across threads. Not async-signal-safe.
-    pub(crate) fn new(handler: ReturnHandler, max_active: Option<NonZeroUsize>) -> Self {
-        let counters = Arc::new(ReturnCounters::default());
-        let in_flight =
-            max_active.map(|n| Account::with_release(n.get(), Owner::none(), Release::Deferred));
-        let part = ReturnPart {
-            handler,
-            detached: AtomicBool::new(false),
-            counters: Arc::clone(&counters),
-            in_flight: in_flight.clone(),
-        };
-        Self {
-            cell: SrcuCell::new(&RETURN_DOMAIN, Some(part)),
-            counters,
-            in_flight,
-        }
-    }
-
-    /// Marks the handler detached (no return handler runs once the
-    /// caller's grace period of the table domain is over) and lets go of
-    /// it: it is freed once no pending return leases it. Not
-    /// async-signal-safe.
-    pub(crate) fn detach(&self) {
-        if let Some(part) = self.cell.read() {
-            part.detached.store(true, Ordering::Release);
-        }
-        self.cell.replace(None);
-    }
-}
-
-/// How a pending return keeps its consumer alive (a benchmark switch: the
-/// seed's before and after).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReturnHold {
-    /// An SRCU lease that expires into a reference (the default).
-    Lease,
-    /// A reference count taken per pending return (the kernel before
-    /// the seed).
-    Refcount,
-}
-
-#[cfg(feature = "bench-variants")]
-static HOLD: AtomicU8 = AtomicU8::new(0);
-
-/// How an in-flight charge keeps the probe's counters alive (a benchmark
-/// switch: seed 003's after and before).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pinning {
-    /// The account pins them while it is non-zero (the default).
-    OnTransition,
-    /// Each charge takes a reference and its uncharge drops it (`get_uid`
-    /// / `free_uid` per signal, before the seed).
-    PerReturn,
-}
-
-#[cfg(feature = "bench-variants")]
-static PINNING: AtomicU8 = AtomicU8::new(0);
-
-#[cfg(feature = "bench-variants")]
-pub(crate) fn set_pinning(p: Pinning) {
-    PINNING.store(u8::from(p == Pinning::PerReturn), Ordering::Relaxed);
-}
-
-#[cfg(not(feature = "bench-variants"))]
-fn pinning() -> Pinning {
-    Pinning::OnTransition
-}
-
-#[cfg(feature = "bench-variants")]
-fn pinning() -> Pinning {
-    if PINNING.load(Ordering::Relaxed) == 0 {
-        Pinning::OnTransition
-    } else {
-        Pinning::PerReturn
-    }
-}
-
-#[cfg(feature = "bench-variants")]
-pub(crate) fn set_hold(hold: ReturnHold) {
-    HOLD.store(u8::from(hold == ReturnHold::Refcount), Ordering::Relaxed);
-}
-
-#[cfg(not(feature = "bench-variants"))]
-pub(crate) fn hold_mode() -> ReturnHold {
-    ReturnHold::Lease
-}
-
-#[cfg(feature = "bench-variants")]
-pub(crate) fn hold_mode() -> ReturnHold {
-    if HOLD.load(Ordering::Relaxed) == 0 {
-        ReturnHold::Lease
-    } else {
-        ReturnHold::Refcount
-    }
-}
 
 enum Hold {
     Lease(RawLease),
@@ -314,11 +183,11 @@ std::thread_local! {
 /// Makes return probes ready: the stubs, the lease set, the per-thread
 /// stacks and the service thread. Refuses where a hijacked return would
 /// fault. Not async-signal-safe.
-pub(crate) fn init() -> Result<(), AttachError> {
+pub(crate) fn init(trampoline: usize) -> Result<(), AttachError> {
     if trampoline::shadow_stack_enabled() {
         return Err(AttachError::ShadowStack);
     }
-    return_stubs::init()?;
+    return_stubs::init(trampoline)?;
     RETURN_DOMAIN.prepare();
     let leases = if let Some(leases) = LEASES.get() {
         leases
@@ -354,8 +223,7 @@ fn current() -> Option<&'static ThreadReturns> {
     let tr = &chunk.all[*element as usize];
     threads.taken.fetch_add(1, Ordering::Relaxed);
     tr.element.store(element.into_index(), Ordering::Relaxed);
-    tr.owner
-        .store(crate::engine::current_tid(), Ordering::Release);
+    tr.owner.store(current_tid(), Ordering::Release);
     CURRENT.set(tr);
     Some(tr)
 }
@@ -576,14 +444,14 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
     let Some(original) = return_stubs::target_of(regs.ret as usize) else {
         // Only a stub's `call` enters the trampoline, and stubs always
         // have a target: nothing sane to return to.
-        crate::engine::fatal(b"uprobe-core: return trampoline entered without a stub\n");
+        fatal(b"uprobe-core: return trampoline entered without a stub\n");
     };
     let slot = regs.entry_sp();
     let p = CURRENT.get();
     if !p.is_null() {
         // SAFETY: as in `current`.
         let tr = unsafe { &*p };
-        let was_inside = crate::engine::enter();
+        let was_inside = enter();
         tr.drop_abandoned(|s| s < slot);
         while let Some(inst) = tr.top() {
             if inst.slot.get() != slot || inst.ret.get() != original {
@@ -594,19 +462,19 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
                     part.counters.missed.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                crate::lookup::with_read_side(|| {
+                crate::table::lookup::with_read_side(|| {
                     if part.detached.load(Ordering::Acquire) {
                         return;
                     }
                     part.counters.returns.add(1);
-                    let _abort = crate::engine::AbortOnUnwind::new();
+                    let _abort = AbortOnUnwind::new();
                     let mut cx =
                         ReturnContext::new(regs, xmm, inst.func.get(), original, inst.cookie.get());
                     (part.handler)(&mut cx);
                 });
             });
         }
-        crate::engine::leave(was_inside);
+        leave(was_inside);
     }
     regs.ret = original as u64;
 }
@@ -664,8 +532,7 @@ extern "C" fn after_fork_in_child() {
     if !p.is_null() {
         // SAFETY: as in `current`.
         let tr = unsafe { &*p };
-        tr.owner
-            .store(crate::engine::current_tid(), Ordering::Release);
+        tr.owner.store(current_tid(), Ordering::Release);
     }
 }
 

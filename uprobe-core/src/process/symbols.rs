@@ -135,7 +135,7 @@ pub(crate) struct Symbols {
     objects: Vec<Loaded>,
     indexes:
         std::cell::RefCell<std::collections::HashMap<PathBuf, Option<std::sync::Arc<SymbolIndex>>>>,
-    maps: std::cell::OnceCell<crate::maps::Snapshot>,
+    maps: std::cell::OnceCell<crate::process::maps::Snapshot>,
     canonical: std::cell::RefCell<std::collections::HashMap<PathBuf, Option<PathBuf>>>,
 }
 
@@ -219,7 +219,7 @@ impl Symbols {
     pub(crate) fn covering_function(&self, addr: usize) -> Option<Function> {
         let map_path = self
             .maps
-            .get_or_init(crate::maps::Snapshot::read)
+            .get_or_init(crate::process::maps::Snapshot::read)
             .path_of(addr)?;
         let l = self.objects.iter().find(|l| {
             l.path == map_path || self.canonical(&l.path).is_some_and(|p| p == map_path)

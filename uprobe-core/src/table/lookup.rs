@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 #[cfg(feature = "bench-variants")]
 use percpu_rwsem::PercpuRwSem;
 
-use crate::engine::DOMAIN;
+use super::DOMAIN;
 
 /// How the trap handler protects its table lookup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

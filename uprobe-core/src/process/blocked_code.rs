@@ -39,7 +39,7 @@ use std::sync::Mutex;
 
 use crate::AttachError;
 use crate::error::BlockedPath;
-use crate::symbols::Symbols;
+use crate::process::symbols::Symbols;
 
 /// Where to look a name up.
 #[derive(Clone, Copy)]
@@ -135,7 +135,7 @@ static CACHE: Mutex<Cache> = Mutex::new(None);
 /// holds it (or held it at a `fork`, which leaves it locked forever in
 /// the child) makes this call resolve the list itself.
 pub(crate) fn refuse(addr: usize) -> Result<(), AttachError> {
-    let generation = crate::symbols::load_generation();
+    let generation = crate::process::symbols::load_generation();
     let cached = CACHE.try_lock().ok().and_then(|cache| match &*cache {
         Some((g, functions)) if g.is_some() && *g == generation => Some(functions.clone()),
         _ => None,

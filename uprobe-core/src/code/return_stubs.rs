@@ -8,7 +8,7 @@
 //! original return address (call site), that enters the common
 //! trampoline. The common trampoline saves the registers a function
 //! returns in (and every other caller-saved one, and the flags), calls
-//! [`crate::returns::on_return`], restores them, and returns to the
+//! `crate::hit::returns::on_return`, restores them, and returns to the
 //! original return address, which `on_return` wrote where the trampoline
 //! returns through. So the thread is back in its caller with exactly the
 //! registers the function returned with.
@@ -57,13 +57,17 @@ unsafe extern "C" {
     fn __register_frame(begin: *const u8);
 }
 
-/// Maps the stub region and registers its unwind information, once. Not
+/// Maps the stub region, its stubs calling the return trampoline at
+/// `trampoline`, and registers its unwind information, once. Not
 /// async-signal-safe.
-pub(crate) fn init() -> Result<(), AttachError> {
-    REGION.get_or_init(map_region).clone().map(|_| ())
+pub(crate) fn init(trampoline: usize) -> Result<(), AttachError> {
+    REGION
+        .get_or_init(|| map_region(trampoline))
+        .clone()
+        .map(|_| ())
 }
 
-fn map_region() -> Result<usize, AttachError> {
+fn map_region(trampoline: usize) -> Result<usize, AttachError> {
     // SAFETY: a fresh anonymous private mapping.
     let base = unsafe {
         libc::mmap(
@@ -81,7 +85,7 @@ fn map_region() -> Result<usize, AttachError> {
     let base = base as usize;
     // SAFETY: the region is ours, writable, REGION_SIZE bytes.
     let bytes = unsafe { core::slice::from_raw_parts_mut(base as *mut u8, REGION_SIZE) };
-    write_region(bytes, base, MAX_STUBS);
+    write_region(bytes, base, MAX_STUBS, trampoline);
     // SAFETY: our mapping; from now on it is only executed and read.
     if unsafe {
         libc::mprotect(

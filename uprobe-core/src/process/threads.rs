@@ -66,7 +66,7 @@ fn scan_sigtrap_blockers() -> Vec<i32> {
 
 /// The `SigBlk` mask (signals 1 to 64) of a task's `status` file.
 fn blocked_mask(status: &std::path::Path) -> Option<u64> {
-    crate::maps::read_proc(status.to_str()?)?
+    crate::process::maps::read_proc(status.to_str()?)?
         .lines()
         .find_map(|l| l.strip_prefix("SigBlk:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
@@ -77,7 +77,7 @@ fn blocked_mask(status: &std::path::Path) -> Option<u64> {
 /// the program it runs, while the per-task entries it does not intercept
 /// show the emulator itself, whose signal masks are its own.
 fn proc_shows_real_masks() -> bool {
-    let task = format!("/proc/self/task/{}/exe", crate::engine::current_tid());
+    let task = format!("/proc/self/task/{}/exe", crate::thread::current_tid());
     std::fs::read_link("/proc/self/exe").ok() == std::fs::read_link(task).ok()
 }
 
@@ -92,7 +92,7 @@ impl RseqSections {
     pub(crate) fn read() -> Self {
         type Cached = Option<((u64, u64), Vec<(usize, usize)>)>;
         static CACHE: Mutex<Cached> = Mutex::new(None);
-        let generation = crate::symbols::load_generation();
+        let generation = crate::process::symbols::load_generation();
         let mut cache = CACHE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -101,7 +101,7 @@ impl RseqSections {
         {
             return Self(sections.clone());
         }
-        let sections: Vec<(usize, usize)> = crate::symbols::loaded_objects()
+        let sections: Vec<(usize, usize)> = crate::process::symbols::loaded_objects()
             .iter()
             .flat_map(rseq_sections)
             .collect();
@@ -127,7 +127,7 @@ impl RseqSections {
 
 /// The critical sections `[start, end)` of loaded object `l`, read once
 /// per (file, load bias) and cached.
-fn rseq_sections(l: &crate::symbols::Loaded) -> Vec<(usize, usize)> {
+fn rseq_sections(l: &crate::process::symbols::Loaded) -> Vec<(usize, usize)> {
     type Key = (std::path::PathBuf, usize);
     type Sections = Vec<(usize, usize)>;
     static CACHE: Mutex<Option<HashMap<Key, Sections>>> = Mutex::new(None);
@@ -141,7 +141,7 @@ fn rseq_sections(l: &crate::symbols::Loaded) -> Vec<(usize, usize)> {
         .clone()
 }
 
-fn read_rseq_sections(l: &crate::symbols::Loaded) -> Vec<(usize, usize)> {
+fn read_rseq_sections(l: &crate::process::symbols::Loaded) -> Vec<(usize, usize)> {
     let Ok(data) = std::fs::read(&l.path) else {
         return Vec::new();
     };

@@ -27,11 +27,15 @@
 //! # }
 //! ```
 
+pub(crate) mod arg;
+
 use std::path::{Path, PathBuf};
 
 use object::{Object as _, ObjectSection as _};
 
-use crate::{AttachError, Reg, Uprobe};
+pub use arg::{UsdtArg, UsdtLocation};
+
+use crate::{AttachError, Uprobe};
 
 /// One USDT probe site of a loaded object (a probe used in several
 /// places has one site each).
@@ -51,36 +55,6 @@ pub struct UsdtProbe {
     pub object: PathBuf,
 }
 
-/// One argument of a USDT probe: how wide, signed or not, and where it is
-/// when the probe fires.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UsdtArg {
-    /// Bytes: 1, 2, 4 or 8.
-    pub size: u8,
-    /// Whether the value is signed (sign-extended when read).
-    pub signed: bool,
-    /// Where the value is.
-    pub location: UsdtLocation,
-}
-
-/// Where a USDT argument is when the probe fires.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UsdtLocation {
-    /// In a register (its low `size` bytes).
-    Register(Reg),
-    /// In memory at `base + offset (+ index * scale)`.
-    Memory {
-        /// The base register.
-        base: Reg,
-        /// The displacement.
-        offset: i64,
-        /// An index register and its scale, if any.
-        index: Option<(Reg, u8)>,
-    },
-    /// A constant.
-    Constant(i64),
-}
-
 impl UsdtArg {
     /// Parses one argument of a spec (`-4@%eax`, `8@-8(%rbp)`, `4@$71` on
     /// x86-64; `-4@[sp, 96]`, `-8@x4`, `4@5` on aarch64).
@@ -97,20 +71,6 @@ impl UsdtArg {
             signed,
             location: crate::arch::usdt::parse_location(location)?,
         })
-    }
-
-    /// Sign- or zero-extends the low `size` bytes of `raw`.
-    pub(crate) fn extend(&self, raw: u64) -> i64 {
-        let bits = u32::from(self.size) * 8;
-        if bits == 64 {
-            return raw as i64;
-        }
-        let shift = 64 - bits;
-        if self.signed {
-            ((raw << shift) as i64) >> shift
-        } else {
-            ((raw << shift) >> shift) as i64
-        }
     }
 }
 
@@ -147,14 +107,14 @@ impl UsdtProbe {
 /// `libstdc++.so.6`, or its path), with their addresses in this process.
 /// Not async-signal-safe (reads the file).
 pub fn probes(object: &str) -> Result<Vec<UsdtProbe>, AttachError> {
-    sites_of(&crate::symbols::loaded_object(object)?)
+    sites_of(&crate::process::symbols::loaded_object(object)?)
 }
 
 /// The USDT probes of every loaded object (objects whose file cannot be
 /// read are skipped). Not async-signal-safe.
 #[must_use]
 pub fn loaded_probes() -> Vec<UsdtProbe> {
-    crate::symbols::loaded_objects()
+    crate::process::symbols::loaded_objects()
         .iter()
         .filter_map(|l| sites_of(l).ok())
         .flatten()
@@ -162,7 +122,7 @@ pub fn loaded_probes() -> Vec<UsdtProbe> {
 }
 
 /// The probes of one loaded object, at their addresses in this process.
-fn sites_of(loaded: &crate::symbols::Loaded) -> Result<Vec<UsdtProbe>, AttachError> {
+fn sites_of(loaded: &crate::process::symbols::Loaded) -> Result<Vec<UsdtProbe>, AttachError> {
     Ok(notes_in_file(&loaded.path)?
         .into_iter()
         .map(|n| UsdtProbe {
@@ -174,20 +134,6 @@ fn sites_of(loaded: &crate::symbols::Loaded) -> Result<Vec<UsdtProbe>, AttachErr
             object: loaded.path.clone(),
         })
         .collect())
-}
-
-/// A decimal or `0x` hexadecimal integer, maybe negative, as the specs
-/// write displacements and constants.
-pub(crate) fn parse_int(text: &str) -> Option<i64> {
-    let (negative, digits) = match text.strip_prefix('-') {
-        Some(d) => (true, d),
-        None => (false, text),
-    };
-    let value = match digits.strip_prefix("0x") {
-        Some(hex) => i64::from_str_radix(hex, 16).ok()?,
-        None => digits.parse::<i64>().ok()?,
-    };
-    Some(if negative { -value } else { value })
 }
 
 /// A note as the file says it: addresses before the load bias.

@@ -1,4 +1,5 @@
-//! Out-of-line execution (XOL) slots, the architecture-independent part.
+//! Out-of-line execution (XOL) slots, the architecture-independent part
+//! (the relocation into them is the architecture's `xol`).
 //!
 //! An instruction that is not emulated runs *out of line*: at attach it is
 //! relocated (by the architecture's encoder) into a slot followed by a
@@ -29,13 +30,10 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use pcpu_freelist::FreeList;
 
 use crate::AttachError;
+use crate::error::os_error;
 
-use crate::arch::xol::{REACH_LIMIT, SLOT_SIZE};
-
-/// Bytes per region (1024 slots of 64 bytes).
-const REGION_SIZE: usize = 64 * 1024;
-/// How far a slot may be from the code it serves (with margin).
-const REACH: usize = REACH_LIMIT - 2 * REGION_SIZE;
+use super::{REACH, REGION_SIZE, map_near, write_code};
+use crate::arch::SLOT_SIZE;
 
 struct Region {
     base: usize,
@@ -244,36 +242,13 @@ fn publish_region(base: usize) -> Result<(), AttachError> {
         .collect();
     REGION_ORIGINS[free].store(Box::leak(origins).as_mut_ptr(), Ordering::Release);
     REGION_BASES[free].store(base, Ordering::Release);
-    crate::engine::install_fault_handlers()
+    Ok(())
 }
 
 /// Writes a slot's code, keeping its page executable throughout (other
 /// slots on it may be running).
 fn write_slot(slot: usize, code: &[u8]) -> Result<(), AttachError> {
     write_code(slot, code)
-}
-
-/// Writes fresh generated code at `at` (inside one page of a region of
-/// ours, not yet run by any thread), keeping the page executable
-/// throughout: other code on it may be running. Not async-signal-safe.
-pub(crate) fn write_code(at: usize, code: &[u8]) -> Result<(), AttachError> {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let base = at & !(page - 1);
-    let rx = libc::PROT_READ | libc::PROT_EXEC;
-    // SAFETY: `base` is a page of a region we mapped; the code does not
-    // straddle pages (slots are 64 bytes, trampolines 128, aligned).
-    if unsafe { libc::mprotect(base as *mut libc::c_void, page, rx | libc::PROT_WRITE) } != 0 {
-        return Err(crate::error::os_error("mprotect (generated code)"));
-    }
-    // SAFETY: the code's place is ours, unused so far, and writable now.
-    unsafe { core::ptr::copy_nonoverlapping(code.as_ptr(), at as *mut u8, code.len()) };
-    crate::arch::flush_code(at, code.len());
-    // SAFETY: as above.
-    if unsafe { libc::mprotect(base as *mut libc::c_void, page, rx) } != 0 {
-        return Err(crate::error::os_error("mprotect (generated code)"));
-    }
-    Ok(())
 }
 
 /// Maps a region of slots wherever the kernel likes.
@@ -290,7 +265,7 @@ fn map_region_anywhere() -> Result<Region, AttachError> {
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(crate::error::os_error("mmap (out-of-line slots)"));
+        return Err(os_error("mmap (out-of-line slots)"));
     }
     let base = p as usize;
     publish_region(base)?;
@@ -312,51 +287,7 @@ fn map_region_near(addr: usize) -> Result<Region, AttachError> {
     })
 }
 
-/// Maps `size` bytes (a power of two, at least a page) readable and
-/// executable, aligned to `size`, within reach of `addr`: in the free gap
-/// of the address space nearest to it, away from where the main stack
-/// and the `brk` heap grow. Not async-signal-safe.
-pub(crate) fn map_near(addr: usize, size: usize) -> Result<usize, AttachError> {
-    let mut taken: Vec<(usize, usize)> = crate::maps::taken_ranges();
-    taken.sort_unstable();
-    let lo = addr.saturating_sub(REACH);
-    let hi = addr.saturating_add(REACH);
-    // Candidate region bases: just below each mapping and just above it.
-    let mut candidates: Vec<usize> = taken
-        .iter()
-        .flat_map(|&(start, end)| {
-            [
-                start.saturating_sub(size) & !(size - 1),
-                (end + size - 1) & !(size - 1),
-            ]
-        })
-        .filter(|&b| b >= lo && b + size <= hi && b >= 0x10000)
-        .filter(|&b| !taken.iter().any(|&(s, e)| b < e && s < b + size))
-        .collect();
-    candidates.sort_unstable_by_key(|&b| b.abs_diff(addr));
-    for base in candidates {
-        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
-        let p = unsafe {
-            libc::mmap(
-                base as *mut libc::c_void,
-                size,
-                libc::PROT_READ | libc::PROT_EXEC,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            )
-        };
-        if p as usize == base {
-            return Ok(base);
-        }
-        if p != libc::MAP_FAILED {
-            // An old kernel ignoring the flag put it elsewhere.
-            // SAFETY: unmapping what this call mapped.
-            unsafe { libc::munmap(p, size) };
-        }
-    }
-    Err(AttachError::Os {
-        what: "no room for generated code within reach of the probed code",
-        errno: libc::ENOMEM,
-    })
+/// Whether a region of slots was mapped. Async-signal-safe.
+pub(crate) fn any_region() -> bool {
+    REGION_BASES[0].load(Ordering::Acquire) != 0
 }

@@ -1,0 +1,132 @@
+//! Regions of per-probe trampolines: the header every trampoline starts
+//! with, room for one more within reach of the code, and where each
+//! trampoline's relocated instructions came from (the fault handler and
+//! the thread checks ask). What a trampoline holds is the architecture's
+//! `jump` (its code) and `crate::site::jump` (the record of a site's
+//! jump); which trampoline serves which site is `crate::patch::jump`'s.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+
+use super::{REACH, REGION_SIZE, map_near, write_code};
+use crate::mode::NotOptimized;
+
+/// Every trampoline starts with the same header, on both architectures:
+/// the pointer to its cell (`crate::site::jump::JumpCell`), then the
+/// pointer to the architecture's common entry routine; its code follows.
+pub(crate) const CELL_AT: usize = 0;
+pub(crate) const ENTRY_PTR_AT: usize = 8;
+pub(crate) const CODE_AT: usize = 16;
+/// Bytes a trampoline may take (header, prologue and relocated code).
+pub(crate) const TRAMPOLINE_SIZE: usize = 128;
+
+/// For each instruction of a range, its address and that of its
+/// relocated copy.
+pub(crate) type Moves = Vec<(usize, usize)>;
+
+/// The most regions of trampolines a process maps (64 MiB, 524,288
+/// trampolines).
+const MAX_REGIONS: usize = 1024;
+/// Trampolines per region.
+const PER_REGION: usize = REGION_SIZE / TRAMPOLINE_SIZE;
+/// Region bases, for the fault handler (0: unused); written once each.
+static REGION_BASES: [AtomicUsize; MAX_REGIONS] = [const { AtomicUsize::new(0) }; MAX_REGIONS];
+/// Per region, its trampolines' moves by slot (leaked, like the regions).
+static REGION_MOVES: [AtomicPtr<[AtomicPtr<Moves>; PER_REGION]>; MAX_REGIONS] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_REGIONS];
+
+/// The regions mapped so far: `(base, bytes used)`.
+static REGIONS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
+/// Whether new trampolines are refused as if no gap were within reach
+/// (for tests; see `bench_only::no_trampoline_room`).
+static NO_ROOM: AtomicBool = AtomicBool::new(false);
+
+/// Makes new trampolines fail as if no gap were within reach of the code
+/// (`on`), or not. Not async-signal-safe (attach-time only).
+pub(crate) fn refuse_room(on: bool) {
+    NO_ROOM.store(on, Ordering::Relaxed);
+}
+
+/// Places a new trampoline within reach of `near`: `build` makes its
+/// code for the base it is given (with the moves of its relocated
+/// instructions), which is written there and recorded for the fault
+/// handler. Returns the base and the recorded moves. Room is taken only
+/// when `build` succeeds. Not async-signal-safe.
+pub(crate) fn place(
+    near: usize,
+    build: impl FnOnce(usize) -> Result<(Vec<u8>, Moves), NotOptimized>,
+) -> Result<(usize, &'static Moves), NotOptimized> {
+    if NO_ROOM.load(Ordering::Relaxed) {
+        return Err(NotOptimized::NoTrampolineRoom);
+    }
+    let mut regions = REGIONS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let found = regions.iter().position(|&(base, used)| {
+        base.abs_diff(near) < REACH && used + TRAMPOLINE_SIZE <= REGION_SIZE
+    });
+    let region = if let Some(k) = found {
+        k
+    } else {
+        if regions.len() == MAX_REGIONS {
+            return Err(NotOptimized::NoTrampolineRoom);
+        }
+        let base = map_near(near, REGION_SIZE).map_err(|_| NotOptimized::NoTrampolineRoom)?;
+        publish_region(regions.len(), base);
+        regions.push((base, 0));
+        regions.len() - 1
+    };
+    let (region_base, used) = regions[region];
+    let base = region_base + used;
+    let (code, moves) = build(base)?;
+    write_code(base, &code).map_err(|_| NotOptimized::NoTrampolineRoom)?;
+    regions[region].1 += TRAMPOLINE_SIZE;
+    let moves: &'static Moves = Box::leak(Box::new(moves));
+    // SAFETY: published with the region, never freed.
+    let slots = unsafe { &*REGION_MOVES[region].load(Ordering::Acquire) };
+    slots[used / TRAMPOLINE_SIZE].store(core::ptr::from_ref(moves).cast_mut(), Ordering::Release);
+    Ok((base, moves))
+}
+
+/// Publishes region `i` at `base` for the fault handler.
+fn publish_region(i: usize, base: usize) {
+    let slots: &'static [AtomicPtr<Moves>; PER_REGION] = Box::leak(Box::new(
+        [const { AtomicPtr::new(core::ptr::null_mut()) }; PER_REGION],
+    ));
+    REGION_MOVES[i].store(core::ptr::from_ref(slots).cast_mut(), Ordering::Release);
+    REGION_BASES[i].store(base, Ordering::Release);
+}
+
+/// Whether a region of trampolines was mapped. Async-signal-safe.
+pub(crate) fn any_region() -> bool {
+    REGION_BASES[0].load(Ordering::Acquire) != 0
+}
+
+/// If `pc` runs a relocated instruction of a trampoline: the original
+/// instruction's address, and the relocated copy's. Async-signal-safe:
+/// loads only.
+pub(crate) fn relocated_origin(pc: usize) -> Option<(usize, usize)> {
+    for i in 0..MAX_REGIONS {
+        let base = REGION_BASES[i].load(Ordering::Acquire);
+        if base == 0 {
+            return None;
+        }
+        if pc < base || pc >= base + REGION_SIZE {
+            continue;
+        }
+        // SAFETY: published before the base, never freed.
+        let slots = unsafe { &*REGION_MOVES[i].load(Ordering::Acquire) };
+        let moves = slots[(pc - base) / TRAMPOLINE_SIZE].load(Ordering::Acquire);
+        // SAFETY: moves are leaked once published.
+        let moves = unsafe { moves.as_ref() }?;
+        let mut found = None;
+        for &(orig, copy) in moves {
+            if copy <= pc {
+                found = Some((orig, copy));
+            }
+        }
+        return found;
+    }
+    None
+}

@@ -1,0 +1,28 @@
+//! The jump way in: a trampoline's common routine (the architecture's
+//! `jump_entry`) has saved the registers and calls [`on_jump`] with the
+//! trampoline's cell, which names the site it serves (no table lookup).
+//! Async-signal-safe: the routine can interrupt any code.
+
+use std::sync::atomic::Ordering;
+
+use crate::hit::run_consumers;
+use crate::site::jump::JumpCell;
+use crate::table::lookup::with_read_side;
+
+/// A trampoline's call into the engine: the probed address's consumers,
+/// with the saved registers `frame` (the PC is set to the probed address
+/// here). Returns whether a handler moved the PC. Async-signal-safe.
+pub(crate) fn on_jump(cell: usize, frame: &mut crate::arch::Frame) -> bool {
+    // SAFETY: the trampoline's cell pointer, never freed.
+    let cell = unsafe { &*(cell as *const JumpCell) };
+    crate::arch::set_frame_pc(frame, cell.addr);
+    with_read_side(|| {
+        let site = cell.site.load(Ordering::Acquire);
+        if site.is_null() {
+            return false;
+        }
+        // SAFETY: a site named by a cell is freed only after the cell was
+        // cleared and a grace period passed; we are in a read section.
+        run_consumers(unsafe { &*site }, frame)
+    })
+}

@@ -1,0 +1,49 @@
+//! The view of original code: what the bytes of a range were before the
+//! engine patched them, each breakpoint and jump of a site replaced by
+//! the bytes it covers. Analysis and planning always look at this view,
+//! never at the patched code.
+
+use crate::arch::{BREAKPOINT, MAX_INSN_LEN};
+use crate::site::SiteMode;
+use crate::table::find;
+
+/// The code at `[addr, addr + len)` (inside executable mappings) as it
+/// was before the engine patched it: each breakpoint and jump of a site
+/// replaced by the bytes it covers. `WRITER` is held.
+pub(crate) fn code_as_original(addr: usize, len: usize) -> Vec<u8> {
+    // SAFETY: the caller's contract.
+    let mut code = unsafe { core::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
+    // A jump's range starts at most a landing pad and an instruction
+    // before the bytes it covers.
+    let reach = MAX_INSN_LEN + 4;
+    for at in addr.saturating_sub(reach)..addr + len {
+        let Some((_, site)) = find(at) else {
+            continue;
+        };
+        // The breakpoint's bytes (those inside the window) back to the
+        // instruction's.
+        let n = code.len();
+        let inside = |k: usize| (at + k).checked_sub(addr).filter(|&i| i < n);
+        let ours =
+            (0..BREAKPOINT.len()).all(|k| inside(k).is_none_or(|i| code[i] == BREAKPOINT[k]));
+        if ours {
+            for k in 0..BREAKPOINT.len() {
+                if let Some(i) = inside(k) {
+                    code[i] = site.original[k];
+                }
+            }
+        }
+        if let SiteMode::Jump(j) = &*site.mode() {
+            let (start, bytes) = j.original();
+            for (k, &o) in bytes.iter().enumerate() {
+                if let Some(c) = (start + k)
+                    .checked_sub(addr)
+                    .and_then(|at| code.get_mut(at))
+                {
+                    *c = o;
+                }
+            }
+        }
+    }
+    code
+}

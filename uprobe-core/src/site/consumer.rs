@@ -1,0 +1,35 @@
+//! A site's consumers: one per attached probe, with its handler, its
+//! return side and its counters; the list a site publishes to the hit
+//! path is replaced whole (see [`Site::publish_list`](super::Site::publish_list)).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use pcpu::PerCpuCounter;
+
+use crate::context::EntryContext;
+
+/// The handler of one consumer.
+pub(crate) type Handler = Box<dyn Fn(&mut EntryContext<'_>) + Send + Sync>;
+
+/// One consumer of a site: its handlers and counters.
+pub(crate) struct Consumer {
+    pub(crate) handler: Handler,
+    /// The return handler's side, for a return probe.
+    pub(crate) ret: Option<super::returns::ReturnProbe>,
+    /// Only hits of this thread run the handler (0: every thread).
+    pub(crate) only_tid: i32,
+    /// Hits that ran the handler, counted per CPU (no cache line shared
+    /// by the threads hitting the probe).
+    pub(crate) hits: PerCpuCounter,
+    pub(crate) removed: AtomicBool,
+    /// The function the probe was made for (start, size; size 0:
+    /// unknown), which the multi-instruction jump needs.
+    pub(crate) function: Option<(usize, usize)>,
+    /// Keep the address on the trap path.
+    pub(crate) trap_only: bool,
+    /// The arguments of the USDT probe the consumer was made on.
+    pub(crate) usdt_args: Option<Arc<[crate::usdt::arg::UsdtArg]>>,
+    /// That probe's semaphore, held while the consumer is attached.
+    pub(crate) semaphore: Option<usize>,
+}

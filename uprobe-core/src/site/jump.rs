@@ -1,0 +1,90 @@
+//! The record of a site that runs (or is about to run) through a jump:
+//! the range the jump covers, its bytes and the original ones, and the
+//! trampoline it goes to, whose [`JumpCell`] names the site it serves.
+//! Writing and taking back jumps is `crate::patch::jump`'s.
+
+use std::sync::atomic::AtomicPtr;
+
+use super::Site;
+use crate::arch::JUMP_LEN;
+use crate::code::trampolines::Moves;
+
+/// Which site a trampoline serves now. Never freed.
+pub(crate) struct JumpCell {
+    /// The probed address.
+    pub(crate) addr: usize,
+    /// The site (null: detached).
+    pub(crate) site: AtomicPtr<Site>,
+}
+
+/// A trampoline: where it is, its cell, and where each instruction of
+/// the range runs relocated. Never freed.
+pub(crate) struct Trampoline {
+    pub(crate) base: usize,
+    pub(crate) cell: &'static JumpCell,
+    /// (address of a range instruction, its relocated copy).
+    pub(crate) moves: &'static Moves,
+}
+
+/// A site that runs through a jump: the range the jump covers and what
+/// was there.
+pub(crate) struct Jump {
+    /// The probed address: `start`, or the landing pad before it.
+    pub(crate) site: usize,
+    /// Where the jump goes.
+    pub(crate) start: usize,
+    /// Bytes of whole instructions the trampoline runs (>= the jump).
+    pub(crate) len: usize,
+    /// The jump's bytes and the original bytes under them.
+    pub(crate) bytes: [u8; JUMP_LEN],
+    pub(crate) original: [u8; JUMP_LEN],
+    pub(crate) trampoline: &'static Trampoline,
+}
+
+impl Jump {
+    /// Whether the jump is in the code (false after an unload: other
+    /// code, or nothing, is there now). `start` must be mapped.
+    pub(crate) fn in_code(&self) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { read_code(self.start) == self.bytes }
+    }
+
+    /// Whether the range holds several instructions (a thread may be
+    /// stopped between them).
+    pub(crate) fn has_interior(&self) -> bool {
+        self.trampoline.moves.len() > 1
+    }
+
+    /// Whether `addr` lies inside the range, past the probed address.
+    pub(crate) fn covers(&self, addr: usize) -> bool {
+        addr > self.site && addr < self.start + self.len
+    }
+
+    /// The original bytes under the jump, and where they start.
+    pub(crate) fn original(&self) -> (usize, &[u8]) {
+        (self.start, &self.original)
+    }
+
+    /// Whether the jump comes after a landing pad that stays in place
+    /// (the probed address is the landing pad's).
+    pub(crate) fn after_landing_pad(&self) -> bool {
+        self.start != self.site
+    }
+}
+
+/// Reads the `JUMP_LEN` bytes at `addr`.
+///
+/// # Safety
+/// They are mapped.
+pub(crate) unsafe fn read_code(addr: usize) -> [u8; JUMP_LEN] {
+    // SAFETY: the caller's contract.
+    core::array::from_fn(|i| unsafe { core::ptr::read_volatile((addr + i) as *const u8) })
+}
+
+/// The function around a site, when planning a jump needs it (a range of
+/// several instructions at its start, or a landing pad there): its start
+/// and its whole code, as it was before any patch.
+pub(crate) struct Function<'a> {
+    pub(crate) start: usize,
+    pub(crate) code: &'a [u8],
+}

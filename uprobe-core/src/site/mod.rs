@@ -1,0 +1,142 @@
+//! The site model: a probed address, the instruction its breakpoint
+//! displaced, how it runs ([`SiteMode`]: breakpoint or jump) and its
+//! consumers ([`consumer`]), with the record of a jump ([`jump`]) and a
+//! consumer's return side ([`returns`]).
+//!
+//! The hit path reads a site inside a read section of the table's SRCU
+//! domain (`crate::table::DOMAIN`): its consumer list is published with
+//! one pointer swap and the old list freed after a grace period, so a
+//! reader never locks. Everything else (the mode, `armed`) is the
+//! writer's, under the attach lock.
+
+pub(crate) mod consumer;
+pub(crate) mod jump;
+pub(crate) mod returns;
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pcpu::PerCpuCounter;
+
+use crate::arch::{BREAKPOINT, Emulation};
+use crate::mode::NotOptimized;
+use crate::process::maps::Mapping;
+use consumer::Consumer;
+use jump::Jump;
+
+/// How a site runs now (writer only).
+pub(crate) enum SiteMode {
+    /// Its breakpoint, for this reason.
+    Trap(NotOptimized),
+    /// Its breakpoint, with a trampoline made and the jump to write
+    /// once the breakpoint is in (during an attach only).
+    Ready(Jump),
+    /// A jump into its trampoline.
+    Jump(Jump),
+}
+
+/// A probed address: the displaced instruction and its consumers.
+pub(crate) struct Site {
+    pub(crate) addr: usize,
+    /// The instruction bytes the breakpoint covers.
+    pub(crate) original: [u8; BREAKPOINT.len()],
+    pub(crate) map: Mapping,
+    pub(crate) emulation: Emulation,
+    pub(crate) consumers: AtomicPtr<Vec<Arc<Consumer>>>,
+    /// Hits that ran no handler (the thread was already in the engine),
+    /// per CPU.
+    pub(crate) missed: PerCpuCounter,
+    /// Whether the breakpoint is in the code (false once every probe was
+    /// disarmed because the program replaced the SIGTRAP handler).
+    /// Writer only.
+    pub(crate) armed: AtomicBool,
+    /// Where a trap hit continues instead of the emulation (0: none):
+    /// the trampoline's relocated copy, once the site has one.
+    pub(crate) resume_at: AtomicUsize,
+    /// Where the range of a jump placed after the landing pad at `addr`
+    /// (`endbr64`, `bti`, `paciasp`) starts while a breakpoint there
+    /// belongs to this site (0: none).
+    pub(crate) landing: AtomicUsize,
+    /// Where a trap at that breakpoint continues, without running the
+    /// consumers there: the trampoline's entry (aarch64, where the landing
+    /// pad may have signed the link register, which the entry undoes);
+    /// 0: the consumers run in the trap handler (x86-64).
+    pub(crate) landing_entry: AtomicUsize,
+    /// How the site runs (writer only; the handler never looks).
+    pub(crate) mode: Mutex<SiteMode>,
+}
+
+impl Site {
+    /// The probed address.
+    pub(crate) fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// The mapping the site was attached in.
+    pub(crate) fn mapping(&self) -> Mapping {
+        self.map
+    }
+
+    /// The original bytes the breakpoint covers.
+    pub(crate) fn original_bytes(&self) -> &[u8] {
+        &self.original
+    }
+
+    /// Makes a breakpoint at `at` (the start of a jump's range after the
+    /// site's landing pad) this site's, a trap there continuing at
+    /// `entry` (see `landing_entry`); `at` 0: none. Writer only.
+    ///
+    /// Clearing keeps the entry: a trap handler that read the landing
+    /// before it was cleared must still find where to go (a trampoline is
+    /// never freed, so the old entry stays valid code).
+    pub(crate) fn set_landing(&self, at: usize, entry: usize) {
+        if at != 0 {
+            self.landing_entry.store(entry, Ordering::Release);
+        }
+        self.landing.store(at, Ordering::Release);
+    }
+
+    /// Sends trap hits to `at` (see `resume_at`). Writer only.
+    pub(crate) fn set_resume_at(&self, at: usize) {
+        self.resume_at.store(at, Ordering::Release);
+    }
+
+    pub(crate) fn mode(&self) -> std::sync::MutexGuard<'_, SiteMode> {
+        self.mode
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the site runs through a jump now.
+    pub(crate) fn is_jump(&self) -> bool {
+        match *self.mode() {
+            SiteMode::Trap(_) | SiteMode::Ready(_) => false,
+            SiteMode::Jump(_) => true,
+        }
+    }
+
+    /// Whether the site's breakpoint or jump is still in the code (false
+    /// after an unload, when other code or nothing is there now). The
+    /// address must be mapped.
+    pub(crate) fn in_code(&self) -> bool {
+        match &*self.mode() {
+            SiteMode::Jump(j) => j.in_code(),
+            // SAFETY: the caller's contract.
+            _ => unsafe { crate::arch::is_breakpoint_at(self.addr) },
+        }
+    }
+
+    /// The consumer list; the caller holds the attach lock (the list is
+    /// not freed meanwhile).
+    pub(crate) fn current_list(&self) -> &Vec<Arc<Consumer>> {
+        // SAFETY: the writer lock is held: the list is not freed meanwhile.
+        unsafe { &*self.consumers.load(Ordering::Acquire) }
+    }
+
+    /// Publishes `list`; returns the previous one, to free after a grace
+    /// period. The attach lock is held.
+    pub(crate) fn publish_list(&self, list: Vec<Arc<Consumer>>) -> *mut Vec<Arc<Consumer>> {
+        self.consumers
+            .swap(Box::into_raw(Box::new(list)), Ordering::AcqRel)
+    }
+}

@@ -1,0 +1,109 @@
+//! What the engine keeps per thread, below everything else: the thread's
+//! kernel id, whether it is inside the engine (a hit there runs no
+//! handler), how deep its trap handlers are nested, and the way out when
+//! something cannot go on (`fatal`). Nothing here knows about probes.
+//!
+//! Every function is async-signal-safe: thread-locals without
+//! destructors, and raw system calls.
+
+use core::cell::Cell;
+
+std::thread_local! {
+    /// Set while this thread runs the engine's handler or a consumer.
+    static IN_ENGINE: Cell<bool> = const { Cell::new(false) };
+    /// Trap handlers of the engine active on this thread (nested when the
+    /// handler's own code hits a probe).
+    static TRAP_DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// The thread's kernel id, once asked for (0: not yet); reset in a
+    /// fork child.
+    static TID: Cell<i32> = const { Cell::new(0) };
+}
+
+/// Traps nested deeper than this mean the handler's own path calls the
+/// probed function on every level (a bug: it must not copy through
+/// `memcpy`, say): abort with a message instead of overflowing the stack.
+/// The program's own signal handlers cannot deepen it: asynchronous
+/// signals are blocked while the trap handler runs.
+const MAX_TRAP_DEPTH: u32 = 8;
+
+/// The calling thread's kernel id (a system call the first time only).
+/// Async-signal-safe.
+pub(crate) fn current_tid() -> i32 {
+    let cached = TID.get();
+    if cached != 0 {
+        return cached;
+    }
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) as i32 };
+    TID.set(tid);
+    tid
+}
+
+/// Forgets the cached thread id (the forking thread's, in a fork child:
+/// registered with `pthread_atfork`). Async-signal-safe.
+pub(crate) extern "C" fn forget_tid() {
+    TID.set(0);
+}
+
+/// Marks the thread as inside the engine; returns whether it already was
+/// (then no handler may run). Async-signal-safe.
+#[inline]
+pub(crate) fn enter() -> bool {
+    IN_ENGINE.replace(true)
+}
+
+/// Undoes [`enter`], given what it returned. Async-signal-safe.
+#[inline]
+pub(crate) fn leave(was_inside: bool) {
+    IN_ENGINE.set(was_inside);
+}
+
+/// Runs `f` as one more nested trap handler of the engine on this thread
+/// (aborting past [`MAX_TRAP_DEPTH`]). Async-signal-safe.
+#[inline]
+pub(crate) fn in_trap(f: impl FnOnce()) {
+    let depth = TRAP_DEPTH.get();
+    if depth >= MAX_TRAP_DEPTH {
+        fatal(b"uprobe-core: the trap handler recursed through a probed function; aborting\n");
+    }
+    TRAP_DEPTH.set(depth + 1);
+    f();
+    TRAP_DEPTH.set(depth);
+}
+
+/// Whether the calling thread is inside the engine's trap handler (a
+/// signal handler that interrupted it can ask). Async-signal-safe.
+pub(crate) fn in_trap_handler() -> bool {
+    TRAP_DEPTH.get() > 0
+}
+
+/// Aborts (with a message) if a consumer panics: unwinding through the
+/// signal frame is undefined behaviour. Remembers whether the interrupted
+/// code was itself unwinding (a panic allocates, so a probe on `malloc`
+/// can hit in the middle of one): only a new panic aborts.
+pub(crate) struct AbortOnUnwind {
+    was_panicking: bool,
+}
+
+impl AbortOnUnwind {
+    pub(crate) fn new() -> Self {
+        Self {
+            was_panicking: std::thread::panicking(),
+        }
+    }
+}
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() && !self.was_panicking {
+            fatal(b"uprobe-core: a probe handler panicked; aborting\n");
+        }
+    }
+}
+
+/// Writes `msg` to stderr and aborts. Async-signal-safe.
+pub(crate) fn fatal(msg: &[u8]) -> ! {
+    // SAFETY: write(2) of a buffer we hold to stderr.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+    std::process::abort();
+}

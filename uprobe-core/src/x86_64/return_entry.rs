@@ -1,0 +1,76 @@
+//! The x86-64 return trampoline's code: plain code, no trap. A stub's
+//! `call` enters it at a probed function's return; it saves the
+//! caller-saved registers (`super::trampoline::SavedRegs`) and
+//! `xmm0`-`xmm15`, hands them to `crate::hit::returns::on_return`, which
+//! writes the original return address into the slot the stub's `call`
+//! pushed, restores them and `ret`s through that slot.
+
+use super::trampoline::{SavedRegs, SavedXmm, restore_xmm, save_xmm};
+
+// The common trampoline. Entered by a stub's `call`, so its frame
+// description is the ordinary one of a called function (CFA = rsp + 8 on
+// entry); `rbp` then anchors the frame while the stack is realigned.
+core::arch::global_asm!(
+    ".pushsection .text.uprobe_core_return_trampoline,\"ax\",@progbits",
+    ".p2align 4",
+    ".globl uprobe_core_return_trampoline",
+    ".hidden uprobe_core_return_trampoline",
+    "uprobe_core_return_trampoline:",
+    ".cfi_startproc",
+    "push rbp",
+    ".cfi_adjust_cfa_offset 8",
+    ".cfi_rel_offset rbp, 0",
+    "mov rbp, rsp",
+    ".cfi_def_cfa_register rbp",
+    "pushfq",
+    "push rax",
+    "push rcx",
+    "push rdx",
+    "push rsi",
+    "push rdi",
+    "push r8",
+    "push r9",
+    "push r10",
+    "push r11",
+    "mov rdi, rsp",
+    "and rsp, -16",
+    "sub rsp, 256",
+    save_xmm!(),
+    "mov rsi, rsp",
+    "call {on_return}",
+    restore_xmm!(),
+    "lea rsp, [rbp - 80]",
+    "pop r11",
+    "pop r10",
+    "pop r9",
+    "pop r8",
+    "pop rdi",
+    "pop rsi",
+    "pop rdx",
+    "pop rcx",
+    "pop rax",
+    "popfq",
+    "pop rbp",
+    ".cfi_def_cfa rsp, 8",
+    "ret",
+    ".cfi_endproc",
+    ".popsection",
+    on_return = sym trampoline_entry,
+);
+
+unsafe extern "C" {
+    /// The common trampoline above (not callable from Rust: it expects a
+    /// stub's `call`).
+    fn uprobe_core_return_trampoline();
+}
+
+/// The common trampoline's address, which every stub calls.
+pub(crate) fn trampoline() -> usize {
+    uprobe_core_return_trampoline as *const () as usize
+}
+
+/// What the trampoline calls: hands the saved registers to the engine,
+/// which writes the original return address into `regs.ret`.
+extern "C" fn trampoline_entry(regs: &mut SavedRegs, xmm: &mut SavedXmm) {
+    crate::hit::returns::on_return(regs, xmm);
+}
