@@ -35,8 +35,8 @@ pub fn current_cpu() -> usize {
     }
     #[cfg(not(pcpu_loom))]
     {
-        if let Some(off) = crate::rseq::area::offset() {
-            let id = crate::rseq::area::read_cpu_id(off);
+        if let Some(off) = crate::rseq_area::offset() {
+            let id = crate::rseq_area::read_cpu_id(off);
             // -1 (not registered yet) and -2 (registration failed) are
             // negative: take the slow path for those.
             if id < 0x8000_0000 {

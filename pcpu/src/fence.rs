@@ -27,6 +27,12 @@
 //! Under `--cfg pcpu_loom` both sides are `fence(SeqCst)`: membarrier makes the
 //! light side *act* as a full fence whenever the heavy side runs, and
 //! modelling only the heavy side would be unsound.
+//!
+//! This module owns every `membarrier()` command the crate issues and
+//! their registrations: the fences above, [`sync_core`], and the rseq
+//! fences ([`register_rseq_fence`]), which [`rseq`](crate::rseq) builds its
+//! own fences on. It uses nothing of `rseq` but the rseq area (to enable
+//! the gated adds once rseq fences are registered).
 
 use core::sync::atomic::{AtomicU8, Ordering, compiler_fence};
 
@@ -62,15 +68,15 @@ fn membarrier(cmd: libc::c_int, flags: libc::c_uint, cpu: libc::c_int) -> libc::
     unsafe { libc::syscall(libc::SYS_membarrier, cmd, flags, cpu) }
 }
 
+/// Registers the fences at load time (see the module docs). rseq fences
+/// are registered by `rseq`'s own constructor, where its critical sections
+/// run.
 #[cfg(not(pcpu_loom))]
 #[used]
 #[unsafe(link_section = ".init_array")]
 static REGISTER_AT_LOAD: extern "C" fn() = {
     extern "C" fn register_at_load() {
         let _ = mode();
-        if crate::rseq::available() {
-            let _ = register_rseq_fence();
-        }
     }
     register_at_load
 };
@@ -160,10 +166,10 @@ static RSEQ_FENCE: AtomicU8 = AtomicU8::new(UNKNOWN);
 
 /// Registers the process for rseq fences ([`crate::rseq::fence_cpu`],
 /// [`crate::rseq::fence_all`]: `MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ`,
-/// Linux 5.10+). Returns whether they are available. Runs from the
-/// load-time constructor where rseq is available; not async-signal-safe on
-/// a first call after start-up (the kernel may wait for an RCU grace
-/// period), cheap afterwards.
+/// Linux 5.10+). Returns whether they are available. Runs from
+/// [`rseq`](crate::rseq)'s load-time constructor where rseq is available;
+/// not async-signal-safe on a first call after start-up (the kernel may
+/// wait for an RCU grace period), cheap afterwards.
 pub fn register_rseq_fence() -> bool {
     match RSEQ_FENCE.load(Ordering::Acquire) {
         MEMBARRIER => true,
@@ -173,7 +179,7 @@ pub fn register_rseq_fence() -> bool {
             RSEQ_FENCE.store(if ok { MEMBARRIER } else { FALLBACK }, Ordering::Release);
             #[cfg(not(pcpu_loom))]
             if ok {
-                crate::rseq::area::enable_gated();
+                crate::rseq_area::enable_gated();
             }
             ok
         }

@@ -59,6 +59,8 @@ mod cpu;
 pub mod fence;
 mod per_cpu;
 pub mod rseq;
+#[cfg(not(pcpu_loom))]
+mod rseq_area;
 mod stack;
 
 /// Plumbing the sibling crates of this family share: **not part of the

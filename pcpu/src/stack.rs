@@ -329,14 +329,14 @@ impl PerCpuStack {
         #[cfg(not(any(pcpu_arch = "x86_64", pcpu_loom)))]
         let _ = look_first;
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if let Some(area) = crate::rseq::area::offset() {
+        if let Some(area) = crate::rseq_area::offset() {
             let (base, stride) = self.heads.raw_layout();
             let cpus = self.heads.cpus() as u32;
             // The look: between operations a set flag means an empty
             // list; the CPU id read here is a hint, the section reads it
             // again.
             if look_first {
-                let cpu = crate::rseq::area::read_cpu_id(area);
+                let cpu = crate::rseq_area::read_cpu_id(area);
                 if cpu < cpus && self.looks_empty_for_pop(cpu as usize) {
                     return LocalPop::Empty { slot: cpu as usize };
                 }
@@ -423,7 +423,7 @@ impl PerCpuStack {
             return false;
         }
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if let Some(area) = crate::rseq::area::offset() {
+        if let Some(area) = crate::rseq_area::offset() {
             let (base, stride) = self.heads.raw_layout();
             let (node, next) = (node.as_ptr() as usize, self.link_word(node));
             let cpus = self.heads.cpus() as u32;
@@ -507,7 +507,7 @@ impl PerCpuStack {
     )]
     fn mark_empty_fast(&self) {
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if let Some(area) = crate::rseq::area::offset() {
+        if let Some(area) = crate::rseq_area::offset() {
             let (base, stride) = self.heads.raw_layout();
             // SAFETY: as in `push_fast`; the section writes only the flag.
             // Whatever it returns, the flag is right or conservatively

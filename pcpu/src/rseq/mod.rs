@@ -31,14 +31,33 @@
 //! lock and then calls [`fence_cpu`], which restarts any critical section
 //! running on that CPU (`MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ` aimed at
 //! it). [`PerCpuStack`](crate::PerCpuStack) implements exactly that.
+//!
+//! This module owns the per-CPU operations and their fences
+//! ([`fence_all`], [`fence_cpu`]) and registers rseq fences at load time;
+//! it builds on [`PerCpu`], the rseq area and the
+//! `membarrier()` commands of [`crate::fence`]. The x86-64 critical
+//! sections are its `x86_64` submodule.
 
-#[cfg(not(pcpu_loom))]
-pub(crate) mod area;
 #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
 mod x86_64;
 
 use crate::PerCpu;
 use crate::sync::atomic::{AtomicU64, Ordering};
+
+/// Registers rseq fences at load time where the critical sections run
+/// (while the process is still single-threaded, where the registration is
+/// cheap), so that gated adds and [`fence_cpu`] work from the first call.
+#[cfg(not(pcpu_loom))]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static REGISTER_FENCES_AT_LOAD: extern "C" fn() = {
+    extern "C" fn register_fences_at_load() {
+        if available() {
+            let _ = crate::fence::register_rseq_fence();
+        }
+    }
+    register_fences_at_load
+};
 
 /// Whether the rseq critical sections run in this process (x86-64 and a
 /// glibc-registered rseq area). When `false`, every operation of this
@@ -48,7 +67,7 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 pub fn available() -> bool {
     #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
     {
-        area::registered()
+        crate::rseq_area::registered()
     }
     #[cfg(pcpu_loom)]
     {
@@ -86,7 +105,7 @@ pub fn available() -> bool {
 #[inline]
 pub fn add(counters: &PerCpu<AtomicU64>, delta: u64) {
     #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-    if let Some(area) = area::offset() {
+    if let Some(area) = crate::rseq_area::offset() {
         let (base, _) = counters.raw_layout();
         // SAFETY: `area` is glibc's `__rseq_offset`, so `%fs:area` is this
         // thread's registered rseq area; CPU slots
@@ -153,7 +172,9 @@ impl GatedAdder {
     #[must_use]
     pub fn get() -> Option<Self> {
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if let Some(offset) = area::gated_offset().and_then(core::num::NonZeroIsize::new) {
+        if let Some(offset) =
+            crate::rseq_area::gated_offset().and_then(core::num::NonZeroIsize::new)
+        {
             return Some(Self { offset });
         }
         #[cfg(pcpu_loom)]
@@ -269,7 +290,7 @@ impl Adder {
     #[must_use]
     pub fn get() -> Option<Self> {
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if let Some(offset) = area::offset().and_then(core::num::NonZeroIsize::new) {
+        if let Some(offset) = crate::rseq_area::offset().and_then(core::num::NonZeroIsize::new) {
             return Some(Self { offset });
         }
         None

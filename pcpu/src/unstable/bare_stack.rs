@@ -32,7 +32,7 @@ impl BareStack {
             "link word must be usize-aligned"
         );
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if crate::rseq::area::offset().is_some() {
+        if crate::rseq_area::offset().is_some() {
             return Some(Self {
                 heads: PerCpu::new(|_| AtomicUsize::new(0)),
                 next_offset,
@@ -83,7 +83,7 @@ impl BareStack {
     #[inline]
     pub unsafe fn push(&self, node: NonNull<u8>) -> bool {
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if let Some(area) = crate::rseq::area::offset() {
+        if let Some(area) = crate::rseq_area::offset() {
             let (base, stride) = self.heads.raw_layout();
             // SAFETY: the heads are written only by these sections of
             // their own CPU; the caller's contract covers the link word.
@@ -109,7 +109,7 @@ impl BareStack {
     #[inline]
     pub fn pop(&self) -> Option<NonNull<u8>> {
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if let Some(area) = crate::rseq::area::offset() {
+        if let Some(area) = crate::rseq_area::offset() {
             let (base, stride) = self.heads.raw_layout();
             // SAFETY: as in `push`; nodes in a list have readable link
             // words (the push contract).

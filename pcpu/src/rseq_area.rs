@@ -1,4 +1,8 @@
-//! Finding glibc's registered rseq area for the calling thread.
+//! Finding glibc's registered rseq area for the calling thread: its offset
+//! from the thread pointer, the CPU id the kernel keeps in it, and whether
+//! gated adds may use it (rseq fences registered). The floor of the crate:
+//! [`current_cpu`](crate::current_cpu), the fences and the rseq operations
+//! all read it; it uses no other module.
 //!
 //! glibc (2.35 and later) registers a `struct rseq` for every thread and
 //! exports where it lives as `__rseq_offset` (bytes from the thread pointer)
