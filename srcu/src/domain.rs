@@ -1,17 +1,22 @@
 //! The SRCU domain: read counts in two banks (per thread for guard
 //! sections, per CPU for sections that may end elsewhere), and grace
 //! periods.
+//!
+//! The domain owns its read counts, its grace periods and the public
+//! handles on them ([`Srcu`], [`ReadGuard`], [`ReadIndex`]). It builds on
+//! `readers` (the per-thread slots), `reclaim` (its callback queue, which
+//! runs grace periods through `reclaim::Domain`) and `fork` (with which it
+//! registers itself, answering through `fork::Domain`).
 
-#[cfg(not(pcpu_loom))]
-use std::sync::PoisonError;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pcpu::PerCpu;
 use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
+use crate::fork::{self, LeaseSets};
 use crate::readers::{Readers, Slot, Ticket};
-use crate::reclaim::Reclaimer;
+use crate::reclaim::{self, Reclaimer};
 
 /// Words of a CPU's counts: `LOCK + bank`, `UNLOCK + bank`.
 const LOCK: usize = 0;
@@ -43,7 +48,7 @@ pub(crate) struct Inner {
     pub(crate) reclaimer: Reclaimer,
     /// The lease sets of this domain, for the fork handlers (expired in a
     /// child, their expiry threads restarted there).
-    pub(crate) lease_sets: Mutex<Vec<Weak<dyn crate::fork::ForkHooks>>>,
+    pub(crate) lease_sets: LeaseSets,
     /// The fork generation (`fork::generation`) the helper threads were
     /// last checked in: a child restarts them on its first use of the
     /// domain (`Srcu::revive`).
@@ -91,35 +96,6 @@ impl Drop for GpGuard<'_> {
     }
 }
 
-#[cfg(not(pcpu_loom))]
-thread_local! {
-    /// Sections counted per CPU that end on this thread (a consumed
-    /// lease's `LeasedValue`, a `ReadGuard` of a thread that found no free
-    /// slot), of every domain. Const-initialised without a
-    /// destructor: no lazy allocation, usable from signal handlers (a
-    /// handler's sections are balanced, so interrupting the owner's
-    /// read-modify-write loses nothing). Guards are not `Send`, so this is
-    /// exact. Read at fork: the child discounts the sections of the threads
-    /// that do not exist there only if the forking thread holds none.
-    static HELD: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
-}
-
-/// Counts a thread-bound per-CPU section opened (`1`) or closed (`-1`) on this thread.
-#[allow(clippy::inline_always)]
-#[inline(always)]
-pub(crate) fn held_add(delta: isize) {
-    #[cfg(not(pcpu_loom))]
-    HELD.with(|h| h.set(h.get().wrapping_add_signed(delta)));
-    #[cfg(pcpu_loom)]
-    let _ = delta;
-}
-
-/// Thread-bound per-CPU sections open on this thread.
-#[cfg(not(pcpu_loom))]
-pub(crate) fn held() -> usize {
-    HELD.with(core::cell::Cell::get)
-}
-
 impl Inner {
     fn new() -> Self {
         let light_is_compiler = pcpu::fence::light_is_compiler_only();
@@ -136,7 +112,7 @@ impl Inner {
             },
             dead: AtomicBool::new(false),
             reclaimer: Reclaimer::default(),
-            lease_sets: Mutex::new(Vec::new()),
+            lease_sets: LeaseSets::default(),
             helpers_gen: AtomicU64::new(0),
         }
     }
@@ -193,14 +169,14 @@ impl Inner {
 
     /// A guard section of a thread that found no free slot.
     fn guard_lock_per_cpu(&self) -> usize {
-        held_add(1);
+        fork::held_add(1);
         self.read_lock()
     }
 
     #[cold]
     #[inline(never)]
     fn guard_unlock_per_cpu(&self, bank: usize) {
-        held_add(-1);
+        fork::held_add(-1);
         self.read_unlock(bank);
     }
 
@@ -325,34 +301,45 @@ impl Inner {
         true
     }
 
-    /// In a fork child (only the forking thread exists): ends every
-    /// section counted per CPU, so that grace periods stop waiting for
-    /// threads that do not exist here (the other threads' guard sections
-    /// are ended in their slots by `readers::after_fork`). Callers make
-    /// sure that no such section can still be ended (see `fork`).
-    #[cfg(not(pcpu_loom))]
-    pub(crate) fn discount_per_cpu(&self) {
+    /// Grace periods started so far (for `barrier` bookkeeping and tests).
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.load(Ordering::Relaxed)
+    }
+}
+
+/// The reclaimer's view: its queue, and ordinary grace periods.
+impl reclaim::Domain for Inner {
+    fn reclaimer(&self) -> &Reclaimer {
+        &self.reclaimer
+    }
+
+    fn grace_period(&self) {
+        self.synchronize(false, None);
+    }
+}
+
+/// The fork handlers' view (see `fork`).
+#[cfg(not(pcpu_loom))]
+impl fork::Domain for Inner {
+    fn lock_for_fork(self: Arc<Self>, held: &mut Vec<Box<dyn fork::HeldLock>>) {
+        // SAFETY: the mutex is a field of `self`.
+        unsafe { fork::hold(&self, self.reclaimer.state_lock(), held) };
+        // SAFETY: the list is a field of `self`.
+        unsafe { self.lease_sets.lock_for_fork(&self, held) };
+    }
+
+    fn lease_sets(&self) -> &LeaseSets {
+        &self.lease_sets
+    }
+
+    /// Callers make sure that no such section can still be ended (see
+    /// `fork`).
+    fn discount_per_cpu(&self) {
         for c in self.counts.iter() {
             for bank in 0..2 {
                 c[UNLOCK + bank].store(c[LOCK + bank].load(Ordering::Relaxed), Ordering::Relaxed);
             }
         }
-    }
-
-    /// The lease sets registered with this domain that still exist.
-    #[cfg(not(pcpu_loom))]
-    pub(crate) fn lease_hooks(&self) -> Vec<Arc<dyn crate::fork::ForkHooks>> {
-        self.lease_sets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect()
-    }
-
-    /// Grace periods started so far (for `barrier` bookkeeping and tests).
-    pub(crate) fn completed(&self) -> u64 {
-        self.completed.load(Ordering::Relaxed)
     }
 }
 
@@ -549,7 +536,7 @@ impl Srcu {
         });
         #[cfg(not(pcpu_loom))]
         if p == fresh {
-            crate::fork::register(&self.inner_arc());
+            fork::register(&self.inner_arc());
         }
         // SAFETY: published (by us or the winner); alive until drop.
         unsafe { &*p }
@@ -714,7 +701,7 @@ impl Srcu {
         self.revive();
         self.inner().reclaimer.enqueue(
             || self.inner_arc(),
-            crate::reclaim::Deferred::new(f, grace_periods),
+            reclaim::Deferred::new(f, grace_periods),
         );
     }
 
@@ -725,13 +712,13 @@ impl Srcu {
     #[cfg(not(pcpu_loom))]
     pub(crate) fn revive(&self) {
         let inner = self.inner();
-        let generation = crate::fork::generation();
+        let generation = fork::generation();
         if inner.helpers_gen.load(Ordering::Acquire) == generation
             || inner.helpers_gen.swap(generation, Ordering::AcqRel) == generation
         {
             return;
         }
-        for hooks in inner.lease_hooks() {
+        for hooks in inner.lease_sets.live() {
             hooks.restart();
         }
         inner.reclaimer.revive(|| self.inner_arc());

@@ -17,7 +17,7 @@
 //!   section is ended the ordinary way, its value kept by a reference),
 //!   then frees the other threads' reader slots with their guard sections
 //!   (`readers::after_fork`) and, if the forking thread holds no
-//!   section counted per CPU that ends on it (`domain::HELD`), discounts
+//!   section counted per CPU that ends on it (`SECTIONS_HELD`), discounts
 //!   every section counted per CPU in every domain. Raw sections
 //!   (`read_lock_raw`) open at the fork are discounted too: ending one in
 //!   the child is a broken contract of `read_unlock_raw`. If the forking
@@ -29,8 +29,16 @@
 //!   use in the child (`Srcu::revive`), from `synchronize`, `call`,
 //!   `barrier` and the lease sets' non-signal-safe operations; the batch
 //!   the parent's reclaimer was waiting a grace period for is queued again.
+//!
+//! This module owns what the handlers need, below the domains: the list
+//! of domains (each registers itself when allocated and answers through
+//! `Domain`), each domain's list of lease sets (`LeaseSets`, answering
+//! through `ForkHooks`), the fork generation, and the count of this
+//! thread's sections counted per CPU. It uses only `readers` (whose slots
+//! it frees in a child).
 
-// Under loom only the trait is used (fork is no model).
+// Under loom only the traits, the lists of lease sets and `held_add` are
+// used (fork is no model).
 #![cfg_attr(pcpu_loom, allow(dead_code, unused_imports))]
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -38,7 +46,25 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 // Statics: plain atomics (loom's are not const), and fork is no model.
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::domain::Inner;
+/// What the fork handlers need of a domain (type-erased: a domain
+/// registers itself when allocated, see `register`).
+pub(crate) trait Domain: Send + Sync {
+    /// `prepare`: takes the domain's locks (its callback queue, then its
+    /// lease sets', see `LeaseSets::lock_for_fork`), pushing their
+    /// guards on `held`.
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
+    fn lock_for_fork(self: Arc<Self>, held: &mut Vec<Box<dyn HeldLock>>);
+    /// The domain's lease sets.
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
+    fn lease_sets(&self) -> &LeaseSets;
+    /// In the child (only the forking thread exists), when that thread
+    /// holds no section counted per CPU: ends every section counted per
+    /// CPU, so that grace periods stop waiting for threads that do not
+    /// exist here (the other threads' guard sections are ended in their
+    /// slots by `readers::after_fork`).
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
+    fn discount_per_cpu(&self);
+}
 
 /// What the fork handlers need of a lease set (type-erased over `T`).
 pub(crate) trait ForkHooks: Send + Sync {
@@ -93,8 +119,58 @@ pub(crate) unsafe fn hold<O: ?Sized + 'static, S: 'static>(
     }));
 }
 
+/// The lease sets of one domain, for the fork handlers (expired in a
+/// child, their expiry threads restarted there).
+#[derive(Default)]
+pub(crate) struct LeaseSets(Mutex<Vec<Weak<dyn ForkHooks>>>);
+
+impl LeaseSets {
+    /// Registers `set`, forgetting the sets that no longer exist.
+    pub(crate) fn add(&self, set: &Arc<dyn ForkHooks>) {
+        let mut sets = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        sets.retain(|s| s.strong_count() > 0);
+        sets.push(Arc::downgrade(set));
+    }
+
+    /// The sets registered that still exist.
+    pub(crate) fn live(&self) -> Vec<Arc<dyn ForkHooks>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// `prepare`: takes the list's lock, then every set's locks, pushing
+    /// the guards on `held`.
+    ///
+    /// # Safety
+    /// `self` lives inside `owner`'s allocation (so `owner` keeps it alive).
+    #[cfg_attr(pcpu_loom, allow(dead_code))]
+    pub(crate) unsafe fn lock_for_fork<O: ?Sized + 'static>(
+        &self,
+        owner: &Arc<O>,
+        held: &mut Vec<Box<dyn HeldLock>>,
+    ) {
+        let guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let sets: Vec<Arc<dyn ForkHooks>> = guard.iter().filter_map(Weak::upgrade).collect();
+        // SAFETY: as in `hold`: the mutex lives in `owner`'s allocation
+        // (the caller's contract), which `Hold` keeps alive past the guard.
+        let guard: MutexGuard<'static, Vec<Weak<dyn ForkHooks>>> =
+            unsafe { core::mem::transmute(guard) };
+        held.push(Box::new(Hold {
+            guard: core::mem::ManuallyDrop::new(guard),
+            _owner: Arc::clone(owner),
+        }));
+        for set in sets {
+            set.lock_for_fork(held);
+        }
+    }
+}
+
 /// Every domain allocated so far (weakly), for the fork handlers.
-static DOMAINS: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+static DOMAINS: Mutex<Vec<Weak<dyn Domain>>> = Mutex::new(Vec::new());
 
 /// Forks this process has gone through in the child's line (incremented
 /// in each child): helper threads started in an older generation do not
@@ -109,7 +185,7 @@ pub(crate) fn generation() -> u64 {
 
 /// Registers a new domain with the fork handlers (installed on the first).
 #[cfg(not(pcpu_loom))]
-pub(crate) fn register(inner: &Arc<Inner>) {
+pub(crate) fn register<D: Domain + 'static>(domain: &Arc<D>) {
     static INSTALL: std::sync::Once = std::sync::Once::new();
     INSTALL.call_once(|| {
         // SAFETY: plain functions; see each for what it may do.
@@ -118,7 +194,37 @@ pub(crate) fn register(inner: &Arc<Inner>) {
     });
     let mut domains = DOMAINS.lock().unwrap_or_else(PoisonError::into_inner);
     domains.retain(|d| d.strong_count() > 0);
-    domains.push(Arc::downgrade(inner));
+    let domain: Weak<D> = Arc::downgrade(domain);
+    domains.push(domain);
+}
+
+#[cfg(not(pcpu_loom))]
+thread_local! {
+    /// Sections counted per CPU that end on this thread (a consumed
+    /// lease's `LeasedValue`, a `ReadGuard` of a thread that found no free
+    /// slot), of every domain. Const-initialised without a
+    /// destructor: no lazy allocation, usable from signal handlers (a
+    /// handler's sections are balanced, so interrupting the owner's
+    /// read-modify-write loses nothing). Guards are not `Send`, so this is
+    /// exact. Read at fork: the child discounts the sections of the threads
+    /// that do not exist there only if the forking thread holds none.
+    static SECTIONS_HELD: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+/// Counts a thread-bound per-CPU section opened (`1`) or closed (`-1`) on this thread.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+pub(crate) fn held_add(delta: isize) {
+    #[cfg(not(pcpu_loom))]
+    SECTIONS_HELD.with(|h| h.set(h.get().wrapping_add_signed(delta)));
+    #[cfg(pcpu_loom)]
+    let _ = delta;
+}
+
+/// Thread-bound per-CPU sections open on this thread.
+#[cfg(not(pcpu_loom))]
+fn held() -> usize {
+    SECTIONS_HELD.with(core::cell::Cell::get)
 }
 
 /// What the forking thread holds across `fork`: the per-domain locks and
@@ -127,7 +233,7 @@ pub(crate) fn register(inner: &Arc<Inner>) {
 struct ForkHeld {
     locks: Vec<Box<dyn HeldLock>>,
     /// Held until released after the per-domain locks.
-    _domains: MutexGuard<'static, Vec<Weak<Inner>>>,
+    _domains: MutexGuard<'static, Vec<Weak<dyn Domain>>>,
 }
 
 #[cfg(not(pcpu_loom))]
@@ -153,25 +259,8 @@ extern "C" fn prepare() {
     FORKING_PID.store(u64::from(std::process::id()), Ordering::Relaxed);
     let domains = DOMAINS.lock().unwrap_or_else(PoisonError::into_inner);
     let mut held = Vec::new();
-    for inner in domains.iter().filter_map(Weak::upgrade) {
-        // SAFETY: the mutex is a field of `inner`.
-        unsafe { hold(&inner, inner.reclaimer.state_lock(), &mut held) };
-        let guard = inner
-            .lease_sets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let sets: Vec<Arc<dyn ForkHooks>> = guard.iter().filter_map(Weak::upgrade).collect();
-        // SAFETY: as in `hold`: the mutex is a field of `inner`, which
-        // `Hold` keeps alive past the guard.
-        let guard: MutexGuard<'static, Vec<Weak<dyn ForkHooks>>> =
-            unsafe { core::mem::transmute(guard) };
-        held.push(Box::new(Hold {
-            guard: core::mem::ManuallyDrop::new(guard),
-            _owner: Arc::clone(&inner),
-        }));
-        for set in sets {
-            set.lock_for_fork(&mut held);
-        }
+    for domain in domains.iter().filter_map(Weak::upgrade) {
+        domain.lock_for_fork(&mut held);
     }
     HELD.set(Box::into_raw(Box::new(ForkHeld {
         locks: held,
@@ -239,15 +328,15 @@ pub fn after_fork_in_child() {
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
-        for inner in &domains {
-            for set in inner.lease_hooks() {
+        for domain in &domains {
+            for set in domain.lease_sets().live() {
                 set.expire_in_child();
             }
         }
         crate::readers::after_fork();
-        if crate::domain::held() == 0 {
-            for inner in &domains {
-                inner.discount_per_cpu();
+        if held() == 0 {
+            for domain in &domains {
+                domain.discount_per_cpu();
             }
         }
     }

@@ -356,13 +356,7 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
         srcu.revive();
         {
             let hooks: Arc<dyn crate::fork::ForkHooks> = shared.clone();
-            let mut sets = shared
-                .domain
-                .lease_sets
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            sets.retain(|s| s.strong_count() > 0);
-            sets.push(Arc::downgrade(&hooks));
+            shared.domain.lease_sets.add(&hooks);
         }
         // loom cannot model a real thread: models call `expire_all`.
         #[cfg(not(pcpu_loom))]
@@ -706,8 +700,8 @@ impl<'b, T: Send + Sync + 'static> Lease<'b, '_, '_, T> {
         match state_of(prev) {
             LEASED => Some(Held::Leased({
                 // A guard section of this thread from now on (see
-                // `domain::HELD`; `LeasedValue` is not `Send`).
-                crate::domain::held_add(1);
+                // `fork::SECTIONS_HELD`; `LeasedValue` is not `Send`).
+                crate::fork::held_add(1);
                 LeasedValue {
                     domain: &block.set.shared.domain,
                     bank: usize::from(bank),
@@ -777,7 +771,7 @@ impl<T> Deref for LeasedValue<'_, T> {
 
 impl<T> Drop for LeasedValue<'_, T> {
     fn drop(&mut self) {
-        crate::domain::held_add(-1);
+        crate::fork::held_add(-1);
         self.domain.read_unlock(self.bank);
     }
 }

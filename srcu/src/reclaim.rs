@@ -1,5 +1,10 @@
 //! Deferred callbacks (`call_srcu`) and `srcu_barrier`: a reclaimer thread
 //! per domain, started on first use.
+//!
+//! This module owns the callback queue, the reclaimer thread and its
+//! fallbacks. It knows its domain only through `Domain`, which the
+//! domain implements (its reclaimer, and a grace period), so it sits below
+//! `domain` and uses no other module.
 
 // Under loom callbacks run inline (see `enqueue`): the thread, its queue and
 // its loop are not built for models.
@@ -12,7 +17,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-use crate::domain::Inner;
+/// What the reclaimer needs of the domain that owns it.
+pub(crate) trait Domain: Send + Sync + 'static {
+    /// The domain's callback queue.
+    fn reclaimer(&self) -> &Reclaimer;
+    /// Waits for an ordinary grace period of the domain.
+    fn grace_period(&self);
+}
 
 /// A callback, how many more grace periods it waits for, and its place in
 /// the order of queueing (what `barrier` waits by).
@@ -78,20 +89,20 @@ impl Reclaimer {
     }
 
     /// Queues `d` and makes sure this process has a reclaimer thread
-    /// (`inner` provides the shared state it needs).
+    /// (`inner` provides the domain the thread needs).
     /// loom cannot model a real thread: the grace periods and the callback
     /// run inline.
     #[cfg(pcpu_loom)]
-    pub(crate) fn enqueue(&self, inner: impl FnOnce() -> Arc<Inner>, d: Deferred) {
+    pub(crate) fn enqueue<D: Domain>(&self, inner: impl FnOnce() -> Arc<D>, d: Deferred) {
         let inner = inner();
         for _ in 0..d.grace_periods {
-            inner.synchronize(false, None);
+            inner.grace_period();
         }
         (d.f)();
     }
 
     #[cfg(not(pcpu_loom))]
-    pub(crate) fn enqueue(&self, inner: impl FnOnce() -> Arc<Inner>, mut d: Deferred) {
+    pub(crate) fn enqueue<D: Domain>(&self, inner: impl FnOnce() -> Arc<D>, mut d: Deferred) {
         let mut st = self.lock();
         d.seq = st.next_seq;
         st.next_seq += 1;
@@ -101,7 +112,7 @@ impl Reclaimer {
         if Self::ensure_thread(&mut st, || domain.insert(inner()).clone()).is_err() {
             drop(st);
             let inner = domain.expect("made for the spawn");
-            self.run_inline(&inner);
+            self.run_inline(&*inner);
             return;
         }
         self.work.notify_one();
@@ -112,7 +123,7 @@ impl Reclaimer {
     /// process cannot start one (out of threads or memory), so that no
     /// callback is lost and `barrier` still returns.
     #[cfg(not(pcpu_loom))]
-    fn run_inline(&self, inner: &Inner) {
+    fn run_inline<D: Domain>(&self, inner: &D) {
         loop {
             let batch = std::mem::take(&mut self.lock().queue);
             if batch.is_empty() {
@@ -129,7 +140,10 @@ impl Reclaimer {
     /// run are the parent's alone: `barrier` in the child does not wait for
     /// them.
     #[cfg(not(pcpu_loom))]
-    fn ensure_thread(st: &mut State, inner: impl FnOnce() -> Arc<Inner>) -> std::io::Result<()> {
+    fn ensure_thread<D: Domain>(
+        st: &mut State,
+        inner: impl FnOnce() -> Arc<D>,
+    ) -> std::io::Result<()> {
         let pid = std::process::id();
         if st.thread.as_ref().is_some_and(|(p, _)| *p == pid) {
             return Ok(());
@@ -146,21 +160,21 @@ impl Reclaimer {
         let inner = inner();
         let handle = std::thread::Builder::new()
             .name("srcu-reclaim".into())
-            .spawn(move || reclaim_loop(&inner))?;
+            .spawn(move || reclaim_loop(&*inner))?;
         st.thread = Some((pid, handle));
         Ok(())
     }
 
     /// In a fork child: restarts the reclaimer if callbacks are pending.
     #[cfg(not(pcpu_loom))]
-    pub(crate) fn revive(&self, inner: impl FnOnce() -> Arc<Inner>) {
+    pub(crate) fn revive<D: Domain>(&self, inner: impl FnOnce() -> Arc<D>) {
         let mut st = self.lock();
         let mut domain = None;
         if !st.unfinished.is_empty()
             && Self::ensure_thread(&mut st, || domain.insert(inner()).clone()).is_err()
         {
             drop(st);
-            self.run_inline(&domain.expect("made for the spawn"));
+            self.run_inline(&*domain.expect("made for the spawn"));
         }
     }
 
@@ -174,7 +188,7 @@ impl Reclaimer {
     /// Waits until every callback queued before this call has finished,
     /// however many grace periods each needs and whatever is queued after
     /// it (`inner`: for starting a fork child's reclaimer).
-    pub(crate) fn barrier(&self, inner: impl FnOnce() -> Arc<Inner>) {
+    pub(crate) fn barrier<D: Domain>(&self, inner: impl FnOnce() -> Arc<D>) {
         let mut st = self.lock();
         #[cfg(not(pcpu_loom))]
         {
@@ -183,7 +197,7 @@ impl Reclaimer {
                 && Self::ensure_thread(&mut st, || domain.insert(inner()).clone()).is_err()
             {
                 drop(st);
-                self.run_inline(&domain.expect("made for the spawn"));
+                self.run_inline(&*domain.expect("made for the spawn"));
                 st = self.lock();
             }
         }
@@ -213,7 +227,7 @@ impl Reclaimer {
     }
 
     /// Runs the remaining callbacks, then stops the thread (domain drop).
-    pub(crate) fn shut_down(&self, inner: impl FnOnce() -> Arc<Inner>) {
+    pub(crate) fn shut_down<D: Domain>(&self, inner: impl FnOnce() -> Arc<D>) {
         self.barrier(inner);
         let thread = {
             let mut st = self.lock();
@@ -231,8 +245,8 @@ impl Reclaimer {
     }
 }
 
-fn reclaim_loop(inner: &Inner) {
-    let r = &inner.reclaimer;
+fn reclaim_loop<D: Domain>(inner: &D) {
+    let r = inner.reclaimer();
     loop {
         {
             let mut st = r.lock();
@@ -248,7 +262,7 @@ fn reclaim_loop(inner: &Inner) {
             st.in_flight = std::mem::take(&mut st.queue);
         }
         // One grace period serves the whole batch.
-        inner.synchronize(false, None);
+        inner.grace_period();
         let batch = std::mem::take(&mut r.lock().in_flight);
         r.finish_batch(batch);
     }
@@ -257,8 +271,8 @@ fn reclaim_loop(inner: &Inner) {
 impl Reclaimer {
     /// One grace period for `batch`, then its callbacks whose last grace
     /// period that was.
-    fn run_batch(&self, inner: &Inner, batch: Vec<Deferred>) {
-        inner.synchronize(false, None);
+    fn run_batch<D: Domain>(&self, inner: &D, batch: Vec<Deferred>) {
+        inner.grace_period();
         self.finish_batch(batch);
     }
 
