@@ -1,10 +1,12 @@
-//! `Element`: the owned handle to one value taken from the pool.
+//! `Element`: the owned handle to one value taken from the pool, and the
+//! pool's operations in handles ([`FreeList::pop`], [`FreeList::push`] and
+//! their kin), over the node-level lists of `freelist`.
 
 use core::ops::{Deref, DerefMut};
 use core::ptr::NonNull;
 
-use crate::FreeList;
-use crate::freelist::Node;
+use crate::freelist::FreeList;
+use crate::node::Node;
 
 /// Exclusive access to one value of a [`FreeList`], from
 /// [`pop`](FreeList::pop) until it is pushed back.
@@ -41,13 +43,13 @@ unsafe impl<T: Sync> Sync for Element<'_, T> {}
 impl<'a, T> Element<'a, T> {
     /// A handle for `node`, one of `pool`'s nodes that no list holds.
     #[inline]
-    pub(crate) fn new(pool: &'a FreeList<T>, node: NonNull<Node<T>>) -> Self {
+    fn new(pool: &'a FreeList<T>, node: NonNull<Node<T>>) -> Self {
         Self { pool, node }
     }
 
     /// Gives up the handle for its node, which stays out of the pool.
     #[inline]
-    pub(crate) fn into_node(self) -> NonNull<Node<T>> {
+    fn into_node(self) -> NonNull<Node<T>> {
         let node = self.node;
         core::mem::forget(self);
         node
@@ -83,6 +85,91 @@ impl<'a, T> Element<'a, T> {
         // The pointer escapes the closure: loom checks the access when the
         // handle is dereferenced, which is when the value is touched.
         node.value.with_mut(|p| p)
+    }
+}
+
+// The pool's operations in element handles: a handle made for each node
+// taken, consumed for each node put back.
+impl<T> FreeList<T> {
+    /// Takes a free element: the current CPU's list first, then the other
+    /// CPUs' lists in turn (skipping those the hint says are empty), then
+    /// the extralist. `None` when the pool has no free element: a pop never
+    /// waits for an element to come back.
+    ///
+    /// May wait for another CPU's list lock, held for a few instructions
+    /// by another pop (longer if that thread is descheduled): **not**
+    /// async-signal-safe; use [`try_pop`](Self::try_pop) there.
+    #[must_use]
+    #[inline]
+    pub fn pop(&self) -> Option<Element<'_, T>> {
+        self.take(true).map(|node| self.element(node))
+    }
+
+    /// Like [`pop`](Self::pop) but never waits for a lock: a list that
+    /// another thread has locked is skipped, so `None` may also mean "only
+    /// locked lists had elements". **Async-signal-safe.**
+    #[must_use]
+    #[inline]
+    pub fn try_pop(&self) -> Option<Element<'_, T>> {
+        self.take(false).map(|node| self.element(node))
+    }
+
+    /// Returns `element` to the pool, on the current CPU's list. May wait
+    /// briefly for that list's lock (only while another thread's pop holds
+    /// it): **not** async-signal-safe; use [`try_push`](Self::try_push)
+    /// there.
+    ///
+    /// # Panics
+    /// If `element` came from another pool.
+    pub fn push(&self, element: Element<'_, T>) {
+        let node = self.reclaim(element);
+        // SAFETY: the node is one of ours, held by no list (its element
+        // handle was just consumed).
+        unsafe { self.put(node) };
+    }
+
+    /// Returns `element` to the pool without ever waiting: on the current
+    /// CPU's list if its lock is free, else on the lock-free extralist. It
+    /// always succeeds. **Async-signal-safe** (dropping an [`Element`]
+    /// does this).
+    ///
+    /// # Panics
+    /// If `element` came from another pool.
+    pub fn try_push(&self, element: Element<'_, T>) {
+        let node = self.reclaim(element);
+        // SAFETY: as in `push`.
+        unsafe { self.put_nowait(node) };
+    }
+
+    /// The element at `index`, as handed out before by
+    /// [`Element::into_index`]. Async-signal-safe.
+    ///
+    /// # Safety
+    /// `index` came from `into_index` on an element of **this** pool, and
+    /// no other handle for it exists (each `into_index` is turned back at
+    /// most once).
+    ///
+    /// # Panics
+    /// If `index >= self.capacity()`.
+    #[must_use]
+    pub unsafe fn from_index(&self, index: usize) -> Element<'_, T> {
+        assert!(index < self.capacity(), "element index out of range");
+        self.element(self.node_ptr(index))
+    }
+
+    /// The handle for `node`, one of ours that no list holds.
+    #[inline]
+    fn element(&self, node: NonNull<u8>) -> Element<'_, T> {
+        Element::new(self, node.cast())
+    }
+
+    /// Consumes a handle, checking that it belongs here.
+    fn reclaim(&self, element: Element<'_, T>) -> NonNull<u8> {
+        assert!(
+            core::ptr::eq(element.pool(), self),
+            "pushed an element into a FreeList it did not come from"
+        );
+        element.into_node().cast()
     }
 }
 

@@ -1,13 +1,14 @@
-//! `FreeList<T>`: the pool, its per-CPU lists, the extralist and the walk.
+//! `FreeList<T>`: the pool, its per-CPU lists, the extralist and the walk,
+//! in nodes: taking a free node and putting one back. The handles that
+//! hand nodes to users, and the pool's operations in handles, are
+//! `element`'s.
 
 use core::ptr::NonNull;
 
-use pcpu::unstable::sync::atomic::AtomicU32;
-use pcpu::unstable::sync::cell::UnsafeCell;
 use pcpu::{LocalPop, PerCpuStack};
 
-use crate::element::Element;
 use crate::extralist::ExtraList;
+use crate::node::Node;
 
 /// How a pop decides that another CPU's list is not worth locking.
 ///
@@ -28,27 +29,16 @@ pub enum EmptyHint {
     None,
 }
 
-/// One element: the per-CPU lists' link word, the extralist's link, and
-/// the user's value. `repr(C)`: the link word first, at a fixed offset.
-#[repr(C)]
-pub(crate) struct Node<T> {
-    /// Written by the per-CPU lists (through raw pointers, also from their
-    /// assembly) only while they hold the node: hence a cell, since
-    /// `&Node`s exist meanwhile.
-    link: core::cell::UnsafeCell<usize>,
-    extra_link: AtomicU32,
-    pub(crate) value: UnsafeCell<T>,
-}
-
 /// A fixed pool of preallocated `T`s on per-CPU free lists.
 ///
 /// Built once from its values ([`new`](Self::new)); after that nothing
-/// allocates. [`pop`](Self::pop) hands out an [`Element`] (exclusive access
-/// to one value); pushing it back ([`push`](Self::push),
-/// [`try_push`](Self::try_push), or dropping it) returns it to the pool.
-/// The element handle is the only way to reach a value, and pushing
-/// consumes it: through the safe API no element can be pushed twice or used
-/// after it went back. ([`Element::into_index`] and
+/// allocates. [`pop`](Self::pop) hands out an [`Element`](crate::Element)
+/// (exclusive access to one value); pushing it back
+/// ([`push`](Self::push), [`try_push`](Self::try_push), or dropping it)
+/// returns it to the pool. The element handle is the only way to reach a
+/// value, and pushing consumes it: through the safe API no element can be
+/// pushed twice or used after it went back.
+/// ([`Element::into_index`](crate::Element::into_index) and
 /// [`from_index`](Self::from_index) trade the handle for a plain index and
 /// back, for callers that must store it in a word.)
 ///
@@ -99,14 +89,7 @@ impl<T> FreeList<T> {
     /// # Panics
     /// As for [`new`](Self::new).
     pub fn with_hint(values: impl IntoIterator<Item = T>, hint: EmptyHint) -> Self {
-        let nodes: Box<[Node<T>]> = values
-            .into_iter()
-            .map(|v| Node {
-                link: core::cell::UnsafeCell::new(0),
-                extra_link: AtomicU32::new(0),
-                value: UnsafeCell::new(v),
-            })
-            .collect();
+        let nodes: Box<[Node<T>]> = values.into_iter().map(Node::new).collect();
         assert!(
             u32::try_from(nodes.len()).is_ok_and(|n| n < u32::MAX),
             "a FreeList holds fewer than u32::MAX elements, not {}",
@@ -155,91 +138,29 @@ impl<T> FreeList<T> {
         self.lists.uses_rseq()
     }
 
-    /// Takes a free element: the current CPU's list first, then the other
-    /// CPUs' lists in turn (skipping those the hint says are empty), then
-    /// the extralist. `None` when the pool has no free element: a pop never
-    /// waits for an element to come back.
+    /// Puts `node` back on the current CPU's list, waiting for its lock
+    /// if another thread's pop holds it.
     ///
-    /// May wait for another CPU's list lock, held for a few instructions
-    /// by another pop (longer if that thread is descheduled): **not**
-    /// async-signal-safe; use [`try_pop`](Self::try_pop) there.
-    #[must_use]
+    /// # Safety
+    /// `node` is one of ours and in no list.
     #[inline]
-    pub fn pop(&self) -> Option<Element<'_, T>> {
-        self.take(true).map(|node| self.element(node))
-    }
-
-    /// Like [`pop`](Self::pop) but never waits for a lock: a list that
-    /// another thread has locked is skipped, so `None` may also mean "only
-    /// locked lists had elements". **Async-signal-safe.**
-    #[must_use]
-    #[inline]
-    pub fn try_pop(&self) -> Option<Element<'_, T>> {
-        self.take(false).map(|node| self.element(node))
-    }
-
-    /// Returns `element` to the pool, on the current CPU's list. May wait
-    /// briefly for that list's lock (only while another thread's pop holds
-    /// it): **not** async-signal-safe; use [`try_push`](Self::try_push)
-    /// there.
-    ///
-    /// # Panics
-    /// If `element` came from another pool.
-    pub fn push(&self, element: Element<'_, T>) {
-        let node = self.reclaim(element);
-        // SAFETY: the node is one of ours, held by no list (its element
-        // handle was just consumed).
+    pub(crate) unsafe fn put(&self, node: NonNull<u8>) {
+        // SAFETY: forwarded.
         unsafe { self.lists.push(node) };
     }
 
-    /// Returns `element` to the pool without ever waiting: on the current
-    /// CPU's list if its lock is free, else on the lock-free extralist. It
-    /// always succeeds. **Async-signal-safe** (dropping an [`Element`]
-    /// does this).
-    ///
-    /// # Panics
-    /// If `element` came from another pool.
-    pub fn try_push(&self, element: Element<'_, T>) {
-        let node = self.reclaim(element);
-        // SAFETY: as in `push`.
-        unsafe { self.put_nowait(node) };
-    }
-
-    /// The element at `index`, as handed out before by
-    /// [`Element::into_index`]. Async-signal-safe.
-    ///
-    /// # Safety
-    /// `index` came from `into_index` on an element of **this** pool, and
-    /// no other handle for it exists (each `into_index` is turned back at
-    /// most once).
+    /// The node at `index`, as a list holds it.
     ///
     /// # Panics
     /// If `index >= self.capacity()`.
-    #[must_use]
-    pub unsafe fn from_index(&self, index: usize) -> Element<'_, T> {
-        assert!(index < self.nodes.len(), "element index out of range");
-        self.element(NonNull::from(&self.nodes[index]).cast())
-    }
-
-    /// The handle for `node`, one of ours that no list holds.
-    #[inline]
-    fn element(&self, node: NonNull<u8>) -> Element<'_, T> {
-        Element::new(self, node.cast())
+    pub(crate) fn node_ptr(&self, index: usize) -> NonNull<u8> {
+        NonNull::from(&self.nodes[index]).cast()
     }
 
     pub(crate) fn node(&self, index: u32) -> &Node<T> {
-        // SAFETY: element indexes are below `capacity()` (they come from
-        // `element` or the checked `from_index`).
+        // SAFETY: element indexes are below `capacity()` (the extralist
+        // holds only indexes that `index_of` gave for our nodes).
         unsafe { self.nodes.get_unchecked(index as usize) }
-    }
-
-    /// Consumes a handle, checking that it belongs here.
-    fn reclaim(&self, element: Element<'_, T>) -> NonNull<u8> {
-        assert!(
-            core::ptr::eq(element.pool(), self),
-            "pushed an element into a FreeList it did not come from"
-        );
-        element.into_node().cast()
     }
 
     /// Pushes without waiting: the current CPU's list, or the extralist.
@@ -267,7 +188,7 @@ impl<T> FreeList<T> {
     /// pays for nothing else), then, out of line, the walk.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn take(&self, wait: bool) -> Option<NonNull<u8>> {
+    pub(crate) fn take(&self, wait: bool) -> Option<NonNull<u8>> {
         // The hints look at this CPU's list before its section too.
         match self.lists.pop_local(self.hint != EmptyHint::None) {
             LocalPop::Popped(node) => Some(node),

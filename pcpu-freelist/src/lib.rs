@@ -92,9 +92,14 @@
 #![cfg_attr(not(test), warn(missing_docs))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod element;
+// Lowest layer first; each module uses only those before it.
+// An element's storage, and the lock-free list of element indexes.
 mod extralist;
+mod node;
+// The pool in nodes: its per-CPU lists, the extralist and the walk.
 mod freelist;
+// The handle, and the pool's operations in handles.
+mod element;
 
 pub use element::Element;
 pub use freelist::{EmptyHint, FreeList};
