@@ -3,6 +3,13 @@
 //! that redirect, return probes, and probes hit where signals cannot
 //! help (every signal blocked, a replaced SIGTRAP handler, a
 //! `posix_spawn` child).
+//!
+//! `cargo test` runs these tests as threads of one process, and a probe's
+//! handlers run for every caller: of the tests that probe one fixture
+//! function, one runs in the binary's process and the others each in a
+//! process of their own (`test_support::in_own_process`), as do the tests
+//! that change process-wide state (SIGTRAP's and SIGSEGV's handlers, a
+//! thread blocking every signal, a probe on `execve`).
 #![cfg(target_arch = "x86_64")]
 
 mod common;
@@ -270,10 +277,14 @@ fn a_call_ending_the_range_returns_to_the_original_code() {
 
 #[test]
 fn a_five_byte_nop_without_a_symbol_takes_a_jump() {
-    let probe = common::probe_at(fn_addr(j_nop5)).attach().unwrap();
-    assert_eq!(probe.mode(), Mode::Jump);
-    assert_eq!(call(j_nop5, 1), 6);
-    assert_eq!(probe.hits(), 1);
+    // Its own process: other tests probe and call j_nop5 (hits and modes are
+    // exact here).
+    test_support::in_own_process("a_five_byte_nop_without_a_symbol_takes_a_jump", || {
+        let probe = common::probe_at(fn_addr(j_nop5)).attach().unwrap();
+        assert_eq!(probe.mode(), Mode::Jump);
+        assert_eq!(call(j_nop5, 1), 6);
+        assert_eq!(probe.hits(), 1);
+    });
 }
 
 fn refused(f: unsafe extern "C" fn(u64) -> u64) -> NotOptimized {
@@ -291,82 +302,104 @@ fn refused(f: unsafe extern "C" fn(u64) -> u64) -> NotOptimized {
 
 #[test]
 fn each_refusal_says_why() {
-    assert!(
-        matches!(refused(j_short), NotOptimized::TooShort { .. }),
-        "{:?}",
-        refused(j_short)
-    );
-    let why = refused(j_loop_in);
-    assert!(
-        matches!(why, NotOptimized::BranchIntoRange { target, .. } if target == fn_addr(j_loop_in) + 2),
-        "{why:?}"
-    );
-    let why = refused(j_indirect);
-    assert!(matches!(why, NotOptimized::IndirectJump { .. }), "{why:?}");
-    let why = refused(j_ret_in);
-    assert!(
-        matches!(why, NotOptimized::ControlFlowInRange { at } if at == fn_addr(j_ret_in) + 2),
-        "{why:?}"
-    );
-    let why = refused(j_locked);
-    assert!(
-        matches!(why, NotOptimized::NotRelocatable { .. }),
-        "{why:?}"
-    );
-    let why = refused(j_undecodable);
-    assert!(
-        matches!(why, NotOptimized::Undecodable { at } if at == fn_addr(j_undecodable) + 6),
-        "{why:?}"
-    );
-    // Without a symbol the function's extent is unknown: a short first
-    // instruction stays on its breakpoint.
-    let probe = common::probe_at(fn_addr(j_prologue)).attach().unwrap();
-    assert!(
-        matches!(probe.mode(), Mode::Trap(NotOptimized::TooShort { .. })),
-        "{:?}",
-        probe.mode()
-    );
+    // Its own process: other tests probe and call j_prologue and j_short
+    // (modes and hits are exact here).
+    test_support::in_own_process("each_refusal_says_why", || {
+        assert!(
+            matches!(refused(j_short), NotOptimized::TooShort { .. }),
+            "{:?}",
+            refused(j_short)
+        );
+        let why = refused(j_loop_in);
+        assert!(
+            matches!(why, NotOptimized::BranchIntoRange { target, .. } if target == fn_addr(j_loop_in) + 2),
+            "{why:?}"
+        );
+        let why = refused(j_indirect);
+        assert!(matches!(why, NotOptimized::IndirectJump { .. }), "{why:?}");
+        let why = refused(j_ret_in);
+        assert!(
+            matches!(why, NotOptimized::ControlFlowInRange { at } if at == fn_addr(j_ret_in) + 2),
+            "{why:?}"
+        );
+        let why = refused(j_locked);
+        assert!(
+            matches!(why, NotOptimized::NotRelocatable { .. }),
+            "{why:?}"
+        );
+        let why = refused(j_undecodable);
+        assert!(
+            matches!(why, NotOptimized::Undecodable { at } if at == fn_addr(j_undecodable) + 6),
+            "{why:?}"
+        );
+        // Without a symbol the function's extent is unknown: a short first
+        // instruction stays on its breakpoint.
+        let probe = common::probe_at(fn_addr(j_prologue)).attach().unwrap();
+        assert!(
+            matches!(probe.mode(), Mode::Trap(NotOptimized::TooShort { .. })),
+            "{:?}",
+            probe.mode()
+        );
+    });
 }
 
 #[test]
 fn trap_only_keeps_the_breakpoint_and_turns_an_address_back() {
-    let trap = at_entry(j_nop5).trap_only().attach().unwrap();
-    assert_eq!(trap.mode(), Mode::Trap(NotOptimized::TrapOnly));
-    assert_eq!(byte_at(fn_addr(j_nop5)), 0xcc);
-    drop(trap);
-    let jump = at_entry(j_nop5).attach().unwrap();
-    assert_eq!(jump.mode(), Mode::Jump);
-    let trap = at_entry(j_nop5).trap_only().attach().unwrap();
-    assert_eq!(jump.mode(), Mode::Trap(NotOptimized::TrapOnly));
-    assert_eq!(byte_at(fn_addr(j_nop5)), 0xcc);
-    assert_eq!(call(j_nop5, 2), 7);
-    assert_eq!((jump.hits(), trap.hits()), (1, 1));
+    // Its own process: other tests probe and call j_nop5 (hits and modes are
+    // exact here).
+    test_support::in_own_process(
+        "trap_only_keeps_the_breakpoint_and_turns_an_address_back",
+        || {
+            let trap = at_entry(j_nop5).trap_only().attach().unwrap();
+            assert_eq!(trap.mode(), Mode::Trap(NotOptimized::TrapOnly));
+            assert_eq!(byte_at(fn_addr(j_nop5)), 0xcc);
+            drop(trap);
+            let jump = at_entry(j_nop5).attach().unwrap();
+            assert_eq!(jump.mode(), Mode::Jump);
+            let trap = at_entry(j_nop5).trap_only().attach().unwrap();
+            assert_eq!(jump.mode(), Mode::Trap(NotOptimized::TrapOnly));
+            assert_eq!(byte_at(fn_addr(j_nop5)), 0xcc);
+            assert_eq!(call(j_nop5, 2), 7);
+            assert_eq!((jump.hits(), trap.hits()), (1, 1));
+        },
+    );
 }
 
 #[test]
 fn handlers_read_and_write_registers_through_a_trampoline() {
-    let probe = at_entry(j_prologue)
-        .on_entry(|cx| {
-            assert_eq!(cx.reg(Reg::Rip), cx.probe_addr() as u64);
-            let x = cx.reg(Reg::Rdi);
-            cx.set_reg(Reg::Rdi, x + 1);
-        })
-        .attach()
-        .unwrap();
-    assert_eq!(probe.mode(), Mode::Jump);
-    assert_eq!(call(j_prologue, 10), 33);
+    // Its own process: its handler changes the argument of every call of
+    // j_prologue, which other tests make.
+    test_support::in_own_process(
+        "handlers_read_and_write_registers_through_a_trampoline",
+        || {
+            let probe = at_entry(j_prologue)
+                .on_entry(|cx| {
+                    assert_eq!(cx.reg(Reg::Rip), cx.probe_addr() as u64);
+                    let x = cx.reg(Reg::Rdi);
+                    cx.set_reg(Reg::Rdi, x + 1);
+                })
+                .attach()
+                .unwrap();
+            assert_eq!(probe.mode(), Mode::Jump);
+            assert_eq!(call(j_prologue, 10), 33);
+        },
+    );
 }
 
 #[test]
 fn a_handler_that_sets_rip_redirects_the_thread() {
-    let probe = at_entry(j_prologue)
-        .on_entry(|cx| cx.set_reg(Reg::Rip, j_elsewhere as *const () as u64))
-        .attach()
-        .unwrap();
-    assert_eq!(probe.mode(), Mode::Jump);
-    for _ in 0..3 {
-        assert_eq!(call(j_prologue, 10), 99);
-    }
+    // Its own process: its handler sends every call of j_prologue elsewhere,
+    // and other tests call it.
+    test_support::in_own_process("a_handler_that_sets_rip_redirects_the_thread", || {
+        let probe = at_entry(j_prologue)
+            .on_entry(|cx| cx.set_reg(Reg::Rip, j_elsewhere as *const () as u64))
+            .attach()
+            .unwrap();
+        assert_eq!(probe.mode(), Mode::Jump);
+        for _ in 0..3 {
+            assert_eq!(call(j_prologue, 10), 99);
+        }
+    });
 }
 
 #[test]
@@ -391,91 +424,124 @@ fn the_stack_pointer_is_the_one_at_the_probe() {
 
 #[test]
 fn return_probes_through_a_trampoline() {
-    let returned = Arc::new(AtomicU64::new(0));
-    let seen = Arc::clone(&returned);
-    let probe = at_entry(j_prologue)
-        .on_entry(|cx| cx.set_cookie(cx.arg(0).unwrap()))
-        .on_return(move |cx| {
-            seen.fetch_add(cx.return_value() + 1000 * cx.cookie(), SeqCst);
-        })
-        .attach()
-        .unwrap();
-    assert_eq!(probe.mode(), Mode::Jump);
-    assert_eq!(call(j_prologue, 2), 6);
-    assert_eq!(call(j_prologue, 3), 9);
-    assert_eq!(probe.returns(), 2);
-    assert_eq!(returned.load(SeqCst), 6 + 2000 + 9 + 3000);
+    // Its own process: other tests call j_prologue (returns are exact here).
+    test_support::in_own_process("return_probes_through_a_trampoline", || {
+        let returned = Arc::new(AtomicU64::new(0));
+        let seen = Arc::clone(&returned);
+        let probe = at_entry(j_prologue)
+            .on_entry(|cx| cx.set_cookie(cx.arg(0).unwrap()))
+            .on_return(move |cx| {
+                seen.fetch_add(cx.return_value() + 1000 * cx.cookie(), SeqCst);
+            })
+            .attach()
+            .unwrap();
+        assert_eq!(probe.mode(), Mode::Jump);
+        assert_eq!(call(j_prologue, 2), 6);
+        assert_eq!(call(j_prologue, 3), 9);
+        assert_eq!(probe.returns(), 2);
+        assert_eq!(returned.load(SeqCst), 6 + 2000 + 9 + 3000);
+    });
 }
 
 #[test]
 fn a_thread_with_every_signal_blocked_hits_an_optimized_probe() {
-    let probe = at_entry(j_prologue).attach().unwrap();
-    assert_eq!(probe.mode(), Mode::Jump);
-    let r = std::thread::spawn(|| {
-        // SAFETY: blocking every signal of this thread only.
-        unsafe {
-            let mut all: libc::sigset_t = core::mem::zeroed();
-            libc::sigfillset(&raw mut all);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &raw const all, core::ptr::null_mut());
-        }
-        (0..100).map(|x| call(j_prologue, x)).sum::<u64>()
-    })
-    .join()
-    .unwrap();
-    assert_eq!(r, 3 * (0..100).sum::<u64>());
-    assert_eq!(probe.hits(), 100);
+    // Its own process: while its thread blocks every signal, other tests'
+    // attaches refuse (AttachError::TrapBlocked) and their jumps' thread
+    // checks go unanswered; hits of j_prologue are exact here.
+    test_support::in_own_process(
+        "a_thread_with_every_signal_blocked_hits_an_optimized_probe",
+        || {
+            let probe = at_entry(j_prologue).attach().unwrap();
+            assert_eq!(probe.mode(), Mode::Jump);
+            let r = std::thread::spawn(|| {
+                // SAFETY: blocking every signal of this thread only.
+                unsafe {
+                    let mut all: libc::sigset_t = core::mem::zeroed();
+                    libc::sigfillset(&raw mut all);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &raw const all, core::ptr::null_mut());
+                }
+                (0..100).map(|x| call(j_prologue, x)).sum::<u64>()
+            })
+            .join()
+            .unwrap();
+            assert_eq!(r, 3 * (0..100).sum::<u64>());
+            assert_eq!(probe.hits(), 100);
+        },
+    );
 }
 
 #[test]
 fn an_optimized_probe_survives_a_replaced_trap_handler() {
-    let probe = at_entry(j_prologue).attach().unwrap();
-    let trap = at_entry(j_short).attach().unwrap();
-    assert_eq!(probe.mode(), Mode::Jump);
-    // SAFETY: replacing SIGTRAP's disposition (the program's right).
-    unsafe { libc::signal(libc::SIGTRAP, libc::SIG_IGN) };
-    // The next attach notices, disarms the breakpoint probe only.
-    let err = at_entry(j_nop5).attach().unwrap_err();
-    assert!(
-        matches!(
-            err,
-            uprobe_core::AttachError::TrapHandlerReplaced { disarmed: 1 }
-        ),
-        "{err}"
+    // Its own process: it ignores SIGTRAP for the rest of the process (every
+    // later attach fails, breakpoints are disarmed).
+    test_support::in_own_process(
+        "an_optimized_probe_survives_a_replaced_trap_handler",
+        || {
+            let probe = at_entry(j_prologue).attach().unwrap();
+            let trap = at_entry(j_short).attach().unwrap();
+            assert_eq!(probe.mode(), Mode::Jump);
+            // SAFETY: replacing SIGTRAP's disposition (the program's right).
+            unsafe { libc::signal(libc::SIGTRAP, libc::SIG_IGN) };
+            // The next attach notices, disarms the breakpoint probe only.
+            let err = at_entry(j_nop5).attach().unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    uprobe_core::AttachError::TrapHandlerReplaced { disarmed: 1 }
+                ),
+                "{err}"
+            );
+            assert!(!trap.is_armed());
+            assert!(probe.is_armed());
+            assert_eq!(call(j_prologue, 4), 12);
+            assert_eq!(probe.hits(), 1);
+            assert_eq!(call(j_short, 4), 5);
+            assert_eq!(trap.hits(), 0);
+        },
     );
-    assert!(!trap.is_armed());
-    assert!(probe.is_armed());
-    assert_eq!(call(j_prologue, 4), 12);
-    assert_eq!(probe.hits(), 1);
-    assert_eq!(call(j_short, 4), 5);
-    assert_eq!(trap.hits(), 0);
 }
 
 #[test]
 fn a_spawned_child_runs_through_an_optimized_probe() {
-    // posix_spawn's child shares the parent's memory until it execs:
-    // the hit is counted here. `execve` begins with `mov eax, 59`.
-    let probe = Uprobe::in_object("libc.so.6", "execve")
-        .unwrap()
-        .allow_blocked_signal_paths()
-        .attach()
-        .unwrap();
-    if !probe.mode().is_jump() {
-        eprintln!("skipped: execve is not optimized here: {:?}", probe.mode());
-        return;
-    }
-    let status = std::process::Command::new("/bin/true").status().unwrap();
-    assert!(status.success());
-    assert!(probe.hits() >= 1, "the child's execve was not seen");
+    // Its own process: it probes execve, which a process spawned meanwhile
+    // (by test-support's children) runs with every signal blocked.
+    test_support::in_own_process("a_spawned_child_runs_through_an_optimized_probe", || {
+        // posix_spawn's child shares the parent's memory until it execs:
+        // the hit is counted here. `execve` begins with `mov eax, 59`.
+        let probe = Uprobe::in_object("libc.so.6", "execve")
+            .unwrap()
+            .allow_blocked_signal_paths()
+            .attach()
+            .unwrap();
+        if !probe.mode().is_jump() {
+            eprintln!("skipped: execve is not optimized here: {:?}", probe.mode());
+            return;
+        }
+        let status = std::process::Command::new("/bin/true").status().unwrap();
+        assert!(status.success());
+        assert!(probe.hits() >= 1, "the child's execve was not seen");
+    });
 }
 
 #[test]
 fn optimizing_and_unoptimizing_under_callers_thousands_of_times() {
-    churn(j_prologue, 2000);
+    // Its own process: its probes and callers churn on j_prologue, which
+    // other tests probe and call.
+    test_support::in_own_process(
+        "optimizing_and_unoptimizing_under_callers_thousands_of_times",
+        || {
+            churn(j_prologue, 2000);
+        },
+    );
 }
 
 #[test]
 fn optimizing_after_a_landing_pad_under_callers() {
-    churn(j_endbr, 1000);
+    // Its own process: its probes and callers churn on j_endbr, which another
+    // test probes and calls.
+    test_support::in_own_process("optimizing_after_a_landing_pad_under_callers", || {
+        churn(j_endbr, 1000);
+    });
 }
 
 /// Attaches and detaches a probe on `f` (which returns 3x) `rounds` times,
@@ -597,29 +663,36 @@ fn a_thread_parked_inside_the_range_is_moved_before_the_jump_is_written() {
 
 #[test]
 fn a_probe_inside_another_range_keeps_both_on_breakpoints() {
-    let at = fn_addr(j_prologue);
-    // The second instruction (mov rbp, rsp) first: the entry cannot
-    // take a jump over it.
-    let inner = Uprobe::at(at + 1).unwrap().attach().unwrap();
-    let outer = at_entry(j_prologue).attach().unwrap();
-    assert_eq!(
-        outer.mode(),
-        Mode::Trap(NotOptimized::OtherProbeInRange { at: at + 1 })
+    // Its own process: other tests probe and call j_prologue (modes and hits
+    // are exact here).
+    test_support::in_own_process(
+        "a_probe_inside_another_range_keeps_both_on_breakpoints",
+        || {
+            let at = fn_addr(j_prologue);
+            // The second instruction (mov rbp, rsp) first: the entry cannot
+            // take a jump over it.
+            let inner = Uprobe::at(at + 1).unwrap().attach().unwrap();
+            let outer = at_entry(j_prologue).attach().unwrap();
+            assert_eq!(
+                outer.mode(),
+                Mode::Trap(NotOptimized::OtherProbeInRange { at: at + 1 })
+            );
+            assert_eq!(call(j_prologue, 2), 6);
+            assert_eq!((outer.hits(), inner.hits()), (1, 1));
+            drop((inner, outer));
+            // The entry first, optimized; a probe inside its range takes it back.
+            let outer = at_entry(j_prologue).attach().unwrap();
+            assert_eq!(outer.mode(), Mode::Jump);
+            let inner = Uprobe::at(at + 1).unwrap().attach().unwrap();
+            assert_eq!(
+                outer.mode(),
+                Mode::Trap(NotOptimized::OtherProbeInRange { at: at + 1 })
+            );
+            assert_eq!(byte_at(at), 0xcc);
+            assert_eq!(call(j_prologue, 2), 6);
+            assert_eq!((outer.hits(), inner.hits()), (1, 1));
+        },
     );
-    assert_eq!(call(j_prologue, 2), 6);
-    assert_eq!((outer.hits(), inner.hits()), (1, 1));
-    drop((inner, outer));
-    // The entry first, optimized; a probe inside its range takes it back.
-    let outer = at_entry(j_prologue).attach().unwrap();
-    assert_eq!(outer.mode(), Mode::Jump);
-    let inner = Uprobe::at(at + 1).unwrap().attach().unwrap();
-    assert_eq!(
-        outer.mode(),
-        Mode::Trap(NotOptimized::OtherProbeInRange { at: at + 1 })
-    );
-    assert_eq!(byte_at(at), 0xcc);
-    assert_eq!(call(j_prologue, 2), 6);
-    assert_eq!((outer.hits(), inner.hits()), (1, 1));
 }
 
 static FAULT_RIP: AtomicU64 = AtomicU64::new(0);
@@ -638,18 +711,26 @@ extern "C" fn on_segv(_sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_
 /// retry it finishes the call.
 #[test]
 fn a_fault_in_a_trampoline_is_reported_at_the_original_instruction() {
-    // SAFETY: installing a handler of the test's own for SIGSEGV before
-    // the engine's (which chains to it).
-    unsafe {
-        let mut sa: libc::sigaction = core::mem::zeroed();
-        sa.sa_sigaction = on_segv as *const () as libc::sighandler_t;
-        sa.sa_flags = libc::SA_SIGINFO;
-        libc::sigaction(libc::SIGSEGV, &raw const sa, core::ptr::null_mut());
-    }
-    let probe = at_entry(j_park).attach().unwrap();
-    assert_eq!(probe.mode(), Mode::Jump);
-    // j_park loads from its argument at j_park + 1.
-    assert_eq!(call(j_park, 16), 10);
-    assert_eq!(FAULT_RIP.load(SeqCst) as usize, fn_addr(j_park) + 1);
-    assert_eq!(probe.hits(), 1);
+    // Its own process: its SIGSEGV handler must come before the engine's
+    // fault handlers (installed at the process's first attach), which it
+    // would replace for the other tests.
+    test_support::in_own_process(
+        "a_fault_in_a_trampoline_is_reported_at_the_original_instruction",
+        || {
+            // SAFETY: installing a handler of the test's own for SIGSEGV before
+            // the engine's (which chains to it).
+            unsafe {
+                let mut sa: libc::sigaction = core::mem::zeroed();
+                sa.sa_sigaction = on_segv as *const () as libc::sighandler_t;
+                sa.sa_flags = libc::SA_SIGINFO;
+                libc::sigaction(libc::SIGSEGV, &raw const sa, core::ptr::null_mut());
+            }
+            let probe = at_entry(j_park).attach().unwrap();
+            assert_eq!(probe.mode(), Mode::Jump);
+            // j_park loads from its argument at j_park + 1.
+            assert_eq!(call(j_park, 16), 10);
+            assert_eq!(FAULT_RIP.load(SeqCst) as usize, fn_addr(j_park) + 1);
+            assert_eq!(probe.hits(), 1);
+        },
+    );
 }
