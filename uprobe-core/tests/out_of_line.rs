@@ -199,11 +199,15 @@ fn relocated_instructions_behave_as_unprobed() {
 
 #[test]
 fn reattaching_reuses_the_same_slot_contents() {
-    // Attach, detach, attach again: the second attach finds the same key
-    // (address and bytes) and its slot; results stay right throughout.
-    for _ in 0..3 {
-        same_with_probe(x_load, fn_addr(x_load), HitsPerCall::AtLeastOne);
-    }
+    // Its own process: other tests probe and call x_load (its breakpoint and
+    // restored byte are checked here).
+    test_support::in_own_process("reattaching_reuses_the_same_slot_contents", || {
+        // Attach, detach, attach again: the second attach finds the same key
+        // (address and bytes) and its slot; results stay right throughout.
+        for _ in 0..3 {
+            same_with_probe(x_load, fn_addr(x_load), HitsPerCall::AtLeastOne);
+        }
+    });
 }
 
 #[test]
@@ -216,5 +220,9 @@ fn refused_instructions_leave_the_code_alone() {
 
 #[test]
 fn out_of_line_under_concurrent_callers() {
-    common::churn_under_callers(x_load, |x| 1000 + x, 3, 200);
+    // Its own process: its probes and callers churn on x_load, which other
+    // tests probe and call.
+    test_support::in_own_process("out_of_line_under_concurrent_callers", || {
+        common::churn_under_callers(x_load, |x| 1000 + x, 3, 200);
+    });
 }
