@@ -142,22 +142,27 @@ unsafe extern "C" {
 
 #[test]
 fn every_emulated_class_behaves_as_unprobed() {
-    for f in [t_nop, t_endbr, t_push, t_push_r15, t_jmp8, t_jmp32, t_call] {
-        same_with_probe(f, fn_addr(f), HitsPerCall::One);
-    }
-    same_with_probe(t_jcc, (&raw const t_jcc_branch) as usize, HitsPerCall::One);
-    same_with_probe(t_ret, (&raw const t_ret_insn) as usize, HitsPerCall::One);
-    same_with_probe(t_cs_nop, fn_addr(t_cs_nop), HitsPerCall::One);
-    same_with_probe(
-        t_cs_nop,
-        (&raw const t_cs_nop_short) as usize,
-        HitsPerCall::One,
-    );
-    same_with_probe(
-        t_ret16_caller,
-        (&raw const t_ret16_insn) as usize,
-        HitsPerCall::One,
-    );
+    // Its own process: it probes and calls the functions other tests probe
+    // with handlers that change what they return (results, hits and restored
+    // bytes are exact here).
+    test_support::in_own_process("every_emulated_class_behaves_as_unprobed", || {
+        for f in [t_nop, t_endbr, t_push, t_push_r15, t_jmp8, t_jmp32, t_call] {
+            same_with_probe(f, fn_addr(f), HitsPerCall::One);
+        }
+        same_with_probe(t_jcc, (&raw const t_jcc_branch) as usize, HitsPerCall::One);
+        same_with_probe(t_ret, (&raw const t_ret_insn) as usize, HitsPerCall::One);
+        same_with_probe(t_cs_nop, fn_addr(t_cs_nop), HitsPerCall::One);
+        same_with_probe(
+            t_cs_nop,
+            (&raw const t_cs_nop_short) as usize,
+            HitsPerCall::One,
+        );
+        same_with_probe(
+            t_ret16_caller,
+            (&raw const t_ret16_insn) as usize,
+            HitsPerCall::One,
+        );
+    });
 }
 
 #[test]
@@ -412,23 +417,27 @@ fn symbol_value(file: &object::File<'_>, name: &str) -> usize {
 
 #[test]
 fn batches_attach_and_detach_together() {
-    let addrs = [fn_addr(t_push_r15), fn_addr(t_jmp8), fn_addr(t_push_r15)];
-    let probes = uprobe_core::Uprobe::attach_all(addrs.map(probe_at)).unwrap();
-    assert_eq!(call(t_push_r15, 1), 5);
-    assert_eq!(call(t_jmp8, 1), 6);
-    assert_eq!(
-        probes
-            .iter()
-            .map(uprobe_core::Probe::hits)
-            .collect::<Vec<_>>(),
-        [1, 1, 1]
-    );
-    uprobe_core::Probe::detach_all(probes).unwrap();
-    assert_eq!(byte_at(addrs[0]), 0x41, "push r15 restored");
-    assert_eq!(byte_at(addrs[1]), 0xeb, "jmp restored");
-    // All or nothing: a refused probe in the batch undoes the others.
-    let err =
-        uprobe_core::Uprobe::attach_all([probe_at(fn_addr(t_jmp8)), probe_at(fn_addr(t_hlt))]);
-    assert!(matches!(err, Err(AttachError::Unsupported { .. })));
-    assert_eq!(byte_at(fn_addr(t_jmp8)), 0xeb, "the batch was undone");
+    // Its own process: other tests probe and call t_jmp8 (hits and restored
+    // bytes are exact here).
+    test_support::in_own_process("batches_attach_and_detach_together", || {
+        let addrs = [fn_addr(t_push_r15), fn_addr(t_jmp8), fn_addr(t_push_r15)];
+        let probes = uprobe_core::Uprobe::attach_all(addrs.map(probe_at)).unwrap();
+        assert_eq!(call(t_push_r15, 1), 5);
+        assert_eq!(call(t_jmp8, 1), 6);
+        assert_eq!(
+            probes
+                .iter()
+                .map(uprobe_core::Probe::hits)
+                .collect::<Vec<_>>(),
+            [1, 1, 1]
+        );
+        uprobe_core::Probe::detach_all(probes).unwrap();
+        assert_eq!(byte_at(addrs[0]), 0x41, "push r15 restored");
+        assert_eq!(byte_at(addrs[1]), 0xeb, "jmp restored");
+        // All or nothing: a refused probe in the batch undoes the others.
+        let err =
+            uprobe_core::Uprobe::attach_all([probe_at(fn_addr(t_jmp8)), probe_at(fn_addr(t_hlt))]);
+        assert!(matches!(err, Err(AttachError::Unsupported { .. })));
+        assert_eq!(byte_at(fn_addr(t_jmp8)), 0xeb, "the batch was undone");
+    });
 }
