@@ -93,27 +93,31 @@ fn the_opt_out_attaches_on_a_blocked_path() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn threads_blocking_sigtrap_refuse_the_attach() {
-    let (tid_tx, tid_rx) = mpsc::channel();
-    let (done_tx, done_rx) = mpsc::channel::<()>();
-    let blocker = std::thread::spawn(move || {
-        // SAFETY: blocking one signal for this thread only.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&raw mut set);
-            libc::sigaddset(&raw mut set, libc::SIGTRAP);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut());
-            tid_tx.send(libc::syscall(libc::SYS_gettid) as i32).unwrap();
+    // Its own process: while its thread blocks SIGTRAP every attach of the
+    // process is refused, the other tests' too.
+    test_support::in_own_process("threads_blocking_sigtrap_refuse_the_attach", || {
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let blocker = std::thread::spawn(move || {
+            // SAFETY: blocking one signal for this thread only.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&raw mut set);
+                libc::sigaddset(&raw mut set, libc::SIGTRAP);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut());
+                tid_tx.send(libc::syscall(libc::SYS_gettid) as i32).unwrap();
+            }
+            done_rx.recv().unwrap();
+        });
+        let tid = tid_rx.recv().unwrap();
+        match probe_at(fn_addr(b_nop)).attach() {
+            Err(AttachError::TrapBlocked { tids }) => assert_eq!(tids, [tid]),
+            other => panic!("expected TrapBlocked, got {other:?}"),
         }
-        done_rx.recv().unwrap();
+        done_tx.send(()).unwrap();
+        blocker.join().unwrap();
+        let probe = probe_at(fn_addr(b_nop)).attach().unwrap();
+        assert_eq!(call(b_nop, 3), 3);
+        assert_eq!(probe.hits(), 1);
     });
-    let tid = tid_rx.recv().unwrap();
-    match probe_at(fn_addr(b_nop)).attach() {
-        Err(AttachError::TrapBlocked { tids }) => assert_eq!(tids, [tid]),
-        other => panic!("expected TrapBlocked, got {other:?}"),
-    }
-    done_tx.send(()).unwrap();
-    blocker.join().unwrap();
-    let probe = probe_at(fn_addr(b_nop)).attach().unwrap();
-    assert_eq!(call(b_nop, 3), 3);
-    assert_eq!(probe.hits(), 1);
 }
