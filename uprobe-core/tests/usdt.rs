@@ -5,27 +5,33 @@
 
 use std::ffi::CString;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, OnceLock};
 
 use uprobe_core::usdt;
 use uprobe_core::{AttachError, Probe, Uprobe};
 
-/// Builds the fixture library; `None` (with the reason printed) where it
-/// cannot be built here, unless `UPROBE_USDT_FIXTURE=required` (CI, which
-/// installs the compiler and the header): then that is a failure.
+/// The fixture library, built once per process (tests running beside
+/// each other would otherwise rewrite it while another loads it); `None`
+/// (with the reason printed) where it cannot be built here, unless
+/// `UPROBE_USDT_FIXTURE=required` (CI, which installs the compiler and the
+/// header): then that is a failure.
 fn fixture() -> Option<PathBuf> {
-    let built = build_fixture();
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(build_fixture);
+    if let Err(why) = built {
+        println!("skipped: {why}");
+    }
     assert!(
-        built.is_some() || std::env::var("UPROBE_USDT_FIXTURE").as_deref() != Ok("required"),
+        built.is_ok() || std::env::var("UPROBE_USDT_FIXTURE").as_deref() != Ok("required"),
         "the USDT fixture is required (UPROBE_USDT_FIXTURE=required) but could not be built"
     );
-    built
+    built.as_ref().ok().cloned()
 }
 
-fn build_fixture() -> Option<PathBuf> {
+fn build_fixture() -> Result<PathBuf, String> {
     let dir = std::env::temp_dir().join(format!("uprobe-usdt-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).ok()?;
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let out = dir.join("libusdt_fixture.so");
     let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/usdt.c");
     let cc = std::env::var("CC").unwrap_or_else(|_| {
@@ -41,18 +47,12 @@ fn build_fixture() -> Option<PathBuf> {
         .arg(source)
         .output();
     match built {
-        Ok(o) if o.status.success() => Some(out),
-        Ok(o) => {
-            println!(
-                "skipped: {cc} could not build the fixture (is <sys/sdt.h> installed?): {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            None
-        }
-        Err(e) => {
-            println!("skipped: no C compiler ({cc}): {e}");
-            None
-        }
+        Ok(o) if o.status.success() => Ok(out),
+        Ok(o) => Err(format!(
+            "{cc} could not build the fixture (is <sys/sdt.h> installed?): {}",
+            String::from_utf8_lossy(&o.stderr)
+        )),
+        Err(e) => Err(format!("no C compiler ({cc}): {e}")),
     }
 }
 
@@ -150,43 +150,47 @@ fn arguments_of_every_form_are_read_as_the_program_passed_them() {
 
 #[test]
 fn a_semaphore_is_held_while_a_probe_is_attached() {
-    let Some(path) = fixture() else { return };
-    let object = path.to_str().unwrap();
-    let h = load(object).expect("dlopen the fixture");
-    let guarded = usdt::probes(object)
-        .unwrap()
-        .into_iter()
-        .find(|p| p.name == "guarded")
-        .expect("the guarded probe");
-    let sem = guarded.semaphore.expect("a semaphore");
-    let value = || {
-        // SAFETY: the fixture's semaphore, a u16.
-        unsafe { (sem as *const u16).read_volatile() }
-    };
-    assert_eq!(value(), 0);
-    // SAFETY: the fixture's function, with its C signature.
-    let fire: Fire = unsafe { core::mem::transmute(symbol(h, "fixture_fire")) };
-    let mut item = Item {
-        key: 0,
-        parts: [0; 4],
-    };
-    let doubled = Arc::new(AtomicU64::new(0));
-    let seen = Arc::clone(&doubled);
-    let probe = guarded
-        .uprobe()
-        .unwrap()
-        .on_entry(move |cx| seen.store(cx.usdt_arg(0).unwrap() as u64, SeqCst))
-        .attach()
-        .unwrap();
-    assert_eq!(value(), 1, "held while attached");
-    // SAFETY: valid pointers.
-    unsafe { fire(1, 21, c"x".as_ptr(), &raw mut item, 0) };
-    assert_eq!((probe.hits(), doubled.load(SeqCst)), (1, 42));
-    let second = guarded.uprobe().unwrap().attach().unwrap();
-    assert_eq!(value(), 2, "each attached probe counts");
-    drop(second);
-    probe.detach().unwrap();
-    assert_eq!(value(), 0, "given back on detach");
+    // Its own process: another test probes fixture_fire and calls it (hits
+    // and arguments are exact here and there).
+    test_support::in_own_process("a_semaphore_is_held_while_a_probe_is_attached", || {
+        let Some(path) = fixture() else { return };
+        let object = path.to_str().unwrap();
+        let h = load(object).expect("dlopen the fixture");
+        let guarded = usdt::probes(object)
+            .unwrap()
+            .into_iter()
+            .find(|p| p.name == "guarded")
+            .expect("the guarded probe");
+        let sem = guarded.semaphore.expect("a semaphore");
+        let value = || {
+            // SAFETY: the fixture's semaphore, a u16.
+            unsafe { (sem as *const u16).read_volatile() }
+        };
+        assert_eq!(value(), 0);
+        // SAFETY: the fixture's function, with its C signature.
+        let fire: Fire = unsafe { core::mem::transmute(symbol(h, "fixture_fire")) };
+        let mut item = Item {
+            key: 0,
+            parts: [0; 4],
+        };
+        let doubled = Arc::new(AtomicU64::new(0));
+        let seen = Arc::clone(&doubled);
+        let probe = guarded
+            .uprobe()
+            .unwrap()
+            .on_entry(move |cx| seen.store(cx.usdt_arg(0).unwrap() as u64, SeqCst))
+            .attach()
+            .unwrap();
+        assert_eq!(value(), 1, "held while attached");
+        // SAFETY: valid pointers.
+        unsafe { fire(1, 21, c"x".as_ptr(), &raw mut item, 0) };
+        assert_eq!((probe.hits(), doubled.load(SeqCst)), (1, 42));
+        let second = guarded.uprobe().unwrap().attach().unwrap();
+        assert_eq!(value(), 2, "each attached probe counts");
+        drop(second);
+        probe.detach().unwrap();
+        assert_eq!(value(), 0, "given back on detach");
+    });
 }
 
 #[test]
