@@ -3,7 +3,7 @@
 //! too) never run inside it, and they may call probed code themselves.
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use uprobe_core::Uprobe;
@@ -83,13 +83,17 @@ static HANDLER_CALLS: AtomicU64 = AtomicU64::new(0);
 
 /// `SA_NODEFER`: a timer tick arriving while an earlier tick's handler runs
 /// nests another one, each calling the probed function. The program
-/// bounds its own nesting (a handler slower than its timer would
-/// otherwise nest until the stack runs out, probes or not).
+/// bounds its own nesting: each tick is armed by the handler of the one
+/// before (inside it, so that it nests, up to 16 deep; at its end beyond
+/// that). A periodic timer faster than the kernel sets up signal frames
+/// (a slow or loaded machine) would nest frames until the stack runs out
+/// before any handler runs, probes or not.
 extern "C" fn on_alarm(_: libc::c_int) {
     let depth = NESTED.fetch_add(1, SeqCst) + 1;
     MAX_NESTED.fetch_max(depth, SeqCst);
     ALARMS.fetch_add(1, SeqCst);
     if depth <= 16 {
+        next_tick();
         for x in 0..2 {
             HANDLER_CALLS.fetch_add(1, SeqCst);
             if probed_triple(x) != 3 * x {
@@ -98,44 +102,88 @@ extern "C" fn on_alarm(_: libc::c_int) {
         }
     }
     NESTED.fetch_sub(1, SeqCst);
+    if depth > 16 {
+        next_tick();
+    }
 }
 
-/// Sets SIGALRM's blocking on the calling thread.
-fn block_alarm(block: bool) {
-    // SAFETY: plain signal-mask calls on this thread.
-    unsafe {
-        let mut set: libc::sigset_t = core::mem::zeroed();
-        libc::sigemptyset(&raw mut set);
-        libc::sigaddset(&raw mut set, libc::SIGALRM);
-        let how = if block {
-            libc::SIG_BLOCK
-        } else {
-            libc::SIG_UNBLOCK
+/// The ticks' timer, while `TICKING` (the first timer of a process is
+/// number 0: a null `timer_t`).
+static TIMER: AtomicPtr<libc::c_void> = AtomicPtr::new(core::ptr::null_mut());
+static TICKING: AtomicBool = AtomicBool::new(false);
+
+/// Between ticks.
+const TICK: Duration = Duration::from_micros(20);
+
+/// Arms the next tick, `TICK` from now, if the timer exists.
+/// Async-signal-safe.
+fn next_tick() {
+    if !TICKING.load(SeqCst) {
+        return;
+    }
+    let timer = TIMER.load(SeqCst);
+    let once = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: TICK.as_nanos() as _,
+        },
+    };
+    // SAFETY: arming a timer of ours (timer_settime is async-signal-safe);
+    // the ticks and its deletion happen on one thread, so it exists here.
+    unsafe { libc::timer_settime(timer, 0, &raw const once, core::ptr::null_mut()) };
+}
+
+/// The ticks: a timer that sends SIGALRM to the thread that made it (not
+/// to the process: that signal goes to the main thread first, whatever
+/// this thread blocks), first in `TICK`, then each after the one before
+/// was handled ([`on_alarm`]); stopped when dropped.
+struct Ticks;
+
+impl Ticks {
+    fn start() -> Self {
+        // SAFETY: a zeroed sigevent is valid; gettid has no
+        // preconditions; the timer is created with valid arguments.
+        let timer = unsafe {
+            let mut event: libc::sigevent = core::mem::zeroed();
+            event.sigev_notify = libc::SIGEV_THREAD_ID;
+            event.sigev_signo = libc::SIGALRM;
+            event.sigev_notify_thread_id = libc::syscall(libc::SYS_gettid) as i32;
+            let mut timer: libc::timer_t = core::ptr::null_mut();
+            let made = libc::timer_create(libc::CLOCK_MONOTONIC, &raw mut event, &raw mut timer);
+            assert_eq!(made, 0, "timer_create");
+            timer
         };
-        assert_eq!(
-            libc::pthread_sigmask(how, &raw const set, core::ptr::null_mut()),
-            0
-        );
+        TIMER.store(timer, SeqCst);
+        TICKING.store(true, SeqCst);
+        next_tick();
+        Self
+    }
+}
+
+impl Drop for Ticks {
+    fn drop(&mut self) {
+        TICKING.store(false, SeqCst);
+        // SAFETY: the timer made by `start`, deleted once (which disarms
+        // it); handlers run on this thread, none is running now.
+        unsafe { libc::timer_delete(TIMER.load(SeqCst)) };
     }
 }
 
 #[test]
 fn nested_program_signal_handlers_may_call_probed_code() {
     // Ticks nest: each one a signal frame and, where it lands inside a
-    // probe hit, that hit's frames (tens of KB per level in a debug build;
-    // under an emulator, whose clock runs fast against the code, ticks
-    // nest deeper). A test thread's 2 MiB ran out under qemu: the run
-    // gets a thread with a stack of its own, SIGALRM blocked here.
-    block_alarm(true);
+    // probe hit, that hit's frames (tens of KB per level in a debug
+    // build). A test thread's 2 MiB ran out under qemu: the run gets a
+    // thread with a stack of its own, and the ticks go to that thread.
     let run = std::thread::Builder::new()
         .stack_size(64 << 20)
-        .spawn(|| {
-            block_alarm(false);
-            nested_ticks_calling_probed_code();
-        })
+        .spawn(nested_ticks_calling_probed_code)
         .expect("spawn the run's thread")
         .join();
-    block_alarm(false);
     if let Err(panic) = run {
         std::panic::resume_unwind(panic);
     }
@@ -151,42 +199,18 @@ fn nested_ticks_calling_probed_code() {
         })
         .attach()
         .unwrap();
-    // A 20 us timer: ticks land in the trap handler, in the program's
+    // Ticks 20 us apart: they land in the trap handler, in the program's
     // handler and in plain code alike.
-    let tick = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 20,
-    };
-    let timer = libc::itimerval {
-        it_interval: tick,
-        it_value: tick,
-    };
-    // SAFETY: setitimer with a valid value.
-    let set = unsafe { libc::setitimer(libc::ITIMER_REAL, &raw const timer, std::ptr::null_mut()) };
-    assert_eq!(set, 0);
+    let ticks = Ticks::start();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut calls = 0u64;
     while (ALARMS.load(SeqCst) < 500 || calls < 2_000) && Instant::now() < deadline {
         assert_eq!(f(calls % 1000), 3 * (calls % 1000));
         calls += 1;
     }
-    let off = libc::itimerval {
-        it_interval: libc::timeval {
-            tv_sec: 0,
-            tv_usec: 0,
-        },
-        it_value: libc::timeval {
-            tv_sec: 0,
-            tv_usec: 0,
-        },
-    };
-    // SAFETY: as above.
-    unsafe { libc::setitimer(libc::ITIMER_REAL, &raw const off, std::ptr::null_mut()) };
-    // The last tick may have gone to another thread: let its handler end.
-    while NESTED.load(SeqCst) != 0 {
-        assert!(Instant::now() < deadline + Duration::from_secs(10));
-        std::thread::yield_now();
-    }
+    // Between ticks: every handler has ended.
+    drop(ticks);
+    assert_eq!(NESTED.load(SeqCst), 0);
     println!(
         "{calls} calls, {} ticks, deepest nesting {}, {} hits, {} missed",
         ALARMS.load(SeqCst),
