@@ -11,13 +11,14 @@
 //! no lock, no system call on a hit.
 
 use std::sync::Once;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 
 use crate::AttachError;
 use crate::arch::apply;
 use crate::code::slots::{self, SlotEnd};
 use crate::error::os_error;
 use crate::hit::run_consumers;
+use crate::process::maps::code_writes;
 use crate::site::Site;
 use crate::table::lookup::with_read_side;
 use crate::table::site_at;
@@ -107,25 +108,36 @@ fn handle_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
         crate::deferral::restore(uc);
         return;
     }
-    let found = with_read_side(|| {
-        site_at(addr).map(|site| hit(site, uc)).or_else(|| {
-            landing_site(addr).map(|site| match site.landing_entry.load(Ordering::Acquire) {
-                0 => hit(site, uc),
-                entry => crate::arch::set_pc(uc, entry),
+    loop {
+        let writes = code_writes();
+        let found = with_read_side(|| {
+            site_at(addr).map(|site| hit(site, uc)).or_else(|| {
+                landing_site(addr).map(|site| match site.landing_entry.load(Ordering::Acquire) {
+                    0 => hit(site, uc),
+                    entry => crate::arch::set_pc(uc, entry),
+                })
             })
-        })
-    });
-    if found.is_some() {
-        return;
-    }
-    // SAFETY: `addr` is the breakpoint the thread just executed, so it is
-    // mapped code.
-    if unsafe { crate::arch::is_breakpoint_at(addr) } {
-        chain(sig, info, ctx);
-    } else {
-        // A detach restored the instruction after this thread trapped: run
-        // it.
-        crate::arch::set_pc(uc, addr);
+        });
+        if found.is_some() {
+            return;
+        }
+        // SAFETY: `addr` is the breakpoint the thread just executed, so it
+        // is mapped code.
+        if !unsafe { crate::arch::is_breakpoint_at(addr) } {
+            // A detach restored the instruction after this thread trapped:
+            // run it.
+            crate::arch::set_pc(uc, addr);
+            return;
+        }
+        fence(Ordering::SeqCst);
+        if code_writes() == writes {
+            // A breakpoint no site claims, and no write of the engine's
+            // since we looked: someone else's.
+            return chain(sig, info, ctx);
+        }
+        // The engine wrote code meanwhile: a detach removed the site this
+        // thread trapped on, and an attach wrote its own breakpoint here
+        // (after publishing its site). Look again.
     }
 }
 

@@ -1,5 +1,7 @@
 //! The process's memory map (`/proc/self/maps`) and writing to code.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 /// One mapping: `[start, end)` and its protection (`PROT_*` bits, with
 /// `PROT_BTI` for a BTI-guarded arm64 mapping, so that patching it keeps
 /// it guarded).
@@ -181,6 +183,17 @@ pub(crate) struct Patch<'a> {
     pub(crate) bytes: &'a [u8],
 }
 
+/// Batches of code writes begun so far.
+static WRITES: AtomicU64 = AtomicU64::new(0);
+
+/// How many batches of code writes ([`write_patches`]) have begun: a
+/// reader that saw the same count before and after looking at the code
+/// knows that no write of the engine's changed it in between (the count
+/// rises before the first byte of a batch is written). Async-signal-safe.
+pub(crate) fn code_writes() -> u64 {
+    WRITES.load(Ordering::SeqCst)
+}
+
 /// Writes `patches`, keeping the code executable the whole time (other
 /// threads may be running it): for each page, adds write permission,
 /// stores that page's patches, makes them visible to instruction fetch
@@ -201,6 +214,10 @@ pub(crate) struct Patch<'a> {
 pub(crate) unsafe fn write_patches(
     patches: &[Patch<'_>],
 ) -> Result<(), Vec<(usize, crate::AttachError)>> {
+    if !patches.is_empty() {
+        // Before any byte changes (see `code_writes`).
+        WRITES.fetch_add(1, Ordering::SeqCst);
+    }
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
     let mut order: Vec<usize> = (0..patches.len()).collect();
