@@ -114,11 +114,17 @@ static TICKING: AtomicBool = AtomicBool::new(false);
 
 /// Between ticks.
 const TICK: Duration = Duration::from_micros(20);
+/// Ticks in all: where a handler takes longer than `TICK` (under an
+/// emulator, each probed call in it traps through the emulated signal
+/// path), the ticks alone would keep the thread in its handlers and the
+/// run's loop would never get back to its deadline.
+const MAX_TICKS: u64 = 2_000;
 
-/// Arms the next tick, `TICK` from now, if the timer exists.
+/// Arms the next tick, `TICK` from now, if the timer exists and fewer
+/// than `MAX_TICKS` came.
 /// Async-signal-safe.
 fn next_tick() {
-    if !TICKING.load(SeqCst) {
+    if !TICKING.load(SeqCst) || ALARMS.load(SeqCst) >= MAX_TICKS {
         return;
     }
     let timer = TIMER.load(SeqCst);
