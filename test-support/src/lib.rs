@@ -136,7 +136,7 @@ pub fn rerun_in_child(name: &str, env: &[(&str, &str)]) -> Output {
 /// Whether the child's standard output contains `line`.
 #[must_use]
 pub fn printed(out: &Output, line: &str) -> bool {
-    String::from_utf8_lossy(&out.stdout).contains(line)
+    printed_raw(&out.stdout, line)
 }
 
 /// What libtest prints when exactly one test ran and passed.
@@ -187,6 +187,7 @@ fn run_test_in_child(name: &str, env: &[(&str, &str)]) -> Result<Output, String>
     }
 }
 
+/// Whether `stdout` contains `line`.
 fn printed_raw(stdout: &[u8], line: &str) -> bool {
     String::from_utf8_lossy(stdout).contains(line)
 }
