@@ -67,7 +67,7 @@ pub const SEEDS: &[Seed] = &[
                 before: "uprobe-core+rwlock",
             },
         ],
-        note: "uprobe-core's own lookup is SRCU (the kernel's later lockless lookup); +percpu-rwsem is the seed's after, +rwlock its before",
+        note: "+percpu-rwsem is the seed's after, +rwlock its before, both on the breakpoint (the trap path's table lookup); uprobe-core on its own runs a jump punned over the nop into a trampoline that names its probe: no trap and no lookup at all",
     },
     Seed {
         id: "002",

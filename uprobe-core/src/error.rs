@@ -143,7 +143,10 @@ pub enum AttachError {
     /// glibc runs `function` with every signal blocked on `path`: a
     /// breakpoint hit there cannot reach the engine's handler, and the
     /// kernel kills the process (or, for [`BlockedPath::SpawnChild`], the
-    /// child being started). See
+    /// child being started). Attach writes a one-byte jump there instead
+    /// (no breakpoint, ever: see [`Tactic::Pun`](crate::Tactic::Pun)); this
+    /// error says that none fits (the address the jump would land on is
+    /// taken, or another probe's bytes are in the way). See
     /// [`Uprobe::allow_blocked_signal_paths`](crate::Uprobe::allow_blocked_signal_paths)
     /// for the rule and the opt-out.
     SignalsBlocked {
@@ -153,6 +156,17 @@ pub enum AttachError {
         function: &'static str,
         /// Where glibc runs it with signals blocked.
         path: BlockedPath,
+    },
+    /// The bytes at `addr` are part of the one-byte jump of the probe at
+    /// `site`, written where glibc runs with every signal blocked: that
+    /// probe can neither go back to a breakpoint nor keep its jump if
+    /// those bytes change, so nothing else may be attached there (nor a
+    /// trap-only probe at `site`) while it is.
+    OneBytePatch {
+        /// The address asked for.
+        addr: usize,
+        /// The probe whose jump depends on it.
+        site: usize,
     },
     /// This architecture has no engine yet.
     UnsupportedArch,
@@ -252,6 +266,10 @@ impl core::fmt::Display for AttachError {
                 } else {
                     "the process"
                 }
+            ),
+            Self::OneBytePatch { addr, site } => write!(
+                f,
+                "{addr:#x} is part of the one-byte jump of the probe at {site:#x}, in code that runs with signals blocked: it cannot change while that probe is attached"
             ),
             Self::UnsupportedArch => f.write_str("no probe engine for this architecture yet"),
             Self::Os { what, errno } => write!(

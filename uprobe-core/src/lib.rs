@@ -66,12 +66,13 @@
 //! section (the kernel would move a trapping thread to the abort handler),
 //! over someone else's breakpoint; instructions from the kernel's refusal
 //! tables (and transactional memory, far branches); any attach while a
-//! thread of the process blocks SIGTRAP; and the functions glibc runs with
-//! every signal blocked ([`AttachError::SignalsBlocked`]: thread start and
-//! exit, `posix_spawn` and its child, among them `free`, `madvise`,
-//! `strlen`, `dup2` and `execve`), where a hit would kill the process or
-//! the child being spawned; [`Uprobe::allow_blocked_signal_paths`] says
-//! how they were found and is the opt-out.
+//! thread of the process blocks SIGTRAP; and, in the functions glibc runs
+//! with every signal blocked (thread start and exit, `posix_spawn` and its
+//! child, among them `free`, `madvise`, `strlen`, `dup2` and `execve`),
+//! where a breakpoint hit would kill the process or the child being
+//! spawned, the sites that take no one-byte jump (x86-64: see below)
+//! ([`AttachError::SignalsBlocked`]); [`Uprobe::allow_blocked_signal_paths`]
+//! says how they were found and is the opt-out.
 //!
 //! # How a hit works (x86-64; aarch64 [below](#aarch64))
 //! `attach` decodes the instruction (iced-x86), publishes its analysis in a
@@ -104,9 +105,11 @@
 //! rewrites a site that qualifies into a 5-byte `jmp rel32` to a
 //! trampoline of its own, placed within +-2 GB of the code: no signal, no
 //! system call, ~20 ns a hit with one counting consumer. Which way a
-//! probe runs is [`Probe::mode`]: [`Mode::Jump`], or [`Mode::Trap`] with
-//! the reason ([`NotOptimized`]). [`Uprobe::trap_only`] keeps a probe on
-//! its breakpoint. A site qualifies when:
+//! probe runs is [`Probe::mode`]: [`Mode::Jump`] with the [`Tactic`] that
+//! fitted the jump in, or [`Mode::Trap`] with the reason
+//! ([`NotOptimized`]). [`Uprobe::trap_only`] keeps a probe on its
+//! breakpoint. The jump replaces whole instructions
+//! ([`Tactic::Replace`]) when:
 //! - its instruction is 5 bytes or longer (the 5-byte nop of USDT and
 //!   `-fpatchable-function-entry` sites, `mov r32, imm32`, `sub rsp,
 //!   imm32`, `call rel32`, RIP-relative loads, ...), anywhere; or
@@ -122,9 +125,39 @@
 //! - a function that starts with `endbr64` keeps it (indirect calls stay
 //!   valid where IBT is enforced) and takes the jump right after it.
 //!
-//! Not on x86-64 with a shadow stack, inside another probe's range, or
-//! for instructions that cannot run relocated (the kernel's refusal
-//! tables, indirect calls, far branches, `loop`/`jrcxz`).
+//! Everywhere else (an instruction shorter than the jump in the middle
+//! of a function, a function too short or with a jump table, a branch
+//! into the first bytes, a function of unknown extent, a USDT `nop`) the
+//! jump is **punned** ([`Tactic::Pun`], `E9Patch`'s instruction punning):
+//! only the probed instruction's own bytes change; the `jmp rel32`
+//! written over them runs into the bytes that follow, left as they are,
+//! which fix the high bytes of its displacement (redundant prefixes in
+//! front of the jump give other choices). So the jump can only land
+//! inside a window those bytes choose, and a 5- or 14-byte stub placed
+//! there (a page mapped with `MAP_FIXED_NOREPLACE`, shared by the stubs
+//! that land on it, never freed) jumps on to the trampoline. No thread
+//! can be stopped inside a single instruction and no other instruction
+//! moves, so a branch or a jump table landing after it still finds the
+//! original code. A punned jump's bytes after the instruction must stay
+//! as they are: a later probe attached there takes it back to its
+//! breakpoint first ([`NotOptimized::OtherProbeInRange`]). Where the
+//! window is taken (other mappings, the room the stack and the heap keep)
+//! the site stays on its breakpoint ([`NotOptimized::NoPunTarget`]).
+//! [`code_memory`] tells what generated code takes.
+//!
+//! **One-byte jumps where signals are blocked.** Over any instruction,
+//! `E9` alone written on its first byte is a jump whose displacement is
+//! the next four bytes: one store, like the breakpoint it replaces, with
+//! no window in which a thread could trap. In the functions glibc runs
+//! with every signal blocked, attach writes only that (never a
+//! breakpoint) and detach writes the original byte back the same way;
+//! where the address the four bytes choose is taken (glibc's system call
+//! wrappers, `mov eax, N`, jump into their own library), the probe is
+//! refused ([`AttachError::SignalsBlocked`]).
+//!
+//! Not on x86-64 with a shadow stack, or for instructions that cannot run
+//! relocated (the kernel's refusal tables, indirect calls, far branches,
+//! `loop`/`jrcxz`).
 //!
 //! **The trampoline** steps over the red zone (`lea rsp, [rsp-128]`: a
 //! `call` at the site would overwrite the 128 bytes below the stack
@@ -134,8 +167,9 @@
 //! handler that sets RIP sends the thread there instead of the displaced
 //! instructions. Not saved: the upper halves of `ymm`/`zmm`, the mask
 //! registers, the x87 stack and MXCSR (a full `xsave` costs ~170 ns;
-//! handlers must not touch them); a handler's write to RSP is not
-//! honoured. Then the displaced instructions run, relocated, and a jump
+//! handlers must not touch them); a handler's write to RSP is honoured
+//! upwards, and downwards by at most 40 bytes (five pushes: enough to
+//! emulate a call). Then the displaced instructions run, relocated, and a jump
 //! goes back. Trampolines are immutable and never freed: a thread
 //! preempted inside one always finds the same code. A return probe's
 //! entry runs through the jump too, and its return through the plain-code
@@ -163,16 +197,17 @@
 //! thread that blocks every signal, in the child of `posix_spawn`
 //! (`std::process::Command`), and after the program replaced the SIGTRAP
 //! handler (only breakpoint probes are disarmed then). The functions
-//! glibc runs with signals blocked are still refused by default, since
-//! the breakpoint is in the code while the jump is written.
+//! glibc runs with signals blocked get one-byte jumps (above), never a
+//! breakpoint.
 //!
 //! # USDT probes
 //! The [`usdt`] module lists the statically defined tracepoints of a
 //! loaded object (`.note.stapsdt`, as `<sys/sdt.h>` declares them);
 //! [`Uprobe::usdt`] probes them, holding each probe's semaphore while
 //! attached, and handlers read the arguments with
-//! [`EntryContext::usdt_arg`]. A USDT site is a 1-byte `nop` (too short
-//! for a jump) or, from newer `<sys/sdt.h>`, a 5-byte one (trap-free).
+//! [`EntryContext::usdt_arg`]. A USDT site is a 1-byte `nop` (a punned
+//! jump, where its window has room) or, from newer `<sys/sdt.h>`, a
+//! 5-byte one: trap-free either way.
 //!
 //! # Return probes
 //! [`Uprobe::on_return`] runs a handler when the probed function returns
@@ -352,6 +387,8 @@ mod error;
 #[cfg(uprobe_engine)]
 mod hit;
 #[cfg(uprobe_engine)]
+pub mod memory;
+#[cfg(uprobe_engine)]
 mod mode;
 #[cfg(uprobe_engine)]
 mod patch;
@@ -382,7 +419,9 @@ pub use arch::Reg;
 pub use context::{EntryContext, ReturnContext};
 pub use error::{AttachError, BlockedPath};
 #[cfg(uprobe_engine)]
-pub use mode::{Mode, NotOptimized};
+pub use memory::{CodeMemory, code_memory};
+#[cfg(uprobe_engine)]
+pub use mode::{Mode, NotOptimized, Tactic};
 #[cfg(uprobe_engine)]
 pub use probe::{Probe, Uprobe};
 

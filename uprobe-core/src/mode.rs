@@ -1,5 +1,5 @@
-//! How a probe runs: [`Mode`], and why a site is not optimized
-//! ([`NotOptimized`]).
+//! How a probe runs: [`Mode`], which way a jump was written
+//! ([`Tactic`]), and why a site is not optimized ([`NotOptimized`]).
 
 /// How hits of a probe reach the engine.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -8,8 +8,9 @@ pub enum Mode {
     /// aarch64) into a trampoline of its own, which saves the registers,
     /// runs the handlers and the displaced instructions, and jumps back.
     /// No signal, no system call (on aarch64, a handler that moves the PC
-    /// or the stack pointer is honoured through `rt_sigreturn`).
-    Jump,
+    /// or the stack pointer is honoured through `rt_sigreturn`). The
+    /// [`Tactic`] says how the jump was fitted in.
+    Jump(Tactic),
     /// A breakpoint (`int3` / `BRK`) and the SIGTRAP handler, for the
     /// reason given.
     Trap(NotOptimized),
@@ -19,7 +20,58 @@ impl Mode {
     /// Whether the probe is trap-free.
     #[must_use]
     pub fn is_jump(&self) -> bool {
-        matches!(self, Self::Jump)
+        matches!(self, Self::Jump(_))
+    }
+
+    /// How the jump was fitted in, if the probe is trap-free.
+    #[must_use]
+    pub fn tactic(&self) -> Option<Tactic> {
+        match self {
+            Self::Jump(t) => Some(*t),
+            Self::Trap(_) => None,
+        }
+    }
+}
+
+/// How a trap-free probe's jump was fitted over the code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Tactic {
+    /// The jump replaces whole instructions: the probed one when it is at
+    /// least as long as the jump (5 bytes on x86-64; every instruction on
+    /// aarch64), or a function's first instructions, relocated together.
+    Replace,
+    /// x86-64 *instruction punning* (`E9Patch`'s tactic): only the probed
+    /// instruction's own bytes change; the `jmp rel32` written there is
+    /// longer than the instruction, and the last bytes of its
+    /// displacement are the bytes that follow, left as they are. Those
+    /// bytes choose (within a window of 1, 256, 65,536 or 16 Mi
+    /// addresses) where the jump lands, so a small stub that jumps on to
+    /// the probe's trampoline is placed there. Because no other
+    /// instruction changes, a branch or a jump table that lands after
+    /// the probed instruction still finds its original code.
+    Pun {
+        /// Bytes the patch changes (the probed instruction's length, or 1
+        /// where one byte suffices).
+        written: u8,
+        /// Redundant prefixes in front of the `jmp` (padding that moves
+        /// the window the fixed bytes choose).
+        prefixes: u8,
+    },
+}
+
+impl core::fmt::Display for Tactic {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Replace => write!(f, "replace"),
+            Self::Pun {
+                written,
+                prefixes: 0,
+            } => write!(f, "pun ({written} byte(s) written)"),
+            Self::Pun { written, prefixes } => {
+                write!(f, "pun ({written} byte(s) written, {prefixes} prefix(es))")
+            }
+        }
     }
 }
 
@@ -73,6 +125,17 @@ pub enum NotOptimized {
     /// No trampoline could be placed within reach of the site (+-2 GB
     /// on x86-64, +-128 MB on aarch64).
     NoTrampolineRoom,
+    /// The jump does not fit over whole instructions (`instead` says
+    /// why), and a jump punned over the probed instruction's `len` bytes
+    /// (see [`Tactic::Pun`]) could only land where nothing can be mapped:
+    /// other mappings, the heap's or the stack's room to grow, or outside
+    /// the address space.
+    NoPunTarget {
+        /// The probed instruction's length.
+        len: usize,
+        /// Why whole instructions could not be replaced.
+        instead: Box<NotOptimized>,
+    },
     /// The jump would cross into another mapping.
     CrossesMapping,
     /// Another probe's site lies inside the bytes the jump would replace
@@ -131,6 +194,10 @@ impl core::fmt::Display for NotOptimized {
             Self::Undecodable { at } => write!(f, "the function does not decode at {at:#x}"),
             Self::NotRelocatable { why } => write!(f, "not relocatable: {why}"),
             Self::NoTrampolineRoom => write!(f, "no room for a trampoline within reach"),
+            Self::NoPunTarget { len, instead } => write!(
+                f,
+                "{instead}; and a jump punned over the {len}-byte instruction could only land where nothing can be mapped"
+            ),
             Self::CrossesMapping => write!(f, "the jump would cross into another mapping"),
             Self::OtherProbeInRange { at } => {
                 write!(f, "another probe at {at:#x} lies inside the replaced bytes")

@@ -326,9 +326,10 @@ impl Uprobe {
         self
     }
 
-    /// Attaches even in a function glibc runs with every signal blocked,
-    /// which [`attach`](Self::attach) otherwise refuses with
-    /// [`AttachError::SignalsBlocked`].
+    /// Attaches even in a function glibc runs with every signal blocked
+    /// on a breakpoint, where [`attach`](Self::attach) otherwise writes
+    /// a one-byte jump (no breakpoint, ever) or, where none fits, refuses
+    /// with [`AttachError::SignalsBlocked`].
     ///
     /// **The rule.** A breakpoint hit is a synchronous SIGTRAP; on a thread
     /// that blocks it, or whose handler is the default one, the kernel
@@ -337,17 +338,24 @@ impl Uprobe {
     /// `posix_spawn` (which `std::process::Command` uses), and the child
     /// of `posix_spawn` runs everything with signals blocked and default
     /// handlers until it execs, including `strlen`, `getenv`, `dup2` and
-    /// `execve`. Attach refuses those functions (the list and how it was
-    /// found are in the crate's source, `blocked_code.rs`; the
-    /// [`BlockedPath`](crate::BlockedPath) of the error says which path),
-    /// and refuses any attach while a thread is seen blocking SIGTRAP
+    /// `execve`. In those functions (the list and how it was found are in
+    /// the crate's source, `blocked_code.rs`) attach never writes a
+    /// breakpoint: it writes a one-byte jump over the probed
+    /// instruction's first byte (`E9`, whose displacement is the four
+    /// bytes after it, left as they are; [`Tactic::Pun`](crate::Tactic::Pun)
+    /// with one byte written), in one store, and takes it out the same
+    /// way. Where the address those bytes choose is taken, it refuses
+    /// with [`AttachError::SignalsBlocked`] (whose
+    /// [`BlockedPath`](crate::BlockedPath) says which path). Any attach is
+    /// refused while a thread is seen blocking SIGTRAP
     /// ([`AttachError::TrapBlocked`]). Code of the program that blocks
     /// SIGTRAP around calls, or another C library's equivalents, is not
     /// known to the engine.
     ///
-    /// With this option the probe attaches anyway: for a program known
-    /// never to take the path (no thread exits while the probe is
-    /// attached, no process is spawned). A hit on the path still kills it.
+    /// With this option the probe attaches as anywhere else (a breakpoint
+    /// first, then a jump where one fits): for a program known never to
+    /// take the path (no thread exits while the probe is attached, no
+    /// process is spawned). A hit of a breakpoint on the path kills it.
     #[must_use]
     pub fn allow_blocked_signal_paths(mut self) -> Self {
         self.allow_blocked = true;
@@ -378,15 +386,19 @@ impl Uprobe {
     /// async-signal-safe.
     pub fn attach_all(probes: impl IntoIterator<Item = Self>) -> Result<Vec<Probe>, AttachError> {
         let probes: Vec<Self> = probes.into_iter().collect();
+        let mut blocked = Vec::with_capacity(probes.len());
         for p in &probes {
             p.check_boundary()?;
-            if !p.allow_blocked {
-                crate::process::blocked_code::refuse(p.addr)?;
-            }
+            blocked.push(if p.allow_blocked {
+                None
+            } else {
+                crate::process::blocked_code::refuse(p.addr).err()
+            });
         }
         let items: Vec<(usize, Arc<Consumer>)> = probes
             .into_iter()
-            .map(|p| {
+            .zip(blocked)
+            .map(|(p, blocked)| {
                 let consumer = Arc::new(Consumer {
                     handler: p.handler.unwrap_or_else(|| Box::new(|_| {})),
                     ret: p.ret_handler.map(|h| ReturnProbe::new(h, p.max_active)),
@@ -395,6 +407,7 @@ impl Uprobe {
                     removed: AtomicBool::new(false),
                     function: p.function.as_ref().map(|f| (f.start, f.size)),
                     trap_only: p.trap_only,
+                    blocked,
                     usdt_args: p.usdt.as_ref().map(|(args, _)| Arc::clone(args)),
                     semaphore: p.usdt.as_ref().and_then(|&(_, sem)| sem),
                 });

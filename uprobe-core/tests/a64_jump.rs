@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use uprobe_core::{Mode, NotOptimized, Reg, Uprobe};
+use uprobe_core::{Mode, NotOptimized, Reg, Tactic, Uprobe};
 
 mod common;
 
@@ -209,7 +209,7 @@ fn landing_pads_stay_in_place_and_the_jump_follows_them() {
             })
             .attach()
             .unwrap();
-        assert_eq!(probe.mode(), Mode::Jump, "{name}");
+        assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace), "{name}");
         assert_eq!(word(f, 0), pad, "{name}: the landing pad stays");
         assert!(is_branch(word(f, 4)), "{name}: the jump follows it");
         // The return probe's hijacked address is signed again by the
@@ -275,7 +275,7 @@ fn a_handler_that_moves_the_pc_resumes_exactly_there() {
         })
         .attach()
         .unwrap();
-    assert_eq!(probe.mode(), Mode::Jump);
+    assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
     for _ in 0..3 {
         assert_eq!(call(j_setpc, 1), 99);
     }
@@ -304,7 +304,7 @@ fn a_thread_with_every_signal_blocked_hits_an_optimized_probe() {
         return;
     };
     let probe = Uprobe::function("j_blocked").unwrap().attach().unwrap();
-    assert_eq!(probe.mode(), Mode::Jump);
+    assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
     std::thread::spawn(|| {
         // SAFETY: blocking every signal of this thread only.
         unsafe {
@@ -369,7 +369,7 @@ fn a_forked_child_runs_an_optimized_probe() {
         return;
     };
     let probe = Uprobe::function("j_fork").unwrap().attach().unwrap();
-    assert_eq!(probe.mode(), Mode::Jump);
+    assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
     assert_eq!(call(j_fork, 1), 11);
     // SAFETY: the child calls the probed function, reads counters and
     // `_exit`s.
@@ -422,7 +422,7 @@ fn a_bti_guarded_page() {
     // by an indirect call.
     // SAFETY: the page's second instruction.
     let after = unsafe { Uprobe::address(f as usize + 4) }.attach().unwrap();
-    assert_eq!(after.mode(), Mode::Jump);
+    assert_eq!(after.mode(), Mode::Jump(Tactic::Replace));
     assert!(is_branch(word(f, 4)));
     assert_eq!(call(f, 38), 42);
     assert_eq!((pad.hits(), after.hits()), (1, 1));
@@ -442,7 +442,7 @@ fn a_probe_on_the_instruction_after_a_landing_pad_takes_the_jump_back() {
         .on_return(|cx| assert_eq!(cx.return_value(), 13))
         .attach()
         .unwrap();
-    assert_eq!(entry.mode(), Mode::Jump);
+    assert_eq!(entry.mode(), Mode::Jump(Tactic::Replace));
     // SAFETY: the instruction after `paciasp`.
     let inner = unsafe { Uprobe::address(f as usize + 4) }.attach().unwrap();
     assert_eq!(
@@ -452,7 +452,7 @@ fn a_probe_on_the_instruction_after_a_landing_pad_takes_the_jump_back() {
     // The entry is a breakpoint again; the inner probe has a jump of its
     // own.
     assert_eq!(word(f, 0) & 0xffe0_001f, 0xd420_0000, "the entry's BRK");
-    assert_eq!(inner.mode(), Mode::Jump);
+    assert_eq!(inner.mode(), Mode::Jump(Tactic::Replace));
     assert_eq!(call(f, 10), 13);
     assert_eq!((entry.hits(), entry.returns(), inner.hits()), (1, 1, 1));
     drop((entry, inner));

@@ -374,7 +374,7 @@ fn same_with_probe(name: &str, code: unsafe extern "C" fn(), offset: usize) {
             .unwrap_or_else(|e| panic!("{name}: attach: {e}"));
         let mode = probe.mode();
         match (trap_only, &mode) {
-            (true, Mode::Trap(NotOptimized::TrapOnly)) | (false, Mode::Jump) => {}
+            (true, Mode::Trap(NotOptimized::TrapOnly)) | (false, Mode::Jump(_)) => {}
             // A landing pad stays: the jump after it needs the function.
             (false, Mode::Trap(NotOptimized::LandingPad { .. })) if name.starts_with("bti") => {}
             // SME, or SVE vectors over 128 bits: no trampolines at all.

@@ -1,6 +1,7 @@
 //! A thread that blocks SIGTRAP would be killed (with the whole process)
-//! by a probe hit: attaching refuses while one exists, and refuses the
-//! functions glibc runs with every signal blocked.
+//! by a breakpoint hit: attaching refuses while one exists, and the
+//! functions glibc runs with every signal blocked get a one-byte jump
+//! (never a breakpoint) or are refused.
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 #[cfg(target_arch = "x86_64")]
@@ -11,7 +12,7 @@ use std::sync::mpsc;
 
 #[cfg(target_arch = "x86_64")]
 use common::{call, fn_addr, probe_at};
-use uprobe_core::{AttachError, BlockedPath, Uprobe};
+use uprobe_core::{AttachError, BlockedPath, Mode, Tactic, Uprobe};
 
 #[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
@@ -31,9 +32,12 @@ unsafe extern "C" {
 /// The examples of the issue that found them: a probe on `madvise`
 /// killed the process at the next thread exit, one on `execve` or `dup2`
 /// every child `Command` started; `free` and `strlen` (an IFUNC: the
-/// implementation this CPU runs) are on the same paths.
+/// implementation this CPU runs) are on the same paths. Each gets a
+/// one-byte jump and never a breakpoint (x86-64), or is refused with the
+/// path named.
 #[test]
-fn functions_glibc_runs_with_signals_blocked_are_refused() {
+fn functions_glibc_runs_with_signals_blocked_get_one_byte_jumps_or_are_refused() {
+    let mut jumps = 0;
     for (name, expected) in [
         ("madvise", BlockedPath::ThreadExit),
         ("free", BlockedPath::ThreadExit),
@@ -46,6 +50,20 @@ fn functions_glibc_runs_with_signals_blocked_are_refused() {
         let probe = Uprobe::in_object("libc.so.6", name).unwrap();
         let addr = probe.addr();
         match probe.attach() {
+            Ok(p) => {
+                assert!(
+                    matches!(
+                        p.mode(),
+                        Mode::Jump(Tactic::Pun {
+                            written: 1,
+                            prefixes: 0
+                        })
+                    ),
+                    "{name}: {:?}",
+                    p.mode()
+                );
+                jumps += 1;
+            }
             Err(e @ AttachError::SignalsBlocked { .. }) => {
                 let AttachError::SignalsBlocked {
                     addr: at,
@@ -58,31 +76,65 @@ fn functions_glibc_runs_with_signals_blocked_are_refused() {
                 assert_eq!((*at, *function, *path), (addr, name, expected));
                 assert!(e.to_string().contains("every signal blocked"), "{e}");
             }
-            other => panic!("{name}: expected SignalsBlocked, got {other:?}"),
+            other => panic!("{name}: expected a one-byte jump or SignalsBlocked, got {other:?}"),
         }
     }
-    // A return probe is refused the same way (its entry is a breakpoint).
-    assert!(matches!(
-        Uprobe::in_object("libc.so.6", "execve")
-            .unwrap()
-            .on_return(|_| {})
-            .attach(),
-        Err(AttachError::SignalsBlocked { .. })
-    ));
+    println!("{jumps} of 7 took a one-byte jump");
+    if cfg!(target_arch = "x86_64") {
+        assert!(jumps > 0, "no function of signal-blocked code took a jump");
+    }
+    // A return probe the same way (its entry never holds a breakpoint).
+    match Uprobe::in_object("libc.so.6", "execve")
+        .unwrap()
+        .on_return(|_| {})
+        .attach()
+    {
+        Ok(p) => assert!(p.mode().is_jump()),
+        Err(e) => assert!(matches!(e, AttachError::SignalsBlocked { .. }), "{e}"),
+    }
 }
 
-/// The opt-out attaches: `tcsetpgrp` (on the spawn child's path when a
-/// spawn asks for a foreground process group; this test spawns nothing).
+/// A one-byte jump in signal-blocked code is never taken back to a
+/// breakpoint: a trap-only probe there, or a probe inside its bytes, is
+/// refused while it is attached.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_one_byte_jump_never_goes_back_to_a_breakpoint() {
+    // Its own process: it probes madvise and calls it.
+    test_support::in_own_process("a_one_byte_jump_never_goes_back_to_a_breakpoint", || {
+        type Free = unsafe extern "C" fn(*mut libc::c_void);
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        let Ok(probe) = Uprobe::in_object("libc.so.6", "free")
+            .unwrap()
+            .only_thread(me)
+            .attach()
+        else {
+            println!("skipped: free takes no one-byte jump here");
+            return;
+        };
+        let err = Uprobe::in_object("libc.so.6", "free")
+            .unwrap()
+            .allow_blocked_signal_paths()
+            .trap_only()
+            .attach()
+            .unwrap_err();
+        assert!(matches!(err, AttachError::OneBytePatch { .. }), "{err}");
+        assert!(probe.mode().is_jump());
+        let f: Free = std::hint::black_box(libc::free);
+        // SAFETY: free(NULL) does nothing.
+        unsafe { f(core::ptr::null_mut()) };
+        assert!(probe.hits() >= 1);
+    });
+}
+
+/// The opt-out attaches as anywhere else (a breakpoint first): `tcsetpgrp`
+/// (on the spawn child's path when a spawn asks for a foreground process
+/// group; this test spawns nothing).
 #[test]
 fn the_opt_out_attaches_on_a_blocked_path() {
     type Tcsetpgrp = unsafe extern "C" fn(i32, i32) -> i32;
     let probe = Uprobe::in_object("libc.so.6", "tcsetpgrp").unwrap();
-    assert!(matches!(
-        Uprobe::in_object("libc.so.6", "tcsetpgrp")
-            .unwrap()
-            .attach(),
-        Err(AttachError::SignalsBlocked { .. })
-    ));
     let probe = probe.allow_blocked_signal_paths().attach().unwrap();
     let f: Tcsetpgrp = std::hint::black_box(libc::tcsetpgrp);
     // SAFETY: tcsetpgrp on a closed descriptor fails with EBADF.

@@ -285,6 +285,7 @@ fn compare_all(how: &str, skip: &[&str], trap_only: bool) {
     const SF: u64 = 1 << 7;
     let mut compared = 0;
     let mut jumps = 0;
+    let mut puns = 0;
     for &(text, f) in CORPUS {
         if skip.contains(&text) {
             continue;
@@ -301,6 +302,10 @@ fn compare_all(how: &str, skip: &[&str], trap_only: bool) {
             .attach()
             .unwrap_or_else(|e| panic!("`{text}` refused: {e}"));
         jumps += usize::from(probe.mode().is_jump());
+        puns += usize::from(matches!(
+            probe.mode(),
+            uprobe_core::Mode::Jump(uprobe_core::Tactic::Pun { .. })
+        ));
         let probed: Vec<_> = flag_sets.iter().map(|&fl| run(f, fl)).collect();
         probe.detach().unwrap();
         let undefined = undefined_flags(at);
@@ -315,6 +320,6 @@ fn compare_all(how: &str, skip: &[&str], trap_only: bool) {
     }
     assert_eq!(compared, CORPUS.len() - skip.len());
     println!(
-        "{compared} instruction forms identical with and without a probe ({how}; {jumps} through a jump)"
+        "{compared} instruction forms identical with and without a probe ({how}; {jumps} through a jump, {puns} of them punned)"
     );
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use common::{byte_at, call, fn_addr};
-use uprobe_core::{Mode, NotOptimized, Reg, Uprobe};
+use uprobe_core::{Mode, NotOptimized, Reg, Tactic, Uprobe};
 
 core::arch::global_asm!(
     ".text",
@@ -148,16 +148,6 @@ core::arch::global_asm!(
     "pop rbx",
     "ret",
     ".size j_park, . - j_park",
-    // A lock-prefixed instruction inside the range.
-    ".globl j_locked",
-    ".type j_locked, @function",
-    "j_locked:",
-    "push rbx",
-    "lock inc dword ptr [rsp - 8]",
-    "lea eax, [rdi + 1]",
-    "pop rbx",
-    "ret",
-    ".size j_locked, . - j_locked",
     // Bytes that do not decode in 64-bit code after the return.
     ".globl j_undecodable",
     ".type j_undecodable, @function",
@@ -168,6 +158,22 @@ core::arch::global_asm!(
     "ret",
     ".byte 0x06",
     ".size j_undecodable, . - j_undecodable",
+    // Too short, and a jump punned over the 1-byte `xchg` would land 56
+    // bytes before it (the displacement is `ret` and three 0xff bytes),
+    // in code.
+    ".globl j_pun_taken",
+    ".type j_pun_taken, @function",
+    "j_pun_taken:",
+    "xchg eax, edi",
+    "ret",
+    ".size j_pun_taken, . - j_pun_taken",
+    ".byte 0xff, 0xff, 0xff",
+    // A lone return (a handler's pushed return address can lead here).
+    ".globl j_ret_only",
+    ".type j_ret_only, @function",
+    "j_ret_only:",
+    "ret",
+    ".size j_ret_only, . - j_ret_only",
     // Where a redirected hit goes.
     ".globl j_elsewhere",
     ".type j_elsewhere, @function",
@@ -195,8 +201,9 @@ unsafe extern "C" {
     fn j_park(x: u64) -> u64;
     fn j_endbr(x: u64) -> u64;
     fn j_where(x: u64) -> u64;
-    fn j_locked(x: u64) -> u64;
     fn j_undecodable(x: u64) -> u64;
+    fn j_pun_taken(x: u64) -> u64;
+    fn j_ret_only(x: u64) -> u64;
 }
 
 /// A probe on `f`'s entry, found through the symbol table (so the
@@ -209,7 +216,11 @@ fn at_entry(f: unsafe extern "C" fn(u64) -> u64) -> Uprobe {
 /// without, the probe takes the mode `want` says, sees every call with
 /// its first argument, and the code is restored after detach.
 fn same_through(f: unsafe extern "C" fn(u64) -> u64, jump: bool) {
-    let inputs = [0u64, 1, 7, 1 << 40];
+    same_for(f, jump, &[0, 1, 7, 1 << 40]);
+}
+
+/// [`same_through`] for these inputs.
+fn same_for(f: unsafe extern "C" fn(u64) -> u64, jump: bool, inputs: &[u64]) {
     let plain: Vec<u64> = inputs.iter().map(|&x| call(f, x)).collect();
     let at = fn_addr(f);
     let original: Vec<u8> = (0..8).map(|i| byte_at(at + i)).collect();
@@ -226,6 +237,9 @@ fn same_through(f: unsafe extern "C" fn(u64) -> u64, jump: bool) {
         // The landing pad stays; the jump follows it.
         assert_eq!(byte_at(at), 0xf3);
         assert_eq!(byte_at(at + 4), 0xe9);
+    } else if let Mode::Jump(Tactic::Pun { prefixes, .. }) = probe.mode() {
+        // Padding prefixes, then the jump.
+        assert_eq!(byte_at(at + usize::from(prefixes)), 0xe9);
     } else {
         assert_eq!(byte_at(at), if jump { 0xe9 } else { 0xcc });
     }
@@ -281,7 +295,7 @@ fn a_five_byte_nop_without_a_symbol_takes_a_jump() {
     // exact here).
     test_support::in_own_process("a_five_byte_nop_without_a_symbol_takes_a_jump", || {
         let probe = common::probe_at(fn_addr(j_nop5)).attach().unwrap();
-        assert_eq!(probe.mode(), Mode::Jump);
+        assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
         assert_eq!(call(j_nop5, 1), 6);
         assert_eq!(probe.hits(), 1);
     });
@@ -301,45 +315,96 @@ fn refused(f: unsafe extern "C" fn(u64) -> u64) -> NotOptimized {
 }
 
 #[test]
-fn each_refusal_says_why() {
+fn sites_a_jump_over_whole_instructions_refuses_are_punned() {
     // Its own process: other tests probe and call j_prologue and j_short
     // (modes and hits are exact here).
-    test_support::in_own_process("each_refusal_says_why", || {
-        assert!(
-            matches!(refused(j_short), NotOptimized::TooShort { .. }),
-            "{:?}",
-            refused(j_short)
-        );
-        let why = refused(j_loop_in);
-        assert!(
-            matches!(why, NotOptimized::BranchIntoRange { target, .. } if target == fn_addr(j_loop_in) + 2),
-            "{why:?}"
-        );
-        let why = refused(j_indirect);
-        assert!(matches!(why, NotOptimized::IndirectJump { .. }), "{why:?}");
-        let why = refused(j_ret_in);
-        assert!(
-            matches!(why, NotOptimized::ControlFlowInRange { at } if at == fn_addr(j_ret_in) + 2),
-            "{why:?}"
-        );
-        let why = refused(j_locked);
-        assert!(
-            matches!(why, NotOptimized::NotRelocatable { .. }),
-            "{why:?}"
-        );
-        let why = refused(j_undecodable);
-        assert!(
-            matches!(why, NotOptimized::Undecodable { at } if at == fn_addr(j_undecodable) + 6),
-            "{why:?}"
-        );
-        // Without a symbol the function's extent is unknown: a short first
-        // instruction stays on its breakpoint.
-        let probe = common::probe_at(fn_addr(j_prologue)).attach().unwrap();
-        assert!(
-            matches!(probe.mode(), Mode::Trap(NotOptimized::TooShort { .. })),
-            "{:?}",
-            probe.mode()
-        );
+    test_support::in_own_process(
+        "sites_a_jump_over_whole_instructions_refuses_are_punned",
+        || {
+            // Too short, a branch into the range, an indirect jump, a return
+            // inside it, bytes that do not decode: the first instruction
+            // alone takes a jump punned over the bytes after it, which stay
+            // as they are. (j_locked's pun would land in the heap's room to
+            // grow.)
+            for f in [j_short, j_loop_in, j_indirect, j_ret_in, j_undecodable] {
+                // Small inputs: j_loop_in loops that many times.
+                same_for(f, true, &[0, 1, 7, 100]);
+                let probe = at_entry(f).attach().unwrap();
+                assert!(
+                    matches!(probe.mode(), Mode::Jump(Tactic::Pun { .. })),
+                    "{:?}",
+                    probe.mode()
+                );
+            }
+            // Without a symbol the function's extent is unknown: a short
+            // first instruction is punned.
+            let probe = common::probe_at(fn_addr(j_prologue)).attach().unwrap();
+            assert!(
+                matches!(
+                    probe.mode(),
+                    Mode::Jump(Tactic::Pun {
+                        written: 1,
+                        prefixes: 0
+                    })
+                ),
+                "{:?}",
+                probe.mode()
+            );
+            assert_eq!(call(j_prologue, 2), 6);
+            assert_eq!(probe.hits(), 1);
+            drop(probe);
+            // Where the punned jump could only land on mapped code, the
+            // site stays on its breakpoint and says both reasons.
+            let why = refused(j_pun_taken);
+            assert!(
+                matches!(&why, NotOptimized::NoPunTarget { len: 1, instead } if matches!(**instead, NotOptimized::TooShort { .. })),
+                "{why:?}"
+            );
+        },
+    );
+}
+
+/// A handler that moves the stack pointer through a jump (a replaced
+/// range and a punned one): up, returning to the caller at once; and
+/// down, pushing a return address before redirecting.
+#[test]
+fn handlers_move_the_stack_pointer_through_a_jump() {
+    // Its own process: other tests probe and call j_nop5 and j_short.
+    test_support::in_own_process("handlers_move_the_stack_pointer_through_a_jump", || {
+        for f in [j_nop5, j_short] {
+            let back = at_entry(f)
+                .on_entry(|cx| {
+                    let rsp = cx.reg(Reg::Rsp);
+                    // SAFETY: at entry, [rsp] is the return address.
+                    let ret = unsafe { (rsp as *const u64).read() };
+                    cx.set_reg(Reg::Rax, 77);
+                    cx.set_reg(Reg::Rsp, rsp + 8);
+                    cx.set_reg(Reg::Rip, ret);
+                })
+                .attach()
+                .unwrap();
+            assert!(back.mode().is_jump(), "{:?}", back.mode());
+            assert_eq!(call(f, 1), 77);
+            drop(back);
+            // j_elsewhere (rax = 99) returns to j_ret_only, which returns
+            // to the caller.
+            let pushed = at_entry(f)
+                .on_entry(|cx| {
+                    let rsp = cx.reg(Reg::Rsp) - 8;
+                    // SAFETY: the red zone below the probed function's
+                    // stack pointer, unused at its entry.
+                    unsafe { (rsp as *mut u64).write(fn_addr(j_ret_only) as u64) };
+                    cx.set_reg(Reg::Rsp, rsp);
+                    cx.set_reg(Reg::Rip, fn_addr(j_elsewhere) as u64);
+                })
+                .attach()
+                .unwrap();
+            assert!(pushed.mode().is_jump());
+            assert_eq!(call(f, 1), 99);
+            assert_eq!(call(f, 5), 99);
+            drop(pushed);
+            assert_ne!(call(f, 1), 99);
+        }
     });
 }
 
@@ -355,7 +420,7 @@ fn trap_only_keeps_the_breakpoint_and_turns_an_address_back() {
             assert_eq!(byte_at(fn_addr(j_nop5)), 0xcc);
             drop(trap);
             let jump = at_entry(j_nop5).attach().unwrap();
-            assert_eq!(jump.mode(), Mode::Jump);
+            assert_eq!(jump.mode(), Mode::Jump(Tactic::Replace));
             let trap = at_entry(j_nop5).trap_only().attach().unwrap();
             assert_eq!(jump.mode(), Mode::Trap(NotOptimized::TrapOnly));
             assert_eq!(byte_at(fn_addr(j_nop5)), 0xcc);
@@ -380,7 +445,7 @@ fn handlers_read_and_write_registers_through_a_trampoline() {
                 })
                 .attach()
                 .unwrap();
-            assert_eq!(probe.mode(), Mode::Jump);
+            assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
             assert_eq!(call(j_prologue, 10), 33);
         },
     );
@@ -395,7 +460,7 @@ fn a_handler_that_sets_rip_redirects_the_thread() {
             .on_entry(|cx| cx.set_reg(Reg::Rip, j_elsewhere as *const () as u64))
             .attach()
             .unwrap();
-        assert_eq!(probe.mode(), Mode::Jump);
+        assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
         for _ in 0..3 {
             assert_eq!(call(j_prologue, 10), 99);
         }
@@ -417,7 +482,7 @@ fn the_stack_pointer_is_the_one_at_the_probe() {
         })
         .attach()
         .unwrap();
-    assert_eq!(probe.mode(), Mode::Jump);
+    assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
     let own = call(j_where, 0);
     assert_eq!(ret.load(SeqCst), own, "the handler saw another stack");
 }
@@ -435,7 +500,7 @@ fn return_probes_through_a_trampoline() {
             })
             .attach()
             .unwrap();
-        assert_eq!(probe.mode(), Mode::Jump);
+        assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
         assert_eq!(call(j_prologue, 2), 6);
         assert_eq!(call(j_prologue, 3), 9);
         assert_eq!(probe.returns(), 2);
@@ -452,7 +517,7 @@ fn a_thread_with_every_signal_blocked_hits_an_optimized_probe() {
         "a_thread_with_every_signal_blocked_hits_an_optimized_probe",
         || {
             let probe = at_entry(j_prologue).attach().unwrap();
-            assert_eq!(probe.mode(), Mode::Jump);
+            assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
             let r = std::thread::spawn(|| {
                 // SAFETY: blocking every signal of this thread only.
                 unsafe {
@@ -478,8 +543,10 @@ fn an_optimized_probe_survives_a_replaced_trap_handler() {
         "an_optimized_probe_survives_a_replaced_trap_handler",
         || {
             let probe = at_entry(j_prologue).attach().unwrap();
-            let trap = at_entry(j_short).attach().unwrap();
-            assert_eq!(probe.mode(), Mode::Jump);
+            // Stays on its breakpoint (no room for a punned jump).
+            let trap = at_entry(j_pun_taken).attach().unwrap();
+            assert!(!trap.mode().is_jump());
+            assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
             // SAFETY: replacing SIGTRAP's disposition (the program's right).
             unsafe { libc::signal(libc::SIGTRAP, libc::SIG_IGN) };
             // The next attach notices, disarms the breakpoint probe only.
@@ -495,7 +562,7 @@ fn an_optimized_probe_survives_a_replaced_trap_handler() {
             assert!(probe.is_armed());
             assert_eq!(call(j_prologue, 4), 12);
             assert_eq!(probe.hits(), 1);
-            assert_eq!(call(j_short, 4), 5);
+            assert_eq!(call(j_pun_taken, 4), 4);
             assert_eq!(trap.hits(), 0);
         },
     );
@@ -541,6 +608,41 @@ fn optimizing_after_a_landing_pad_under_callers() {
     // test probes and calls.
     test_support::in_own_process("optimizing_after_a_landing_pad_under_callers", || {
         churn(j_endbr, 1000);
+    });
+}
+
+#[test]
+fn punned_jumps_under_callers_thousands_of_times() {
+    // Its own process: its probes and callers churn on j_short and
+    // j_prologue, which other tests probe and call.
+    test_support::in_own_process("punned_jumps_under_callers_thousands_of_times", || {
+        // A 3-byte instruction punned (its stub reused every round), one
+        // round in ten trap-only.
+        let jumps = common::churn_with(
+            j_short,
+            |x| (x + 1) & 0xffff_ffff,
+            2,
+            2000,
+            |round| {
+                let probe = at_entry(j_short);
+                if round % 10 == 9 {
+                    probe.trap_only()
+                } else {
+                    probe
+                }
+            },
+        );
+        assert!(jumps >= 1800, "only {jumps} of 2000 rounds took a jump");
+        // A 1-byte `push rbp` punned (without a symbol, so not a range of
+        // three instructions).
+        let jumps = common::churn_with(
+            j_prologue,
+            |x| 3 * x,
+            2,
+            2000,
+            |_| common::probe_at(fn_addr(j_prologue)),
+        );
+        assert_eq!(jumps, 2000);
     });
 }
 
@@ -652,7 +754,12 @@ fn a_thread_parked_inside_the_range_is_moved_before_the_jump_is_written() {
     // The thread is stopped at j_park + 1, inside the 5 bytes the jump
     // replaces (push rbx; mov eax, [rdi]; mov ebx, eax).
     let probe = at_entry(j_park).attach().unwrap();
-    assert_eq!(probe.mode(), Mode::Jump, "{:?}", probe.mode());
+    assert_eq!(
+        probe.mode(),
+        Mode::Jump(Tactic::Replace),
+        "{:?}",
+        probe.mode()
+    );
     assert_eq!(byte_at(fn_addr(j_park)), 0xe9);
     uffd::fill(fd, page, 41);
     assert_eq!(parked.join().unwrap(), 42);
@@ -682,7 +789,7 @@ fn a_probe_inside_another_range_keeps_both_on_breakpoints() {
             drop((inner, outer));
             // The entry first, optimized; a probe inside its range takes it back.
             let outer = at_entry(j_prologue).attach().unwrap();
-            assert_eq!(outer.mode(), Mode::Jump);
+            assert_eq!(outer.mode(), Mode::Jump(Tactic::Replace));
             let inner = Uprobe::at(at + 1).unwrap().attach().unwrap();
             assert_eq!(
                 outer.mode(),
@@ -726,7 +833,7 @@ fn a_fault_in_a_trampoline_is_reported_at_the_original_instruction() {
                 libc::sigaction(libc::SIGSEGV, &raw const sa, core::ptr::null_mut());
             }
             let probe = at_entry(j_park).attach().unwrap();
-            assert_eq!(probe.mode(), Mode::Jump);
+            assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
             // j_park loads from its argument at j_park + 1.
             assert_eq!(call(j_park, 16), 10);
             assert_eq!(FAULT_RIP.load(SeqCst) as usize, fn_addr(j_park) + 1);

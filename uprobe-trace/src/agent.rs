@@ -508,7 +508,7 @@ impl Agent {
             .attach()
             .map_err(|e| (e.to_string(), false))?;
         match probe.mode() {
-            uprobe_core::Mode::Jump => Ok(probe),
+            uprobe_core::Mode::Jump(_) => Ok(probe),
             uprobe_core::Mode::Trap(why) => {
                 drop(probe);
                 Err((

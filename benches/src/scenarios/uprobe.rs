@@ -143,13 +143,12 @@ pub const ENTRY: Scenario = Scenario {
     build: build_entry,
 };
 
-const IMPLS: &[&str] = &["uprobe-core", "kernel", "none"];
-
 pub const NOP: Scenario = Scenario {
     name: "uprobe-nop",
-    about: "call a function whose first instruction (a one-byte nop) is probed, one counting consumer; uprobe-core+percpu-rwsem / +rwlock: the table lookup under percpu-rwsem (seed 001) or a RwLock instead of SRCU",
+    about: "call a function whose first instruction (a one-byte nop) is probed, one counting consumer: uprobe-core puns a jump over it (the jump's displacement runs into the bytes after it), +trap keeps the breakpoint; uprobe-core+percpu-rwsem / +rwlock: on the breakpoint, the table lookup under percpu-rwsem (seed 001) or a RwLock instead of SRCU",
     impls: &[
         "uprobe-core",
+        "uprobe-core+trap",
         "uprobe-core+percpu-rwsem",
         "uprobe-core+rwlock",
         "kernel",
@@ -160,15 +159,15 @@ pub const NOP: Scenario = Scenario {
 
 pub const PUSH: Scenario = Scenario {
     name: "uprobe-push",
-    about: "call a function whose first instruction (push rbp) is probed, one counting consumer",
-    impls: IMPLS,
+    about: "call a function whose first instruction (push rbp) is probed, one counting consumer: uprobe-core puns a jump over it, +trap keeps the breakpoint (and emulates the push); the kernel emulates it",
+    impls: JUMP_IMPLS,
     build: build_push,
 };
 
 pub const RET: Scenario = Scenario {
     name: "uprobe-ret",
-    about: "call a function that is a lone `ret`, probed (the kernel single-steps it; the engine emulates it)",
-    impls: IMPLS,
+    about: "call a function that is a lone `ret`, probed: uprobe-core puns a jump over it, +trap keeps the breakpoint (and emulates the ret); the kernel single-steps it",
+    impls: JUMP_IMPLS,
     build: build_ret,
 };
 

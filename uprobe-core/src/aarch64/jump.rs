@@ -218,6 +218,12 @@ pub(crate) fn plan(
     })
 }
 
+/// The probed instruction alone: never asked for on aarch64, where a
+/// jump always replaces exactly one instruction (`super::pun`).
+pub(crate) fn single(_addr: usize, _here: &[u8]) -> Result<Plan, NotOptimized> {
+    Err(NotOptimized::Architecture)
+}
+
 /// Whether `insn` (at `addr`) can run in a trampoline: what the trap path
 /// refuses cannot.
 fn relocatable(addr: usize, insn: u32) -> Result<(), NotOptimized> {

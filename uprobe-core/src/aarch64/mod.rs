@@ -6,6 +6,7 @@ mod context;
 mod insn;
 pub(crate) mod jump;
 pub(crate) mod jump_entry;
+pub(crate) mod pun;
 pub(crate) mod return_entry;
 mod simulate;
 pub(crate) mod trampoline;

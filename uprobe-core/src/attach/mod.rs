@@ -116,14 +116,17 @@ pub(crate) unsafe fn attach_many(
             break;
         }
     }
-    let at: Vec<(Mapping, usize)> = batch
-        .writes
+    // Breakpoints for every site but those that get a direct jump.
+    let with_breakpoint: Vec<usize> = (0..batch.writes.len())
+        .filter(|&k| !batch.direct.contains(&batch.writes[k].2))
+        .collect();
+    let at: Vec<(Mapping, usize)> = with_breakpoint
         .iter()
-        .map(|&(_, map, addr)| (map, addr))
+        .map(|&k| (batch.writes[k].1, batch.writes[k].2))
         .collect();
     // Relocated code (slots, trampolines) has its faults reported at the
-    // probed address before any breakpoint can send a thread there.
-    let faults = if !at.is_empty() && code::relocated_code_exists() {
+    // probed address before any breakpoint or jump can send a thread there.
+    let faults = if !batch.writes.is_empty() && code::relocated_code_exists() {
         faults::install().map_err(|e| vec![(0, e)])
     } else {
         Ok(())
@@ -134,7 +137,7 @@ pub(crate) unsafe fn attach_many(
         // Undo the items from the first one whose page could not be
         // written (the caller detaches the ones before it).
         let (k, e) = failed.into_iter().next().expect("an error names a patch");
-        let first = batch.writes[k].0;
+        let first = batch.writes[with_breakpoint.get(k).copied().unwrap_or(0)].0;
         let mut last = Vec::new();
         for (addr, consumer) in &items[first..attached] {
             if let Some(site) = detach_one(*addr, consumer, &mut garbage) {
@@ -171,6 +174,9 @@ struct Batch {
     items: usize,
     /// Optimized sites that a trap-only consumer joined: back to traps.
     to_trap: Vec<usize>,
+    /// Addresses of `writes` whose sites get a direct jump and never a
+    /// breakpoint (signals are blocked there).
+    direct: HashSet<usize>,
 }
 
 impl Batch {
@@ -186,6 +192,7 @@ impl Batch {
             pending: HashSet::new(),
             items: 0,
             to_trap: Vec::new(),
+            direct: HashSet::new(),
         })
     }
 }
@@ -208,6 +215,17 @@ unsafe fn attach_one(
         let live =
             batch.pending.contains(&addr) || (site.armed.load(Ordering::Relaxed) && site.in_code());
         if live {
+            let direct = site.direct_jump();
+            if let Some(blocked) = &consumer.blocked
+                && !direct
+            {
+                // Signals are blocked here, and the site has a breakpoint
+                // (someone opted out): this probe did not.
+                return Err(blocked.clone());
+            }
+            if consumer.trap_only && direct {
+                return Err(AttachError::OneBytePatch { addr, site: addr });
+            }
             if consumer.trap_only && site.is_jump() {
                 batch.to_trap.push(addr);
             }
@@ -237,6 +255,13 @@ unsafe fn attach_one(
         return Err(AttachError::ForeignBreakpoint { addr });
     }
     let emulation = analyze(addr, bytes)?;
+    let direct = consumer.blocked.clone();
+    if let Some(blocked) = &direct
+        && consumer.trap_only
+    {
+        return Err(blocked.clone());
+    }
+    refuse_inside_direct_jump(addr)?;
     take_back_covering_jump(addr);
     let site = Box::into_raw(Box::new(Site {
         addr,
@@ -256,18 +281,62 @@ unsafe fn attach_one(
     let consumer = &made.current_list()[0];
     {
         let (function, trap_only) = (consumer.function, consumer.trap_only);
-        *made.mode() = match patch::jump::prepare(made, function, maps, trap_only) {
+        let prepared = patch::jump::prepare(made, function, maps, trap_only, direct.is_some());
+        *made.mode() = match prepared {
             _ if trap_only => SiteMode::Trap(NotOptimized::TrapOnly),
             Ok(jump) => SiteMode::Ready(jump),
+            Err(_) if direct.is_some() => {
+                // SAFETY: made above, never published.
+                unsafe { free_unpublished(site) };
+                return Err(direct.expect("checked"));
+            }
             Err(why) => SiteMode::Trap(why),
         };
     }
-    // Publish the analysis; the breakpoint follows (`attach_many`).
+    // Publish the analysis; the breakpoint (or a direct jump) follows
+    // (`attach_many`).
     if let Some(old) = table::insert(site) {
         garbage.push(Garbage::Table(old));
     }
     batch.writes.push((item, map, addr));
+    if direct.is_some() {
+        batch.direct.insert(addr);
+    }
     batch.pending.insert(addr);
+    Ok(())
+}
+
+/// Frees a site made by `attach_one` and never published, with its
+/// consumer list.
+///
+/// # Safety
+/// `site` came from `Box::into_raw` and no one else has it.
+unsafe fn free_unpublished(site: *mut Site) {
+    // SAFETY: the caller's contract.
+    let site = unsafe { Box::from_raw(site) };
+    // SAFETY: the site's own list, never published.
+    drop(unsafe { Box::from_raw(site.consumers.load(Ordering::Relaxed)) });
+}
+
+/// Refuses `addr` if it lies inside the bytes a direct jump depends on
+/// (its own or its fixed bytes): that jump can neither change nor go
+/// back to a breakpoint. `WRITER` is held.
+fn refuse_inside_direct_jump(addr: usize) -> Result<(), AttachError> {
+    for k in 1..=2 * crate::arch::JUMP_LEN + 4 {
+        let Some(site) = addr.checked_sub(k).and_then(table::site_at) else {
+            continue;
+        };
+        let covers = match &*site.mode() {
+            SiteMode::Ready(j) | SiteMode::Jump(j) => j.direct && j.covers(addr),
+            SiteMode::Trap(_) => false,
+        };
+        if covers {
+            return Err(AttachError::OneBytePatch {
+                addr,
+                site: site.addr,
+            });
+        }
+    }
     Ok(())
 }
 

@@ -30,11 +30,19 @@ pub(crate) fn choose_modes(made: &[usize], to_trap: &[usize]) {
             ready.push((site, jump));
         }
     }
-    let sites: Vec<&Site> = ready.iter().map(|(s, _)| *s).collect();
-    for (site, result) in sites.into_iter().zip(jump::optimize(ready)) {
+    let sites: Vec<(&Site, bool)> = ready.iter().map(|(s, j)| (*s, j.direct)).collect();
+    for ((site, direct), result) in sites.into_iter().zip(jump::optimize(ready)) {
         *site.mode() = match result {
             Ok(jump) => SiteMode::Jump(jump),
-            Err(why) => SiteMode::Trap(why),
+            Err(why) => {
+                if direct {
+                    // No breakpoint was ever written: the code changed
+                    // under the attach, and the probe sees no hit.
+                    site.armed
+                        .store(false, core::sync::atomic::Ordering::Relaxed);
+                }
+                SiteMode::Trap(why)
+            }
         };
     }
     let back: Vec<&Site> = to_trap.iter().filter_map(|&a| site_at(a)).collect();

@@ -31,7 +31,7 @@ pub(crate) fn mode(addr: usize) -> Option<Mode> {
     site_at(addr).map(|s| match &*s.mode() {
         SiteMode::Trap(why) => Mode::Trap(why.clone()),
         SiteMode::Ready(_) => Mode::Trap(NotOptimized::CodeChanged),
-        SiteMode::Jump(_) => Mode::Jump,
+        SiteMode::Jump(j) => Mode::Jump(j.tactic),
     })
 }
 

@@ -1,9 +1,11 @@
 //! Executable memory the engine makes: regions mapped within reach of
 //! the probed code, for out-of-line [`slots`], per-probe
-//! [`trampolines`] and the [`return_stubs`], and where each lies (the
-//! fault handler asks). Code here is written once and never changed or
+//! [`trampolines`] and the [`return_stubs`], stubs at addresses the
+//! probed code chooses ([`pinned`]), and where each lies (the fault
+//! handler asks). Code here is written once and never changed or
 //! freed while a thread may run it. Nothing here knows about sites.
 
+pub(crate) mod pinned;
 pub(crate) mod return_stubs;
 pub(crate) mod slots;
 pub(crate) mod trampolines;

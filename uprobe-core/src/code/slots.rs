@@ -287,6 +287,16 @@ fn map_region_near(addr: usize) -> Result<Region, AttachError> {
     })
 }
 
+/// Bytes of address space the regions take (never unmapped).
+/// Async-signal-safe: loads only.
+pub(crate) fn mapped_bytes() -> usize {
+    REGION_BASES
+        .iter()
+        .take_while(|b| b.load(Ordering::Acquire) != 0)
+        .count()
+        * REGION_SIZE
+}
+
 /// Whether a region of slots was mapped. Async-signal-safe.
 pub(crate) fn any_region() -> bool {
     REGION_BASES[0].load(Ordering::Acquire) != 0

@@ -98,6 +98,16 @@ fn publish_region(i: usize, base: usize) {
     REGION_BASES[i].store(base, Ordering::Release);
 }
 
+/// Bytes of address space the regions take (never unmapped).
+/// Async-signal-safe: loads only.
+pub(crate) fn mapped_bytes() -> usize {
+    REGION_BASES
+        .iter()
+        .take_while(|b| b.load(Ordering::Acquire) != 0)
+        .count()
+        * REGION_SIZE
+}
+
 /// Whether a region of trampolines was mapped. Async-signal-safe.
 pub(crate) fn any_region() -> bool {
     REGION_BASES[0].load(Ordering::Acquire) != 0

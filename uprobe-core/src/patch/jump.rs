@@ -37,6 +37,12 @@
 //! 3. the jump's last four bytes are written, then
 //!    `membarrier(SYNC_CORE)`; then its first byte, then again.
 //!
+//! A punned jump (x86-64, `crate::patch::pun`) writes only the probed
+//! instruction's bytes, by the same steps; its fixed bytes are checked
+//! too. A *direct* jump (one byte, where glibc runs with every signal
+//! blocked) has no breakpoint before it: its one byte goes over the
+//! original in one store, and back the same way.
+//!
 //! Before each write the bytes are checked to be what the previous step
 //! left. Unoptimizing (detach, or a later trap-only probe at the
 //! address) writes the breakpoint back over the jump's first byte, syncs,
@@ -56,12 +62,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use super::original::code_as_original;
+use super::pun;
 use super::threads::check_threads;
 use crate::arch::BREAKPOINT;
 use crate::arch::JUMP_LEN;
 use crate::arch::jump::{self as arch_jump, Plan};
 use crate::code::trampolines;
-use crate::mode::NotOptimized;
+use crate::mode::{NotOptimized, Tactic};
 use crate::process::maps::{Mapping, Patch, Snapshot, write_patches};
 use crate::site::Site;
 use crate::site::jump::{Function, Jump, JumpCell, Trampoline, read_code};
@@ -79,12 +86,15 @@ const BP: usize = BREAKPOINT.len();
 /// (`resume_at`), even when `trap_only`: the trap path then never leaves
 /// a thread at an instruction boundary inside a range that a jump may
 /// later cover. With `trap_only` and a single instruction nothing is
-/// made. `WRITER` is held. Not async-signal-safe.
+/// made. `direct`: only a one-byte punned jump, to be written with no
+/// breakpoint before it (code that runs with signals blocked). `WRITER`
+/// is held. Not async-signal-safe.
 pub(crate) fn prepare(
     site: &Site,
     function: Option<(usize, usize)>,
     maps: &Snapshot,
     trap_only: bool,
+    direct: bool,
 ) -> Result<Jump, NotOptimized> {
     if crate::arch::trampoline::shadow_stack_enabled() {
         return Err(NotOptimized::ShadowStack);
@@ -99,17 +109,40 @@ pub(crate) fn prepare(
         (size > 0 && start == addr)
             .then(|| code_as_original(start, (start + size).min(code_end) - start))
     });
-    let plan = arch_jump::plan(
-        addr,
-        &here,
-        function_code
-            .as_deref()
-            .map(|code| Function { start: addr, code }),
-    )?;
+    let whole = if direct {
+        Err(NotOptimized::TooShort {
+            len: 0,
+            why: "where signals are blocked only a one-byte patch may be written",
+        })
+    } else {
+        arch_jump::plan(
+            addr,
+            &here,
+            function_code
+                .as_deref()
+                .map(|code| Function { start: addr, code }),
+        )
+    }
+    .and_then(
+        |plan| match (addr + 1..plan.start + plan.len).find(|&a| site_at(a).is_some()) {
+            Some(at) => Err(NotOptimized::OtherProbeInRange { at }),
+            None => Ok(plan),
+        },
+    );
+    // Where whole instructions cannot take the jump, the probed one alone
+    // may, punned over the bytes that follow it.
+    let (plan, instead) = match whole {
+        Ok(plan) => (plan, None),
+        Err(why) if pun::AVAILABLE => match arch_jump::single(addr, &here) {
+            Ok(plan) => (plan, Some(why)),
+            Err(_) => return Err(why),
+        },
+        Err(why) => return Err(why),
+    };
     if trap_only && !plan.has_interior() {
         return Err(NotOptimized::TrapOnly);
     }
-    if plan.start + JUMP_LEN > code_end {
+    if instead.is_none() && plan.start + JUMP_LEN > code_end {
         return Err(NotOptimized::CrossesMapping);
     }
     if let Some(at) = (addr + 1..plan.start + plan.len).find(|&a| site_at(a).is_some()) {
@@ -122,14 +155,47 @@ pub(crate) fn prepare(
     if plan.has_interior() {
         site.set_resume_at(arch_jump::copy_start(trampoline.base));
     }
+    let Some(instead) = instead else {
+        return Ok(Jump {
+            site: addr,
+            start: plan.start,
+            len: plan.len,
+            bytes: arch_jump::jump_bytes(plan.start, trampoline.base),
+            original: core::array::from_fn(|i| original[i]),
+            written: JUMP_LEN,
+            fixed: Vec::new(),
+            tactic: Tactic::Replace,
+            direct: false,
+            trampoline,
+        });
+    };
+    let after = &here[plan.start - addr..];
+    let (pun, bytes) = pun::choose(&plan, after, trampoline, maps, direct)
+        .map_err(|e| e.unwrap_or(instead_of(plan.len, instead)))?;
     Ok(Jump {
         site: addr,
         start: plan.start,
         len: plan.len,
-        bytes: arch_jump::jump_bytes(plan.start, trampoline.base),
-        original: core::array::from_fn(|i| original[i]),
+        bytes,
+        original: core::array::from_fn(|i| after.get(i).copied().unwrap_or(0)),
+        written: pun.written,
+        tactic: Tactic::Pun {
+            written: pun.written as u8,
+            prefixes: pun.prefixes as u8,
+        },
+        fixed: pun.fixed,
+        direct,
         trampoline,
     })
+}
+
+/// Why a site whose jump fits neither over whole instructions (`why`)
+/// nor punned over its `len` bytes stays on its breakpoint.
+fn instead_of(len: usize, why: NotOptimized) -> NotOptimized {
+    NotOptimized::NoPunTarget {
+        len,
+        instead: Box::new(why),
+    }
 }
 
 /// Trampolines by (probed address, the original bytes from there to the
@@ -171,21 +237,15 @@ fn trampoline_for(
 }
 
 /// Optimizes the prepared sites (each holds the engine's breakpoint on
-/// its first byte, and every thread has synced since it was written).
-/// Returns, per site, the jump or why not. `WRITER` is held.
+/// its first byte, and every thread has synced since it was written; a
+/// direct jump's site holds its original code instead). Returns, per
+/// site, the jump or why not. `WRITER` is held.
 pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimized>> {
     let sites: Vec<&Site> = ready.iter().map(|(s, _)| *s).collect();
     let mut results: Vec<Result<Jump, NotOptimized>> = ready
         .into_iter()
         .map(|(_, j)| {
-            // SAFETY: planned inside executable mappings.
-            let (at_site, at_start) = unsafe { (read_code(j.site), read_code(j.start)) };
-            let expected = if j.after_landing_pad() {
-                at_start == j.original
-            } else {
-                at_start[BP..] == j.original[BP..]
-            };
-            if at_site[..BP] == BREAKPOINT && expected {
+            if as_prepared(&j) {
                 Ok(j)
             } else {
                 Err(NotOptimized::CodeChanged)
@@ -201,7 +261,7 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
                 .cell
                 .site
                 .store(core::ptr::from_ref(*site).cast_mut(), Ordering::Release);
-            if j.after_landing_pad() {
+            if j.after_landing_pad() && !j.direct {
                 site.set_landing(j.start, arch_jump::landing_entry(j.trampoline.base));
             }
         }
@@ -210,18 +270,18 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
     // too (a thread may have run the `endbr64` before the site's
     // breakpoint was written); the trap handler knows it as the site's.
     patch_step(&sites, &mut results, |_, j| {
-        if !j.after_landing_pad() {
+        if !j.after_landing_pad() || j.direct {
             return Step::Skip;
         }
         Step::Write(j.start, BREAKPOINT.to_vec())
     });
     // Those landing breakpoints, to take back should a later step fail.
-    let landings: Vec<(usize, usize, [u8; JUMP_LEN])> = results
+    let landings: Vec<(usize, usize, Vec<u8>)> = results
         .iter()
         .enumerate()
         .filter_map(|(k, r)| r.as_ref().ok().map(|j| (k, j)))
-        .filter(|(_, j)| j.after_landing_pad())
-        .map(|(k, j)| (k, j.start, j.original))
+        .filter(|(_, j)| j.after_landing_pad() && !j.direct)
+        .map(|(k, j)| (k, j.start, j.original().1.to_vec()))
         .collect();
     // Step 2: no thread stopped inside a multi-instruction range.
     let interior: Vec<&Jump> = results
@@ -238,19 +298,28 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
             }
         }
     }
-    // Step 3: the tail behind the breakpoint (x86-64), then the
-    // breakpoint's bytes, each step checked first.
-    for (from, to, before) in [(BP, JUMP_LEN, true), (0, BP, false)] {
-        if from == to {
-            continue;
-        }
+    // Step 3: the tail behind the breakpoint (x86-64; none for a
+    // one-byte patch), then the breakpoint's bytes (a direct jump's one
+    // byte over the original), each step checked first (a punned jump's
+    // fixed bytes too).
+    for before in [true, false] {
         patch_step(&sites, &mut results, |_, j| {
+            let w = j.written;
+            if before && w <= BP {
+                return Step::Skip;
+            }
             // SAFETY: mapped (planned inside executable mappings).
             let now = unsafe { read_code(j.start) };
+            let head: &[u8] = if j.direct {
+                &j.original[..BP]
+            } else {
+                &BREAKPOINT
+            };
             let tail = if before { &j.original } else { &j.bytes };
-            if now[..BP] != BREAKPOINT || now[BP..] != tail[BP..] {
+            if now[..BP] != *head || now[BP..w] != tail[BP..w] || !fixed_in_place(j) {
                 return Step::Mismatch;
             }
+            let (from, to) = if before { (BP, w) } else { (0, BP) };
             Step::Write(j.start + from, j.bytes[from..to].to_vec())
         });
     }
@@ -258,28 +327,60 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
     // this fail, the jump stands behind the site's breakpoint: still
     // correct, as trap hits go to the copy.)
     patch_step(&sites, &mut results, |site, j| {
-        if !j.after_landing_pad() {
+        if !j.after_landing_pad() || j.direct {
             return Step::Skip;
         }
         Step::Write(j.site, site.original_bytes().to_vec())
     });
-    // A landing breakpoint of a site that stays on its own breakpoint goes
-    // (the range's original bytes back, tail first, behind the breakpoint),
-    // or a later detach would leave it.
-    let undo: Vec<&(usize, usize, [u8; JUMP_LEN])> = landings
+    take_back_landings(&sites, &results, &landings);
+    // A site left on its breakpoint keeps sending trap hits to the
+    // trampoline's copy (always correct: the copy never changes, and a
+    // failed step may have left the jump's tail behind the breakpoint).
+    results
+}
+
+/// Whether the code is what `j` was prepared against: the site's
+/// breakpoint in (or, for a direct jump, its original code), the bytes
+/// the jump replaces still original behind it, the fixed bytes in place.
+fn as_prepared(j: &Jump) -> bool {
+    // SAFETY: planned inside executable mappings.
+    let (at_site, at_start) = unsafe { (read_code(j.site), read_code(j.start)) };
+    let w = j.written;
+    if j.direct {
+        return at_start[..w] == j.original[..w] && fixed_in_place(j);
+    }
+    let expected = if j.after_landing_pad() {
+        at_start[..w] == j.original[..w]
+    } else {
+        at_start[BP.min(w)..w] == j.original[BP.min(w)..w]
+    };
+    at_site[..BP] == BREAKPOINT && expected && fixed_in_place(j)
+}
+
+/// A landing breakpoint (`(index, address, original bytes)`) of a site
+/// that stays on its own breakpoint goes (the range's original bytes
+/// back, tail first, behind the breakpoint), or a later detach would
+/// leave it.
+fn take_back_landings(
+    sites: &[&Site],
+    results: &[Result<Jump, NotOptimized>],
+    landings: &[(usize, usize, Vec<u8>)],
+) {
+    let undo: Vec<&(usize, usize, Vec<u8>)> = landings
         .iter()
         .filter(|(k, _, _)| results[*k].is_err())
         .collect();
-    for (from, to) in [(BP, JUMP_LEN), (0, BP)] {
-        if from == to {
-            continue;
-        }
+    for tail in [true, false] {
         let patches: Vec<Patch<'_>> = undo
             .iter()
-            .map(|(k, start, original)| Patch {
-                map: sites[*k].mapping(),
-                addr: start + from,
-                bytes: &original[from..to],
+            .filter(|(_, _, original)| !tail || original.len() > BP)
+            .map(|(k, start, original)| {
+                let (from, to) = if tail { (BP, original.len()) } else { (0, BP) };
+                Patch {
+                    map: sites[*k].mapping(),
+                    addr: start + from,
+                    bytes: &original[from..to],
+                }
             })
             .collect();
         // SAFETY: the range's original bytes over our own: the tail behind
@@ -289,10 +390,18 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
     for (k, _, _) in undo {
         sites[*k].set_landing(0, 0);
     }
-    // A site left on its breakpoint keeps sending trap hits to the
-    // trampoline's copy (always correct: the copy never changes, and a
-    // failed step may have left the jump's tail behind the breakpoint).
-    results
+}
+
+/// Whether a punned jump's fixed bytes are still what its displacement
+/// was made from (always, for a jump that replaces whole instructions).
+fn fixed_in_place(j: &Jump) -> bool {
+    let at = j.start + j.written;
+    // SAFETY: planned inside executable mappings: the fixed bytes are
+    // code of the same mapping.
+    j.fixed
+        .iter()
+        .enumerate()
+        .all(|(k, &b)| unsafe { core::ptr::read_volatile((at + k) as *const u8) } == b)
 }
 
 /// What one step of the patching does for one jump.
@@ -355,15 +464,30 @@ fn patch_step(
 /// first byte restored last). Jumps no longer in the code (unloaded) are
 /// skipped. `WRITER` is held.
 pub(crate) fn unoptimize(jumps: &[(&Jump, Mapping)]) {
-    let live: Vec<&(&Jump, Mapping)> = jumps.iter().filter(|(j, _)| j.in_code()).collect();
+    // Only jumps whose code is still mapped can be read (and restored).
+    let maps = Snapshot::read();
+    let live: Vec<&(&Jump, Mapping)> = jumps
+        .iter()
+        .filter(|(j, _)| {
+            maps.code_end(j.start)
+                .is_some_and(|end| end >= j.start + JUMP_LEN)
+        })
+        .filter(|(j, _)| j.in_code())
+        .collect();
     let mut first: Vec<Patch<'_>> = Vec::new();
     for (j, map) in &live {
+        // A direct jump's one byte goes straight back to the original:
+        // its code runs with signals blocked, where a breakpoint kills.
         first.push(Patch {
             map: *map,
             addr: j.start,
-            bytes: &BREAKPOINT,
+            bytes: if j.direct {
+                &j.original[..BP]
+            } else {
+                &BREAKPOINT
+            },
         });
-        if j.after_landing_pad() {
+        if j.after_landing_pad() && !j.direct {
             first.push(Patch {
                 map: *map,
                 addr: j.site,
@@ -372,15 +496,18 @@ pub(crate) fn unoptimize(jumps: &[(&Jump, Mapping)]) {
         }
     }
     // SAFETY: breakpoints over the first bytes of instructions (the jump,
-    // the landing pad): a thread fetches the old byte or the breakpoint.
+    // the landing pad): a thread fetches the old byte or the breakpoint;
+    // a direct jump's original byte over its one byte: a thread fetches
+    // the jump or the original instruction, whose other bytes never
+    // changed.
     let _ = unsafe { write_patches(&first) };
     let tails: Vec<Patch<'_>> = live
         .iter()
-        .filter(|_| BP < JUMP_LEN)
+        .filter(|(j, _)| BP < j.written)
         .map(|(j, map)| Patch {
             map: *map,
             addr: j.start + BP,
-            bytes: &j.original[BP..],
+            bytes: &j.original[BP..j.written],
         })
         .collect();
     // SAFETY: the breakpoint keeps threads out of the tail; no thread can
@@ -388,7 +515,7 @@ pub(crate) fn unoptimize(jumps: &[(&Jump, Mapping)]) {
     let _ = unsafe { write_patches(&tails) };
     let heads: Vec<Patch<'_>> = live
         .iter()
-        .filter(|(j, _)| j.after_landing_pad())
+        .filter(|(j, _)| j.after_landing_pad() && !j.direct)
         .map(|(j, map)| Patch {
             map: *map,
             addr: j.start,

@@ -287,12 +287,25 @@ pub(crate) unsafe fn write_patches(
 /// and the `brk` heap may still grow into (a mapping placed there would
 /// make a deep recursion fault, or `malloc` fall back to `mmap`).
 pub(crate) fn taken_ranges() -> Vec<(usize, usize)> {
+    taken_of(&entries(), HEAP_ROOM)
+}
+
+impl Snapshot {
+    /// What [`taken_ranges`] returns, as of this snapshot, with
+    /// `heap_room` bytes kept free above the heap.
+    pub(crate) fn taken(&self, heap_room: usize) -> Vec<(usize, usize)> {
+        taken_of(&self.0, heap_room)
+    }
+}
+
+/// The ranges `entries` take, with the room the stack and the heap keep.
+fn taken_of(entries: &[Entry], heap_room: usize) -> Vec<(usize, usize)> {
     let mut taken = Vec::new();
-    for e in entries() {
+    for e in entries {
         taken.push((e.start, e.end));
         match e.name.as_deref() {
             Some("[stack]") => taken.push((e.start.saturating_sub(stack_room()), e.start)),
-            Some("[heap]") => taken.push((e.end, e.end.saturating_add(HEAP_ROOM))),
+            Some("[heap]") => taken.push((e.end, e.end.saturating_add(heap_room))),
             _ => {}
         }
     }

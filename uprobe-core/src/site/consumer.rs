@@ -28,6 +28,10 @@ pub(crate) struct Consumer {
     pub(crate) function: Option<(usize, usize)>,
     /// Keep the address on the trap path.
     pub(crate) trap_only: bool,
+    /// The address lies where glibc runs with signals blocked (and the
+    /// probe did not opt out): only a one-byte jump written with no
+    /// breakpoint may go there, and this is the error when none fits.
+    pub(crate) blocked: Option<crate::AttachError>,
     /// The arguments of the USDT probe the consumer was made on.
     pub(crate) usdt_args: Option<Arc<[crate::usdt::arg::UsdtArg]>>,
     /// That probe's semaphore, held while the consumer is attached.

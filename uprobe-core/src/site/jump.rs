@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicPtr;
 use super::Site;
 use crate::arch::JUMP_LEN;
 use crate::code::trampolines::Moves;
+use crate::mode::Tactic;
 
 /// Which site a trampoline serves now. Never freed.
 pub(crate) struct JumpCell {
@@ -33,11 +34,26 @@ pub(crate) struct Jump {
     pub(crate) site: usize,
     /// Where the jump goes.
     pub(crate) start: usize,
-    /// Bytes of whole instructions the trampoline runs (>= the jump).
+    /// Bytes of whole instructions the trampoline runs (>= the jump,
+    /// unless punned).
     pub(crate) len: usize,
-    /// The jump's bytes and the original bytes under them.
+    /// The bytes the patch writes (the first `written` of them) and the
+    /// original bytes under them.
     pub(crate) bytes: [u8; JUMP_LEN],
     pub(crate) original: [u8; JUMP_LEN],
+    /// How many bytes the patch changes: the whole jump, or (punned) the
+    /// probed instruction's bytes.
+    pub(crate) written: usize,
+    /// A punned jump's bytes after the written ones, which its
+    /// displacement takes as they are (empty otherwise). They must stay
+    /// what they are while the jump is in: no other site may lie there.
+    pub(crate) fixed: Vec<u8>,
+    pub(crate) tactic: Tactic,
+    /// Written over the original code with no breakpoint before it, and
+    /// taken out the same way (a one-byte patch in code that runs with
+    /// signals blocked, where a breakpoint would kill): the site never
+    /// has a breakpoint, and cannot go back to one.
+    pub(crate) direct: bool,
     pub(crate) trampoline: &'static Trampoline,
 }
 
@@ -46,7 +62,7 @@ impl Jump {
     /// code, or nothing, is there now). `start` must be mapped.
     pub(crate) fn in_code(&self) -> bool {
         // SAFETY: the caller's contract.
-        unsafe { read_code(self.start) == self.bytes }
+        unsafe { read_code(self.start)[..self.written] == self.bytes[..self.written] }
     }
 
     /// Whether the range holds several instructions (a thread may be
@@ -55,14 +71,21 @@ impl Jump {
         self.trampoline.moves.len() > 1
     }
 
-    /// Whether `addr` lies inside the range, past the probed address.
+    /// Whether `addr` lies inside the range, past the probed address, or
+    /// among a punned jump's fixed bytes.
     pub(crate) fn covers(&self, addr: usize) -> bool {
-        addr > self.site && addr < self.start + self.len
+        addr > self.site && addr < self.end()
     }
 
-    /// The original bytes under the jump, and where they start.
+    /// The end of what the jump depends on: its range, or its last fixed
+    /// byte.
+    pub(crate) fn end(&self) -> usize {
+        (self.start + self.len).max(self.start + self.written + self.fixed.len())
+    }
+
+    /// The original bytes the patch replaces, and where they start.
     pub(crate) fn original(&self) -> (usize, &[u8]) {
-        (self.start, &self.original)
+        (self.start, &self.original[..self.written])
     }
 
     /// Whether the jump comes after a landing pad that stays in place
@@ -87,4 +110,19 @@ pub(crate) unsafe fn read_code(addr: usize) -> [u8; JUMP_LEN] {
 pub(crate) struct Function<'a> {
     pub(crate) start: usize,
     pub(crate) code: &'a [u8],
+}
+
+/// One way to pun a jump over the probed instruction at `start` (see
+/// `crate::mode::Tactic::Pun`): `prefixes` redundant prefixes, the
+/// opcode, and the displacement's low bytes are written (`written` bytes
+/// in all, no more than the instruction's); the displacement's high
+/// bytes are `fixed`, the bytes already in the code after the written
+/// ones. So the jump can only land in `[lo, lo + size)`.
+pub(crate) struct Pun {
+    pub(crate) start: usize,
+    pub(crate) prefixes: usize,
+    pub(crate) written: usize,
+    pub(crate) fixed: Vec<u8>,
+    pub(crate) lo: usize,
+    pub(crate) size: usize,
 }

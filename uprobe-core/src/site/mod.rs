@@ -115,6 +115,15 @@ impl Site {
         }
     }
 
+    /// Whether the site runs (or is about to run) through a direct jump,
+    /// which never goes back to a breakpoint.
+    pub(crate) fn direct_jump(&self) -> bool {
+        match &*self.mode() {
+            SiteMode::Ready(j) | SiteMode::Jump(j) => j.direct,
+            SiteMode::Trap(_) => false,
+        }
+    }
+
     /// Whether the site's breakpoint or jump is still in the code (false
     /// after an unload, when other code or nothing is there now). The
     /// address must be mapped.

@@ -69,8 +69,10 @@ impl EntryContext<'_> {
     /// Sets a register. Setting `Rip` redirects the thread: the probed
     /// instruction is then **not** executed (as with kernel uprobes).
     /// On a probe that runs through a jump ([`Mode::Jump`](crate::Mode)),
-    /// a new `Rsp` is not honoured (the trampoline returns on the stack it
-    /// came in on); keep such a probe [`trap_only`](crate::Uprobe::trap_only).
+    /// a new `Rsp` is honoured if it is above the probed one or at most
+    /// 40 bytes below it (the trampoline's saved registers lie further
+    /// down); for a lower one, keep the probe
+    /// [`trap_only`](crate::Uprobe::trap_only).
     pub fn set_reg(&mut self, reg: Reg, value: u64) {
         if reg == Reg::Rip {
             self.ip_changed = true;

@@ -175,6 +175,29 @@ pub(crate) fn plan(
     })
 }
 
+/// The probed instruction alone (after an `endbr64`, which stays), when
+/// the jump cannot replace whole instructions: what a punned jump
+/// (`super::pun`) replaces. It must be relocatable. Not
+/// async-signal-safe.
+pub(crate) fn single(addr: usize, here: &[u8]) -> Result<Plan, NotOptimized> {
+    let first = Decoder::with_ip(64, here, addr as u64, DecoderOptions::NONE).decode();
+    if first.is_invalid() {
+        return Err(NotOptimized::NotRelocatable {
+            why: "the instruction does not decode",
+        });
+    }
+    if first.mnemonic() == Mnemonic::Endbr64 {
+        let skip = first.len();
+        return single(addr + skip, &here[skip..]);
+    }
+    relocatable(&here[..first.len()], &first)?;
+    Ok(Plan {
+        start: addr,
+        len: first.len(),
+        insns: vec![first],
+    })
+}
+
 fn is_near_branch(insn: &Instruction) -> bool {
     (0..insn.op_count()).any(|i| {
         matches!(

@@ -5,7 +5,12 @@
 //! trap path) and `xmm0`-`xmm15`, calls [`jump_hit`] with the frame,
 //! restores, and returns into the trampoline, or, when a handler moved
 //! the instruction pointer, `ret 128`s to the new address with the stack
-//! pointer the thread had at the probe. Not saved: the upper halves of
+//! pointer the thread had at the probe. A handler that moved the stack
+//! pointer (up, or down by at most [`MAX_SP_DROP`] bytes) gets it too:
+//! the new instruction pointer is stored 136 bytes below the new stack
+//! pointer (below the red zone there, which nothing may count on), the
+//! routine switches to that slot after restoring, and `ret 128`s from it.
+//! Not saved: the upper halves of
 //! `ymm`/`zmm`, the mask registers, the x87 stack and MXCSR (a full
 //! `xsave` costs ~170 ns here; the engine's code uses none of them, and
 //! handlers must not either, as for the return trampoline).
@@ -16,6 +21,14 @@ use crate::code::trampolines::CELL_AT;
 /// Where the common routine returns to in a trampoline (past its header
 /// and its `call`).
 pub(crate) const RESUME_AT: usize = 27;
+/// The trampoline's `lea rsp, [rsp+128]` after its call: where a thread
+/// whose stack pointer a handler moved (but not its instruction pointer)
+/// resumes, past it, with the new stack pointer.
+const RESUME_LEA: u64 = 8;
+/// How far below the probed stack pointer a handler may move it: the
+/// slot the new instruction pointer goes to (136 bytes below) must lie
+/// above the saved registers the routine still restores.
+pub(crate) const MAX_SP_DROP: u64 = 40;
 
 /// What the common routine hands [`jump_hit`]: the saved registers, then
 /// the return address of the trampoline's `call` (which names the
@@ -111,12 +124,36 @@ core::arch::global_asm!(
     "call {hit}",
     restore_xmm!(),
     "mov rsp, rbx",
-    "test eax, eax",
-    "jnz 2f",
+    "cmp eax, 1",
+    "je 2f",
+    "ja 3f",
     restore_frame!(),
     "ret",
     "2:",
     restore_frame!(),
+    "ret 128",
+    // A new stack pointer: the registers, then the flags (`mov` leaves
+    // them alone), then the slot stored in the frame's RSP entry (24
+    // bytes below, past RIP and EFL), which holds the new RIP.
+    "3:",
+    "pop r8",
+    "pop r9",
+    "pop r10",
+    "pop r11",
+    "pop r12",
+    "pop r13",
+    "pop r14",
+    "pop r15",
+    "pop rdi",
+    "pop rsi",
+    "pop rbp",
+    "pop rbx",
+    "pop rdx",
+    "pop rax",
+    "pop rcx",
+    "lea rsp, [rsp + 16]",
+    "popfq",
+    "mov rsp, [rsp - 24]",
     "ret 128",
     ".popsection",
     hit = sym jump_hit,
@@ -130,11 +167,33 @@ unsafe extern "C" {
 
 /// What the common routine calls: fills in what the pushes could not
 /// (the stack pointer and instruction pointer at the probe), runs the
-/// consumers, and says whether a handler moved RIP (then `frame.ret` is
-/// the new address). Async-signal-safe.
+/// consumers, and says how to go on: 0, into the trampoline; 1, a
+/// handler moved RIP (now `frame.ret`); 2, a handler moved RSP (the
+/// frame's RSP entry is the slot, 136 bytes below it, that holds where
+/// to go: the new RIP, or the relocated copy if RIP stayed). A move of
+/// RSP further down than [`MAX_SP_DROP`] is not honoured.
+/// Async-signal-safe.
 extern "C" fn jump_hit(frame: &mut JumpFrame) -> u32 {
-    frame.regs[libc::REG_RSP as usize] = frame.probed_sp() as i64;
+    const RSP: usize = libc::REG_RSP as usize;
+    let sp = frame.probed_sp();
+    frame.regs[RSP] = sp as i64;
     let moved = crate::entry::jump::on_jump(frame.cell(), &mut frame.regs);
+    let new_sp = frame.regs[RSP] as u64;
+    if new_sp != sp && new_sp >= sp - MAX_SP_DROP {
+        let to = if moved {
+            frame.regs[libc::REG_RIP as usize] as u64
+        } else {
+            frame.ret + RESUME_LEA
+        };
+        let slot = new_sp - 136;
+        // SAFETY: below the new stack pointer's red zone (no code may
+        // count on it), and at or above the frame's unused entries (at
+        // most MAX_SP_DROP below the probed stack pointer): not the
+        // registers still to restore, nor this function's stack.
+        unsafe { (slot as *mut u64).write(to) };
+        frame.regs[RSP] = slot as i64;
+        return 2;
+    }
     if moved {
         frame.ret = frame.regs[libc::REG_RIP as usize] as u64;
     }

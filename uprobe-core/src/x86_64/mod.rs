@@ -7,6 +7,7 @@ mod emulate;
 mod insn;
 pub(crate) mod jump;
 pub(crate) mod jump_entry;
+pub(crate) mod pun;
 pub(crate) mod return_entry;
 pub(crate) mod trampoline;
 pub(crate) mod usdt;

@@ -1,0 +1,194 @@
+//! Code at addresses the probed code chooses. A punned jump (x86-64,
+//! `crate::mode::Tactic::Pun`) can only land inside a window that the
+//! bytes after the probed instruction choose (1 to 16 Mi addresses,
+//! anywhere within +-2 GB): a short stub placed there jumps on to the
+//! probe's trampoline.
+//!
+//! Stubs share pages: a page is mapped (`MAP_FIXED_NOREPLACE`: never
+//! over anything, and never where the main stack or the `brk` heap keep
+//! room to grow) the first time a stub lands on it, and later stubs take
+//! the bytes still free there. The heap's room is smaller here
+//! ([`HEAP_ROOM`]) than for trampoline regions (which can go anywhere
+//! within reach): a window is fixed, and a program's own code lies just
+//! below its heap, so a pun with a positive displacement often lands in
+//! the first GiB above it. A heap that grows past a stub goes on in
+//! memory `malloc` maps elsewhere (glibc does so whenever `brk` fails). A stub is written once and never changed
+//! or freed, like every other piece of generated code: a thread may be
+//! inside one at any time, however long ago its probe was detached (the
+//! caller reuses a stub for the same site and bytes, so reattaching costs
+//! nothing new). Memory: one page per stub at worst (a 1-byte instruction
+//! fixes the exact address), a few bytes per stub where windows overlap.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::write_code;
+
+/// The lowest address a page may be mapped at (the kernel's default
+/// `vm.mmap_min_addr`).
+const LOWEST: usize = 0x10000;
+/// The end of the user address space with 4-level page tables (the
+/// kernel maps nothing above it for a hint-less process).
+const USER_END: usize = (1 << 47) - 4096;
+/// Address space kept free above the `brk` heap for it to grow into.
+pub(crate) const HEAP_ROOM: usize = 256 << 20;
+/// The most new pages one placement tries to map.
+const MAP_TRIES: usize = 64;
+
+/// Pages mapped so far: base -> which of its bytes are taken (one bit a
+/// byte).
+static PAGES: Mutex<BTreeMap<usize, Vec<u64>>> = Mutex::new(BTreeMap::new());
+/// How many pages are mapped (for the memory report).
+static MAPPED: AtomicUsize = AtomicUsize::new(0);
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+/// Bytes of address space (and at most of memory) that stubs take.
+/// Async-signal-safe: one load.
+pub(crate) fn mapped_bytes() -> usize {
+    MAPPED.load(Ordering::Relaxed) * page_size()
+}
+
+/// Places a stub at an address in `[lo, lo + size)`: `build(at)` makes
+/// its code for address `at`. `taken` are the ranges nothing may be
+/// mapped into (a snapshot of the memory map, with the stack's room and
+/// [`HEAP_ROOM`]). Returns where it was written, or `None` if no address of
+/// the window can hold it. Not async-signal-safe.
+pub(crate) fn place(
+    lo: usize,
+    size: usize,
+    taken: &[(usize, usize)],
+    build: impl Fn(usize) -> Vec<u8>,
+) -> Option<usize> {
+    let page = page_size();
+    let lo_ok = lo.max(LOWEST);
+    let hi = lo.saturating_add(size).min(USER_END);
+    if lo_ok >= hi {
+        return None;
+    }
+    let mut pages = PAGES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Pages of ours first: no new memory.
+    let ours: Vec<usize> = pages
+        .range((lo_ok & !(page - 1))..hi)
+        .map(|(&p, _)| p)
+        .collect();
+    for p in ours {
+        for at in lo_ok.max(p)..hi.min(p + page) {
+            if !fits(&pages, page, at, 1) {
+                continue;
+            }
+            let code = build(at);
+            if fits(&pages, page, at, code.len()) {
+                return write(&mut pages, page, at, &code);
+            }
+        }
+    }
+    // Then a new page: the first one in the window that nothing takes.
+    let free = |p: usize| !taken.iter().any(|&(s, e)| p < e && s < p + page);
+    let mut tries = 0;
+    let mut p = lo_ok & !(page - 1);
+    while p < hi && tries < MAP_TRIES {
+        if pages.contains_key(&p) || !free(p) {
+            p += page;
+            continue;
+        }
+        let at = lo_ok.max(p);
+        let code = build(at);
+        let end = at + code.len();
+        // The stub may run into the next page: ours with room, or free.
+        let next = p + page;
+        if end > next && !pages.contains_key(&next) && !free(next) {
+            p += page;
+            continue;
+        }
+        tries += 1;
+        if !map_page(p) {
+            p += page;
+            continue;
+        }
+        pages.insert(p, vec![0; page / 64]);
+        MAPPED.fetch_add(1, Ordering::Relaxed);
+        if end > next && !pages.contains_key(&next) {
+            if !map_page(next) {
+                // The first page stays ours, empty, for later stubs.
+                p += page;
+                continue;
+            }
+            pages.insert(next, vec![0; page / 64]);
+            MAPPED.fetch_add(1, Ordering::Relaxed);
+        }
+        if fits(&pages, page, at, code.len()) {
+            return write(&mut pages, page, at, &code);
+        }
+        p += page;
+    }
+    None
+}
+
+/// Whether `[at, at + len)` lies in pages of ours, on bytes no stub
+/// takes.
+fn fits(pages: &BTreeMap<usize, Vec<u64>>, page: usize, at: usize, len: usize) -> bool {
+    (at..at + len).all(|a| {
+        let base = a & !(page - 1);
+        pages
+            .get(&base)
+            .is_some_and(|bits| bits[(a - base) / 64] & (1 << ((a - base) % 64)) == 0)
+    })
+}
+
+/// Writes `code` at `at` (pages of ours, bytes free) and marks its bytes
+/// taken.
+fn write(
+    pages: &mut BTreeMap<usize, Vec<u64>>,
+    page: usize,
+    at: usize,
+    code: &[u8],
+) -> Option<usize> {
+    // One write per page the stub touches (each keeps its page
+    // executable while other stubs there may run).
+    let mut done = 0;
+    while done < code.len() {
+        let a = at + done;
+        let base = a & !(page - 1);
+        let n = (base + page - a).min(code.len() - done);
+        write_code(a, &code[done..done + n]).ok()?;
+        done += n;
+    }
+    for a in at..at + code.len() {
+        let base = a & !(page - 1);
+        let bits = pages.get_mut(&base).expect("checked by fits");
+        bits[(a - base) / 64] |= 1 << ((a - base) % 64);
+    }
+    Some(at)
+}
+
+/// Maps one page at `p`, readable and executable, never over anything.
+fn map_page(p: usize) -> bool {
+    let page = page_size();
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+    let got = unsafe {
+        libc::mmap(
+            p as *mut libc::c_void,
+            page,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if got as usize == p {
+        return true;
+    }
+    if got != libc::MAP_FAILED {
+        // An old kernel ignoring the flag put it elsewhere.
+        // SAFETY: unmapping what this call mapped.
+        unsafe { libc::munmap(got, page) };
+    }
+    false
+}

@@ -1,0 +1,85 @@
+//! Punned jumps (x86-64; `crate::mode::Tactic::Pun`): which of the ways
+//! to pun a jump over a site (`arch::pun::puns`) has room for a stub in
+//! its window, and the stubs made so far.
+//!
+//! A punned jump changes only the probed instruction's bytes, so no
+//! thread can be stopped inside what it replaces and no branch elsewhere
+//! can land inside it: the checks a jump over several instructions needs
+//! (no indirect jump in the function, no branch into the range, threads
+//! moved out of it) have nothing to do. What it needs instead is that its
+//! fixed bytes, the code after the instruction, stay as they are while
+//! it is in: no other site may lie there (`crate::site::jump::Jump::covers`
+//! makes a later attach there take the jump back first), and the patching
+//! checks them before each write.
+//!
+//! A stub is made once per (trampoline, pun) and reused by every later
+//! attach of the same site and bytes; like the trampoline it jumps to, it
+//! is never freed (`crate::code::pinned`).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::arch::JUMP_LEN;
+use crate::arch::jump::Plan;
+pub(crate) use crate::arch::pun::AVAILABLE;
+use crate::arch::pun::{pun_bytes, puns, stub};
+use crate::code::pinned;
+use crate::code::trampolines::CODE_AT;
+use crate::mode::NotOptimized;
+use crate::process::maps::Snapshot;
+use crate::site::jump::{Pun, Trampoline};
+use crate::table::site_at;
+
+/// Stubs by (trampoline, prefixes, bytes written, fixed bytes).
+type ByKey = HashMap<(usize, usize, usize, Vec<u8>), usize>;
+
+/// Stubs made so far.
+static STUBS: Mutex<Option<ByKey>> = Mutex::new(None);
+
+/// The pun for `plan` (one instruction; `code` is the code from its
+/// start, as it stays around the written bytes, to at most the end of
+/// its mapping) whose window could take a stub jumping to `trampoline`,
+/// and the bytes it writes. `one_byte`: only the opcode is written over
+/// an instruction of 5 bytes or more. Fails with the site that blocks
+/// every pun, or `None` when no window had room. `WRITER` is held. Not
+/// async-signal-safe.
+pub(crate) fn choose(
+    plan: &Plan,
+    code: &[u8],
+    trampoline: &Trampoline,
+    maps: &Snapshot,
+    one_byte: bool,
+) -> Result<(Pun, [u8; JUMP_LEN]), Option<NotOptimized>> {
+    let code = &code[..code.len().min(2 * JUMP_LEN)];
+    let target = trampoline.base + CODE_AT;
+    let mut blocked = None;
+    let mut taken = None;
+    let mut stubs = STUBS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let stubs = stubs.get_or_insert_with(HashMap::new);
+    for pun in puns(plan.start, plan.len, code, one_byte) {
+        let end = pun.start + pun.written + pun.fixed.len();
+        if let Some(at) = (pun.start + 1..end).find(|&a| site_at(a).is_some()) {
+            blocked.get_or_insert(NotOptimized::OtherProbeInRange { at });
+            continue;
+        }
+        let key = (
+            trampoline.base,
+            pun.prefixes,
+            pun.written,
+            pun.fixed.clone(),
+        );
+        if let Some(&at) = stubs.get(&key) {
+            let bytes = pun_bytes(&pun, at);
+            return Ok((pun, bytes));
+        }
+        let taken = taken.get_or_insert_with(|| maps.taken(pinned::HEAP_ROOM));
+        if let Some(at) = pinned::place(pun.lo, pun.size, taken, |at| stub(at, target)) {
+            stubs.insert(key, at);
+            let bytes = pun_bytes(&pun, at);
+            return Ok((pun, bytes));
+        }
+    }
+    Err(blocked)
+}
