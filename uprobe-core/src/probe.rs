@@ -405,7 +405,7 @@ impl Uprobe {
                     only_tid: p.only_tid,
                     hits: pcpu::PerCpuCounter::new(),
                     removed: AtomicBool::new(false),
-                    function: p.function.as_ref().map(|f| (f.start, f.size)),
+                    function: p.function.as_ref().map(Function::extent),
                     trap_only: p.trap_only,
                     blocked,
                     usdt_args: p.usdt.as_ref().map(|(args, _)| Arc::clone(args)),

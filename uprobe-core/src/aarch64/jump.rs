@@ -177,6 +177,12 @@ pub(crate) fn plan(
             why: "the jump after it needs the function's extent (a symbol with a size, probed at its start)",
         });
     };
+    if !function.sole_entry {
+        return Err(NotOptimized::LandingPad {
+            why: "the function's extent comes from unwind information only (no symbol): \
+                  other entry points may branch to the instruction after it",
+        });
+    }
     let after = addr + 4;
     let Some(next) = word(function.code, 4) else {
         return Err(NotOptimized::TooShort {

@@ -70,6 +70,7 @@ use crate::arch::jump::{self as arch_jump, Plan};
 use crate::code::trampolines;
 use crate::mode::{NotOptimized, Tactic};
 use crate::process::maps::{Mapping, Patch, Snapshot, write_patches};
+use crate::process::symbols::Extent;
 use crate::site::Site;
 use crate::site::jump::{Function, Jump, JumpCell, Trampoline, read_code};
 use crate::table::site_at;
@@ -91,7 +92,7 @@ const BP: usize = BREAKPOINT.len();
 /// is held. Not async-signal-safe.
 pub(crate) fn prepare(
     site: &Site,
-    function: Option<(usize, usize)>,
+    function: Option<Extent>,
     maps: &Snapshot,
     trap_only: bool,
     direct: bool,
@@ -105,9 +106,13 @@ pub(crate) fn prepare(
     let addr = site.addr();
     let code_end = maps.code_end(addr).unwrap_or(addr);
     let here = code_as_original(addr, (code_end - addr).min(64));
-    let function_code = function.and_then(|(start, size)| {
-        (size > 0 && start == addr)
-            .then(|| code_as_original(start, (start + size).min(code_end) - start))
+    let function_code = function.and_then(|f| {
+        (f.size > 0 && f.start == addr).then(|| {
+            (
+                code_as_original(f.start, (f.start + f.size).min(code_end) - f.start),
+                f.sole_entry,
+            )
+        })
     });
     let whole = if direct {
         Err(NotOptimized::TooShort {
@@ -118,9 +123,11 @@ pub(crate) fn prepare(
         arch_jump::plan(
             addr,
             &here,
-            function_code
-                .as_deref()
-                .map(|code| Function { start: addr, code }),
+            function_code.as_ref().map(|(code, sole_entry)| Function {
+                start: addr,
+                code,
+                sole_entry: *sole_entry,
+            }),
         )
     }
     .and_then(

@@ -7,6 +7,9 @@
 //! object, which picks the default symbol version and, for a GNU IFUNC
 //! (`memcpy`, `strlen`...), whose symbol names a resolver rather than code
 //! the program runs, returns the implementation the resolver selected.
+//! Where no symbol covers an address (that implementation in a stripped
+//! libc, the internal functions of a stripped program), the function's
+//! extent comes from the object's unwind information ([`super::frames`]).
 
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
@@ -14,16 +17,44 @@ use std::path::{Path, PathBuf};
 use object::read::elf::ElfFile64;
 use object::{Object as _, ObjectSymbol as _, SymbolKind};
 
+use super::frames::Frames;
 use crate::AttachError;
 
 /// A function of a loaded object: where it starts and how long it is (0
-/// when unknown, as for an IFUNC implementation that only has a local
-/// symbol in a stripped library).
+/// when unknown: a symbol without a size and no unwind information
+/// starting there).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Function {
     pub(crate) name: String,
     pub(crate) start: usize,
     pub(crate) size: usize,
+    /// Whether code outside the extent enters it only at its start, as
+    /// a compiled function's symbol promises. `false` for an extent from
+    /// unwind information alone: that is mostly hand-written code, whose
+    /// other entry points may branch into its first bytes (glibc's
+    /// `__mempcpy_avx_unaligned` jumps to the second instruction of
+    /// `__memmove_avx_unaligned`).
+    pub(crate) sole_entry: bool,
+}
+
+impl Function {
+    /// The extent, for the jump planner.
+    pub(crate) fn extent(&self) -> Extent {
+        Extent {
+            start: self.start,
+            size: self.size,
+            sole_entry: self.sole_entry,
+        }
+    }
+}
+
+/// A function's extent as the jump planner takes it (see [`Function`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Extent {
+    pub(crate) start: usize,
+    /// 0: unknown.
+    pub(crate) size: usize,
+    pub(crate) sole_entry: bool,
 }
 
 /// A loaded object: its file and load bias.
@@ -196,17 +227,29 @@ impl Symbols {
             // what the program's calls reach.
             if found.resolve {
                 let start = resolve(l, name)?;
-                let size = self.covering_function(start).map_or(0, |f| f.size);
+                // Only an extent that starts there: one starting before
+                // would leave its first part out of the planner's view.
+                let (size, sole_entry) = self
+                    .covering_function(start)
+                    .filter(|f| f.start == start)
+                    .map_or((0, true), |f| (f.size, f.sole_entry));
                 return Ok(Function {
                     name: name.to_string(),
                     start,
                     size,
+                    sole_entry,
                 });
             }
+            // A symbol without a size: the FDE starting there, if any.
+            let (size, sole_entry) = match index.frame_at(found.addr) {
+                Some(size) if found.size == 0 => (size, false),
+                _ => (found.size, true),
+            };
             return Ok(Function {
                 name: name.to_string(),
                 start: l.bias.wrapping_add(found.addr),
-                size: found.size,
+                size,
+                sole_entry,
             });
         }
         Err(AttachError::SymbolNotFound {
@@ -225,11 +268,24 @@ impl Symbols {
             l.path == map_path || self.canonical(&l.path).is_some_and(|p| p == map_path)
         })?;
         let index = self.index(&l.path)?;
-        let (start, size, name) = index.covering(addr.wrapping_sub(l.bias))?;
+        let file_addr = addr.wrapping_sub(l.bias);
+        if let Some((start, size, name)) = index.covering(file_addr) {
+            return Some(Function {
+                name: name.to_string(),
+                start: l.bias.wrapping_add(start),
+                size,
+                sole_entry: true,
+            });
+        }
+        // No symbol: the FDE covering it, named after the object and its
+        // address there.
+        let (start, size) = index.frames.as_ref()?.extent(file_addr as u64)?;
+        let file = l.path.file_name().unwrap_or(l.path.as_os_str());
         Some(Function {
-            name: name.to_string(),
-            start: l.bias.wrapping_add(start),
-            size,
+            name: format!("{}+{start:#x}", file.to_string_lossy()),
+            start: l.bias.wrapping_add(start as usize),
+            size: size as usize,
+            sole_entry: false,
         })
     }
 }
@@ -266,7 +322,7 @@ fn resolve(l: &Loaded, name: &str) -> Result<usize, AttachError> {
 }
 
 /// The function whose symbol covers `addr`, if a symbol of its object
-/// says so.
+/// says so; else the one its object's unwind information describes.
 pub(crate) fn covering_function(addr: usize) -> Option<Function> {
     Symbols::now().covering_function(addr)
 }
@@ -293,6 +349,8 @@ struct SymbolIndex {
     names: Vec<String>,
     /// The largest size in `by_addr`, to bound the search back.
     max_size: usize,
+    /// The object's unwind information, for what no symbol covers.
+    frames: Option<Frames>,
 }
 
 impl SymbolIndex {
@@ -334,7 +392,14 @@ impl SymbolIndex {
             by_addr,
             names,
             max_size,
+            frames: Frames::read(&elf),
         })
+    }
+
+    /// The size of the FDE starting at file address `addr`, if one does.
+    fn frame_at(&self, addr: usize) -> Option<usize> {
+        let (start, size) = self.frames.as_ref()?.extent(addr as u64)?;
+        (start == addr as u64).then_some(size as usize)
     }
 
     /// The symbol covering file address `addr`: `(start, size, name)`.

@@ -23,9 +23,9 @@ pub(crate) struct Consumer {
     /// by the threads hitting the probe).
     pub(crate) hits: PerCpuCounter,
     pub(crate) removed: AtomicBool,
-    /// The function the probe was made for (start, size; size 0:
-    /// unknown), which the multi-instruction jump needs.
-    pub(crate) function: Option<(usize, usize)>,
+    /// The extent of the function the probe was made for, which the
+    /// multi-instruction jump needs.
+    pub(crate) function: Option<crate::process::symbols::Extent>,
     /// Keep the address on the trap path.
     pub(crate) trap_only: bool,
     /// The address lies where glibc runs with signals blocked (and the

@@ -106,10 +106,14 @@ pub(crate) unsafe fn read_code(addr: usize) -> [u8; JUMP_LEN] {
 
 /// The function around a site, when planning a jump needs it (a range of
 /// several instructions at its start, or a landing pad there): its start
-/// and its whole code, as it was before any patch.
+/// and its whole code, as it was before any patch; and whether code
+/// elsewhere enters it only at its start (false for an extent known from
+/// unwind information alone: another entry point of hand-written code
+/// may branch into its first bytes, which no check of its own code sees).
 pub(crate) struct Function<'a> {
     pub(crate) start: usize,
     pub(crate) code: &'a [u8],
+    pub(crate) sole_entry: bool,
 }
 
 /// One way to pun a jump over the probed instruction at `start` (see

@@ -88,6 +88,7 @@ pub(crate) fn plan(
                 (f.code.len() > skip).then(|| Function {
                     start: f.start + skip,
                     code: &f.code[skip..],
+                    sole_entry: f.sole_entry,
                 })
             }),
         );
@@ -100,18 +101,7 @@ pub(crate) fn plan(
             insns: vec![first],
         });
     }
-    let Some(function) = function else {
-        return Err(NotOptimized::TooShort {
-            len: first.len(),
-            why: "shorter than a jump, and not a function's first instruction with a known size",
-        });
-    };
-    if function.start != addr {
-        return Err(NotOptimized::TooShort {
-            len: first.len(),
-            why: "shorter than a jump, and not the function's first instruction",
-        });
-    }
+    let function = range_function(addr, first.len(), function)?;
     let mut all = Vec::new();
     let mut decoder = Decoder::with_ip(64, function.code, addr as u64, DecoderOptions::NONE);
     while decoder.can_decode() {
@@ -196,6 +186,29 @@ pub(crate) fn single(addr: usize, here: &[u8]) -> Result<Plan, NotOptimized> {
         len: first.len(),
         insns: vec![first],
     })
+}
+
+/// The function whose first instructions a range of several may take:
+/// known, probed at its start, and entered only there.
+fn range_function(
+    addr: usize,
+    len: usize,
+    function: Option<Function<'_>>,
+) -> Result<Function<'_>, NotOptimized> {
+    let too_short = |why| Err(NotOptimized::TooShort { len, why });
+    match function {
+        None => too_short(
+            "shorter than a jump, and not a function's first instruction with a known size",
+        ),
+        Some(f) if f.start != addr => {
+            too_short("shorter than a jump, and not the function's first instruction")
+        }
+        Some(f) if !f.sole_entry => too_short(
+            "shorter than a jump, and the function's extent comes from unwind information only \
+             (no symbol): other entry points may branch into the range",
+        ),
+        Some(f) => Ok(f),
+    }
 }
 
 fn is_near_branch(insn: &Instruction) -> bool {
