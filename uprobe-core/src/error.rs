@@ -260,7 +260,7 @@ impl core::fmt::Display for AttachError {
             } => write!(
                 f,
                 "{addr:#x} is in {function}, which glibc runs with every signal blocked ({path}): \
-                 a breakpoint hit there would kill {}",
+                 a breakpoint hit there would kill {}, and no one-byte jump fits there",
                 if *path == BlockedPath::SpawnChild {
                     "the child"
                 } else {

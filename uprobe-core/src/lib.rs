@@ -156,7 +156,7 @@
 //! refused ([`AttachError::SignalsBlocked`]).
 //!
 //! Not on x86-64 with a shadow stack, or for instructions that cannot run
-//! relocated (the kernel's refusal tables, indirect calls, far branches,
+//! relocated (the kernel's refusal tables, far branches,
 //! `loop`/`jrcxz`).
 //!
 //! **The trampoline** steps over the red zone (`lea rsp, [rsp-128]`: a

@@ -168,6 +168,32 @@ core::arch::global_asm!(
     "ret",
     ".size j_pun_taken, . - j_pun_taken",
     ".byte 0xff, 0xff, 0xff",
+    // Indirect calls, through a register and through memory, each
+    // followed by a check that the callee returned to the original code:
+    // the result is x when it did.
+    ".globl j_icall",
+    ".type j_icall, @function",
+    "j_icall:",
+    "lea rax, [rip + j_return_address]",
+    "call rax",
+    "8:",
+    "lea rdx, [rip + 8b]",
+    "sub rax, rdx",
+    "mov r8, rax",
+    "call [rip + j_return_address_ptr]",
+    "9:",
+    "lea rdx, [rip + 9b]",
+    "sub rax, rdx",
+    "add rax, r8",
+    "add rax, rdi",
+    "ret",
+    ".size j_icall, . - j_icall",
+    ".globl j_return_address",
+    ".type j_return_address, @function",
+    "j_return_address:",
+    "mov rax, [rsp]",
+    "ret",
+    ".size j_return_address, . - j_return_address",
     // A lone return (a handler's pushed return address can lead here).
     ".globl j_ret_only",
     ".type j_ret_only, @function",
@@ -185,6 +211,8 @@ core::arch::global_asm!(
     ".balign 8",
     "j_data:",
     ".quad 1000",
+    "j_return_address_ptr:",
+    ".quad j_return_address",
     ".text",
 );
 
@@ -204,6 +232,7 @@ unsafe extern "C" {
     fn j_undecodable(x: u64) -> u64;
     fn j_pun_taken(x: u64) -> u64;
     fn j_ret_only(x: u64) -> u64;
+    fn j_icall(x: u64) -> u64;
 }
 
 /// A probe on `f`'s entry, found through the symbol table (so the
@@ -362,6 +391,27 @@ fn sites_a_jump_over_whole_instructions_refuses_are_punned() {
             );
         },
     );
+}
+
+/// Indirect calls run relocated as a push of the original return address
+/// and a jump through the same operand: the callee returns to the probed
+/// code (`j_icall` returns x only if both callees saw their original
+/// return addresses).
+#[test]
+fn indirect_calls_return_to_the_original_code() {
+    // Its own process: exact hits.
+    test_support::in_own_process("indirect_calls_return_to_the_original_code", || {
+        assert_eq!(call(j_icall, 5), 5);
+        let at = fn_addr(j_icall);
+        // `call rax` (2 bytes, at +7) and `call [rip + ...]` (6 bytes, at +22).
+        for offset in [7, 22] {
+            let probe = Uprobe::at(at + offset).unwrap().attach().unwrap();
+            assert!(probe.mode().is_jump(), "+{offset}: {:?}", probe.mode());
+            assert_eq!(call(j_icall, 5), 5, "+{offset}");
+            assert_eq!(call(j_icall, 9), 9, "+{offset}");
+            assert_eq!(probe.hits(), 2);
+        }
+    });
 }
 
 /// A handler that moves the stack pointer through a jump (a replaced

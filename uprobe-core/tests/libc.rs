@@ -120,6 +120,9 @@ fn every_exported_function_of_libc_while_threads_come_and_go_and_processes_spawn
                     blocked.entry(path).or_default().push(function);
                 }
                 Err(e) => {
+                    if matches!(e, AttachError::Os { .. }) {
+                        println!("  {name}: {e}");
+                    }
                     let kind = format!("{e:?}");
                     let kind = kind.split([' ', '{', '(']).next().unwrap_or("?");
                     *refused.entry(kind.to_string()).or_default() += 1;
@@ -144,6 +147,8 @@ fn every_exported_function_of_libc_while_threads_come_and_go_and_processes_spawn
             if returns { "return" } else { "entry" },
             probes.len(),
         );
+        let modes = common::modes(&probes);
+        println!("  modes: {modes:?}");
         let one_byte = probes
             .iter()
             .filter(|p| {
@@ -176,4 +181,36 @@ fn every_exported_function_of_libc_while_threads_come_and_go_and_processes_spawn
         assert_eq!(under_probes, plain, "results changed under the probes");
         Probe::detach_all(probes).unwrap();
     }
+}
+
+/// The functions people probe first that glibc also runs with every
+/// signal blocked (`free` on thread exit, `memcpy`, `strlen` and `getenv`
+/// in the `posix_spawn` child) attach by default: through a one-byte jump
+/// where the address its displacement chooses is free (never a
+/// breakpoint), or refused with the reason; nothing dies while threads
+/// come and go and processes spawn.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn free_memcpy_strlen_and_getenv_attach_by_default() {
+    // Its own process: its probes see every call of the process.
+    test_support::in_own_process("free_memcpy_strlen_and_getenv_attach_by_default", || {
+        let plain = workload();
+        let mut probes = Vec::new();
+        for name in ["free", "memcpy", "strlen", "getenv"] {
+            match Uprobe::in_object("libc.so.6", name).unwrap().attach() {
+                Ok(p) => {
+                    assert!(p.mode().is_jump(), "{name}: {:?}", p.mode());
+                    probes.push((name, p));
+                }
+                Err(e @ AttachError::SignalsBlocked { .. }) => println!("{name}: {e}"),
+                Err(e) => panic!("{name}: {e}"),
+            }
+        }
+        let under_probes = workload();
+        for (name, p) in &probes {
+            println!("{name}: {:?}, {} hits", p.mode(), p.hits());
+        }
+        assert_eq!(under_probes, plain, "results changed under the probes");
+        assert!(!probes.is_empty(), "none of them attached");
+    });
 }

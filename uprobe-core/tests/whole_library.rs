@@ -1,6 +1,6 @@
 //! Probes on every exported function of real libraries: libm (loaded for
-//! the test if the program does not link it), and libz and libsqlite3
-//! where the system has them. A workload through the probed functions gives bit-identical
+//! the test if the program does not link it), and libz, libsqlite3 and
+//! libcrypto where the system has them. A workload through the probed functions gives bit-identical
 //! results with entry probes and with return probes; what was refused is
 //! printed with the reasons.
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, c_void};
 use std::fmt::Write as _;
 
-use common::exported_functions;
+use common::{exported_functions, modes};
 use uprobe_core::{AttachError, Probe, Uprobe};
 
 /// Loads `name` (or finds it loaded), with `known`, one of its functions,
@@ -70,24 +70,6 @@ fn attach_every(
         }
     }
     (probes, refused)
-}
-
-/// The probes counted by how they run: `jump`, or the kind of reason
-/// they stay on their breakpoint.
-fn modes(probes: &[Probe]) -> BTreeMap<String, usize> {
-    let mut modes = BTreeMap::new();
-    for p in probes {
-        let key = match p.mode() {
-            uprobe_core::Mode::Jump(t) => format!("jump: {t}"),
-            uprobe_core::Mode::Trap(why) => format!("trap: {why:?}")
-                .split([' ', '{', '('])
-                .take(2)
-                .collect::<Vec<_>>()
-                .join(" "),
-        };
-        *modes.entry(key).or_insert(0) += 1;
-    }
-    modes
 }
 
 fn kind(e: &AttachError) -> String {
@@ -349,6 +331,28 @@ fn sqlite_workload(handle: *mut c_void) -> Vec<u8> {
     out
 }
 
+type Digest = unsafe extern "C" fn(*const u8, usize, *mut u8) -> *mut u8;
+
+/// Digests of generated buffers with libcrypto's one-shot SHA-1, SHA-256
+/// and SHA-512 (hand-written assembly inside, with several entry points).
+fn libcrypto_workload(handle: *mut c_void) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, len) in [("SHA1", 20), ("SHA256", 32), ("SHA512", 64)] {
+        let c = CString::new(name).unwrap();
+        // SAFETY: a symbol lookup on a live handle; OpenSSL's one-shot
+        // digest signature.
+        let digest: Digest = unsafe { std::mem::transmute(libc::dlsym(handle, c.as_ptr())) };
+        for size in [0usize, 1, 55, 64, 1000, 100_000] {
+            let input: Vec<u8> = (0..size).map(|i| (i * 31 % 253) as u8).collect();
+            let mut md = vec![0u8; len];
+            // SAFETY: an input of `size` bytes, an output of the digest's size.
+            unsafe { digest(input.as_ptr(), input.len(), md.as_mut_ptr()) };
+            out.extend_from_slice(&md);
+        }
+    }
+    out
+}
+
 fn bits(v: Vec<u64>) -> Vec<u8> {
     v.into_iter().flat_map(u64::to_le_bytes).collect()
 }
@@ -366,4 +370,9 @@ fn every_exported_function_of_libsqlite3() {
 #[test]
 fn every_exported_function_of_libz() {
     check_library("libz.so.1", "crc32", libz_workload);
+}
+
+#[test]
+fn every_exported_function_of_libcrypto() {
+    check_library("libcrypto.so.3", "SHA256", libcrypto_workload);
 }

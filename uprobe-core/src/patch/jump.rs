@@ -140,10 +140,9 @@ pub(crate) fn prepare(
     // may, punned over the bytes that follow it.
     let (plan, instead) = match whole {
         Ok(plan) => (plan, None),
-        Err(why) if pun::AVAILABLE => match arch_jump::single(addr, &here) {
-            Ok(plan) => (plan, Some(why)),
-            Err(_) => return Err(why),
-        },
+        // (If the probed instruction itself cannot run relocated, that is
+        // the reason.)
+        Err(why) if pun::AVAILABLE => (arch_jump::single(addr, &here)?, Some(why)),
         Err(why) => return Err(why),
     };
     if trap_only && !plan.has_interior() {

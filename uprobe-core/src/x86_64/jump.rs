@@ -64,8 +64,9 @@ impl Plan {
 ///   changes control flow.
 ///
 /// Every replaced instruction must be relocatable: not refused by the
-/// kernel's tables, not an indirect call, a far branch, an `rcx` loop or
-/// transactional memory. Not async-signal-safe.
+/// kernel's tables, not a far branch, an `rcx` loop or transactional
+/// memory (a call, direct or indirect, runs as a push of the original
+/// return address and a jump). Not async-signal-safe.
 pub(crate) fn plan(
     addr: usize,
     here: &[u8],
@@ -227,7 +228,22 @@ fn relocatable(bytes: &[u8], insn: &Instruction) -> Result<(), NotOptimized> {
         return refuse(why);
     }
     match insn.flow_control() {
-        FlowControl::IndirectCall => refuse("an indirect call"),
+        FlowControl::IndirectCall if insn.code() != Code::Call_rm64 => {
+            refuse("an indirect call of another operand size")
+        }
+        FlowControl::IndirectCall
+            if insn.op0_kind() == OpKind::Register && insn.op0_register() == Register::RSP =>
+        {
+            refuse("an indirect call through the stack pointer")
+        }
+        FlowControl::IndirectCall
+            if insn.op0_kind() == OpKind::Memory
+                && insn.memory_base() == Register::RSP
+                && (insn.memory_displacement64() as i64) < 0 =>
+        {
+            // The pushed return address would overwrite the operand.
+            refuse("an indirect call through memory below the stack pointer")
+        }
         FlowControl::Interrupt | FlowControl::Exception => refuse("raises an exception"),
         FlowControl::XbeginXabortXend => refuse("transactional memory"),
         _ if insn.is_call_far()
@@ -281,9 +297,14 @@ pub(crate) fn build(
     let mut firsts = Vec::new();
     for insn in &plan.insns {
         firsts.push(insns.len());
-        if insn.flow_control() == FlowControl::Call {
+        if matches!(
+            insn.flow_control(),
+            FlowControl::Call | FlowControl::IndirectCall
+        ) {
             // The callee must return to the probed code: push the
-            // original return address (no flags touched), then jump.
+            // original return address (no flags touched), then jump (an
+            // indirect call's operand read 8 bytes further up if it is
+            // addressed from the stack pointer, which the push moved).
             let ret = insn.next_ip();
             insns.push(
                 Instruction::with2(
@@ -303,10 +324,19 @@ pub(crate) fn build(
                     .map_err(cannot)?,
                 );
             }
-            insns.push(
-                Instruction::with_branch(Code::Jmp_rel32_64, insn.near_branch_target())
-                    .map_err(cannot)?,
-            );
+            if insn.flow_control() == FlowControl::Call {
+                insns.push(
+                    Instruction::with_branch(Code::Jmp_rel32_64, insn.near_branch_target())
+                        .map_err(cannot)?,
+                );
+            } else {
+                let mut jmp = *insn;
+                jmp.set_code(Code::Jmp_rm64);
+                if jmp.op0_kind() == OpKind::Memory && jmp.memory_base() == Register::RSP {
+                    jmp.set_memory_displacement64(jmp.memory_displacement64().wrapping_add(8));
+                }
+                insns.push(jmp);
+            }
         } else {
             insns.push(*insn);
         }

@@ -192,3 +192,25 @@ pub fn bti_guarded_function(code: &[u32]) -> unsafe extern "C" fn(u64) -> u64 {
         core::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(u64) -> u64>(p)
     }
 }
+
+/// How a probe runs, as a key to count by: `jump: <tactic>`, or `trap:`
+/// and the kind of reason.
+pub fn mode_key(mode: &uprobe_core::Mode) -> String {
+    match mode {
+        uprobe_core::Mode::Jump(t) => format!("jump: {t}"),
+        uprobe_core::Mode::Trap(why) => format!("trap: {why:?}")
+            .split([' ', '{', '('])
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// The probes counted by how they run ([`mode_key`]).
+pub fn modes(probes: &[uprobe_core::Probe]) -> std::collections::BTreeMap<String, usize> {
+    let mut modes = std::collections::BTreeMap::new();
+    for p in probes {
+        *modes.entry(mode_key(&p.mode())).or_insert(0) += 1;
+    }
+    modes
+}

@@ -1,0 +1,203 @@
+//! Probes at interior instruction boundaries of a real library: every
+//! instruction of every exported function of libz (where the system has
+//! it), each attached while its neighbours within 24 bytes are not (a
+//! punned jump's fixed bytes are the code after its instruction, which
+//! another probe there would change), many thousands at once, while a
+//! compress / decompress workload runs through them: results identical to
+//! unprobed runs, and how each site runs, by tactic, printed.
+#![cfg(target_arch = "x86_64")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, CString, c_void};
+
+use common::emulated;
+use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+use uprobe_core::{Probe, Uprobe};
+
+type Compress =
+    unsafe extern "C" fn(*mut u8, *mut libc::c_ulong, *const u8, libc::c_ulong, i32) -> i32;
+type Uncompress =
+    unsafe extern "C" fn(*mut u8, *mut libc::c_ulong, *const u8, libc::c_ulong) -> i32;
+
+/// Compresses and decompresses a generated buffer; the compressed bytes.
+fn workload(handle: *mut c_void) -> Vec<u8> {
+    let get = |name: &str| {
+        let c = CString::new(name).unwrap();
+        // SAFETY: a symbol lookup on a live handle.
+        unsafe { libc::dlsym(handle, c.as_ptr()) }
+    };
+    // SAFETY: zlib's compress2 and uncompress signatures.
+    let (compress, uncompress) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, Compress>(get("compress2")),
+            std::mem::transmute::<*mut c_void, Uncompress>(get("uncompress")),
+        )
+    };
+    let input: Vec<u8> = (0..20_000u32)
+        .map(|i| ((i * 7 % 251) ^ (i / 1000)) as u8)
+        .collect();
+    let mut packed = vec![0u8; input.len() + 1024];
+    let mut packed_len = packed.len() as libc::c_ulong;
+    // SAFETY: buffers of the sizes given.
+    let rc = unsafe {
+        compress(
+            packed.as_mut_ptr(),
+            &raw mut packed_len,
+            input.as_ptr(),
+            input.len() as _,
+            6,
+        )
+    };
+    assert_eq!(rc, 0, "compress2");
+    packed.truncate(packed_len as usize);
+    let mut back = vec![0u8; input.len()];
+    let mut back_len = back.len() as libc::c_ulong;
+    // SAFETY: as above.
+    let rc = unsafe {
+        uncompress(
+            back.as_mut_ptr(),
+            &raw mut back_len,
+            packed.as_ptr(),
+            packed_len,
+        )
+    };
+    assert_eq!(rc, 0, "uncompress");
+    assert_eq!(back, input, "the round trip");
+    packed
+}
+
+/// Every exported function's instruction boundaries, as (name, offset,
+/// address in the file), decoded from the file.
+fn boundaries(path: &str) -> Vec<(String, usize, u64)> {
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let text = file.section_by_name(".text").unwrap();
+    let mut seen = std::collections::HashSet::new();
+    let mut all = Vec::new();
+    for s in file.dynamic_symbols() {
+        if s.kind() != object::SymbolKind::Text || s.is_undefined() || !s.is_global() {
+            continue;
+        }
+        let (Ok(name), addr, size) = (s.name(), s.address(), s.size()) else {
+            continue;
+        };
+        if size == 0 || !seen.insert(addr) {
+            continue;
+        }
+        let Some(code) = text.data_range(addr, size).ok().flatten() else {
+            continue;
+        };
+        let mut decoder = iced_x86::Decoder::with_ip(64, code, addr, 0);
+        while decoder.can_decode() {
+            let insn = decoder.decode();
+            if insn.is_invalid() {
+                break;
+            }
+            all.push((name.to_string(), (insn.ip() - addr) as usize, insn.ip()));
+        }
+    }
+    all.sort_by_key(|b| b.2);
+    all
+}
+
+/// Splits `sites` (sorted by address) into rounds in which any two are at
+/// least `gap` bytes apart.
+fn rounds<T>(
+    sites: Vec<(String, usize, u64)>,
+    gap: u64,
+    mut f: impl FnMut(&[(String, usize, u64)]) -> T,
+) -> Vec<T> {
+    let mut rounds: Vec<Vec<(String, usize, u64)>> = Vec::new();
+    for site in sites {
+        let free = rounds
+            .iter_mut()
+            .find(|r| r.last().is_none_or(|l| site.2 >= l.2 + gap));
+        match free {
+            Some(r) => r.push(site),
+            None => rounds.push(vec![site]),
+        }
+    }
+    rounds.iter().map(|r| f(r)).collect()
+}
+
+#[test]
+fn every_interior_instruction_of_libz() {
+    if emulated() {
+        println!("skipped under an emulator (a trap costs tens of microseconds)");
+        return;
+    }
+    let c = CString::new("libz.so.1").unwrap();
+    // SAFETY: dlopen of a system library by name.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW) };
+    if handle.is_null() {
+        println!("libz.so.1 is not on this system: skipped");
+        return;
+    }
+    let known = CString::new("compress2").unwrap();
+    // SAFETY: a symbol lookup on a live handle; dladdr fills `info`.
+    let path = unsafe {
+        let any = libc::dlsym(handle, known.as_ptr());
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        assert!(libc::dladdr(any, &raw mut info) != 0);
+        CStr::from_ptr(info.dli_fname)
+            .to_string_lossy()
+            .into_owned()
+    };
+    let plain = workload(handle);
+    let sites = boundaries(&path);
+    let total = sites.len();
+    let mut modes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut refused: BTreeMap<String, usize> = BTreeMap::new();
+    let mut interior = (0, 0);
+    let hits: Vec<u64> = rounds(sites, 24, |round| {
+        let mut probes = Vec::new();
+        for (name, offset, _) in round {
+            let probe = Uprobe::in_object("libz.so.1", name)
+                .unwrap()
+                .offset(*offset);
+            match probe.attach() {
+                Ok(p) => {
+                    let key = common::mode_key(&p.mode());
+                    if *offset > 0 {
+                        interior.0 += 1;
+                        interior.1 += usize::from(p.mode().is_jump());
+                    }
+                    *modes.entry(key).or_default() += 1;
+                    probes.push(p);
+                }
+                Err(e) => {
+                    let kind = format!("{e:?}");
+                    let kind = kind.split([' ', '{', '(']).next().unwrap_or("?");
+                    *refused.entry(kind.to_string()).or_default() += 1;
+                }
+            }
+        }
+        let under_probes = workload(handle);
+        assert!(under_probes == plain, "results changed under the probes");
+        let hits = probes.iter().map(Probe::hits).sum();
+        Probe::detach_all(probes).unwrap();
+        hits
+    });
+    assert!(workload(handle) == plain);
+    let jumps: usize = modes
+        .iter()
+        .filter(|(k, _)| k.starts_with("jump"))
+        .map(|(_, n)| n)
+        .sum();
+    println!(
+        "libz: {total} instruction boundaries in {} rounds, {} hits; {jumps} through a jump; \
+         interior: {} of {} through a jump; refused: {refused:?}",
+        hits.len(),
+        hits.iter().sum::<u64>(),
+        interior.1,
+        interior.0,
+    );
+    println!("  modes: {modes:?}");
+    assert!(
+        hits.iter().sum::<u64>() > 0,
+        "the workload reached no probe"
+    );
+    assert!(jumps > total / 2, "only {jumps} of {total} took a jump");
+}
