@@ -122,6 +122,44 @@ fn rounds<T>(
     rounds.iter().map(|r| f(r)).collect()
 }
 
+/// Attaches a round: the entries by name (their extent known, as for
+/// whole-library probes), interior sites by address (decoded from the
+/// file as instruction boundaries; each `Uprobe::in_object` reads the
+/// memory map, which thousands of stub pages lengthen); in one batch (one
+/// look at the process, one grace period), one by one only if something
+/// in it is refused. Returns the probes and their offsets.
+fn attach_round(
+    round: &[(String, usize, u64)],
+    starts: &std::collections::HashMap<&str, usize>,
+    refused: &mut BTreeMap<String, usize>,
+) -> (Vec<Probe>, Vec<usize>) {
+    let make = |(name, offset, _): &(String, usize, u64)| {
+        if *offset == 0 {
+            Uprobe::in_object("libz.so.1", name).unwrap()
+        } else {
+            common::probe_at(starts[name.as_str()] + offset)
+        }
+    };
+    if let Ok(probes) = Uprobe::attach_all(round.iter().map(make)) {
+        return (probes, round.iter().map(|r| r.1).collect());
+    }
+    let mut attached = (Vec::new(), Vec::new());
+    for site in round {
+        match make(site).attach() {
+            Ok(p) => {
+                attached.0.push(p);
+                attached.1.push(site.1);
+            }
+            Err(e) => {
+                let kind = format!("{e:?}");
+                let kind = kind.split([' ', '{', '(']).next().unwrap_or("?");
+                *refused.entry(kind.to_string()).or_default() += 1;
+            }
+        }
+    }
+    attached
+}
+
 #[test]
 fn every_interior_instruction_of_libz() {
     if emulated() {
@@ -147,32 +185,26 @@ fn every_interior_instruction_of_libz() {
     };
     let plain = workload(handle);
     let sites = boundaries(&path);
+    let starts: std::collections::HashMap<&str, usize> = sites
+        .iter()
+        .filter(|s| s.1 == 0)
+        .map(|s| {
+            let entry = Uprobe::in_object("libz.so.1", &s.0).unwrap();
+            (s.0.as_str(), entry.addr())
+        })
+        .collect();
     let total = sites.len();
     let mut modes: BTreeMap<String, usize> = BTreeMap::new();
     let mut refused: BTreeMap<String, usize> = BTreeMap::new();
     let mut interior = (0, 0);
-    let hits: Vec<u64> = rounds(sites, 24, |round| {
-        let mut probes = Vec::new();
-        for (name, offset, _) in round {
-            let probe = Uprobe::in_object("libz.so.1", name)
-                .unwrap()
-                .offset(*offset);
-            match probe.attach() {
-                Ok(p) => {
-                    let key = common::mode_key(&p.mode());
-                    if *offset > 0 {
-                        interior.0 += 1;
-                        interior.1 += usize::from(p.mode().is_jump());
-                    }
-                    *modes.entry(key).or_default() += 1;
-                    probes.push(p);
-                }
-                Err(e) => {
-                    let kind = format!("{e:?}");
-                    let kind = kind.split([' ', '{', '(']).next().unwrap_or("?");
-                    *refused.entry(kind.to_string()).or_default() += 1;
-                }
+    let hits: Vec<u64> = rounds(sites.clone(), 24, |round| {
+        let (probes, offsets) = attach_round(round, &starts, &mut refused);
+        for (p, offset) in probes.iter().zip(offsets) {
+            if offset > 0 {
+                interior.0 += 1;
+                interior.1 += usize::from(p.mode().is_jump());
             }
+            *modes.entry(common::mode_key(&p.mode())).or_default() += 1;
         }
         let under_probes = workload(handle);
         assert!(under_probes == plain, "results changed under the probes");

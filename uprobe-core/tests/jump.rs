@@ -818,6 +818,37 @@ fn a_thread_parked_inside_the_range_is_moved_before_the_jump_is_written() {
     assert_eq!(probe.hits(), 1);
 }
 
+/// A thread parked on the very instruction a jump is punned over (its
+/// load waits for a missing page): it restarts the instruction once the
+/// page comes, which now runs through the jump and the relocated load.
+#[test]
+fn a_thread_parked_on_a_punned_instruction_runs_through_the_jump() {
+    // Its own process: other tests probe and call j_park.
+    test_support::in_own_process(
+        "a_thread_parked_on_a_punned_instruction_runs_through_the_jump",
+        || {
+            let Some((fd, page)) = uffd::missing_page() else {
+                println!("skipped: userfaultfd is not available here");
+                return;
+            };
+            let parked = std::thread::spawn(move || call(j_park, page as u64));
+            uffd::wait_fault(fd);
+            // `mov eax, [rdi]` (2 bytes) at j_park + 1, where the thread waits.
+            let probe = Uprobe::at(fn_addr(j_park) + 1).unwrap().attach().unwrap();
+            assert!(
+                matches!(probe.mode(), Mode::Jump(Tactic::Pun { written: 2, .. })),
+                "{:?}",
+                probe.mode()
+            );
+            uffd::fill(fd, page, 41);
+            assert_eq!(parked.join().unwrap(), 42);
+            assert_eq!(probe.hits(), 1, "the restarted load ran through the jump");
+            assert_eq!(call(j_park, page as u64), 42);
+            assert_eq!(probe.hits(), 2);
+        },
+    );
+}
+
 #[test]
 fn a_probe_inside_another_range_keeps_both_on_breakpoints() {
     // Its own process: other tests probe and call j_prologue (modes and hits

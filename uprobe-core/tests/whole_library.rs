@@ -41,8 +41,9 @@ fn open(name: &str, known: &str) -> Option<(*mut c_void, String)> {
     Some((handle, path))
 }
 
-/// Attaches `make(name)` for every name; returns the probes and the
-/// refusals, counted by reason.
+/// Attaches `make(name)` for every name, in batches of 128 (one look at
+/// the process and one grace period each; a batch with a refusal in it
+/// one by one); returns the probes and the refusals, counted by reason.
 fn attach_every(
     object: &str,
     names: &[String],
@@ -51,22 +52,28 @@ fn attach_every(
     let mut probes = Vec::new();
     let mut refused = BTreeMap::new();
     let mut seen = std::collections::HashSet::new();
+    let mut found = Vec::new();
     for name in names {
-        let probe = match Uprobe::in_object(object, name) {
-            Ok(p) => p,
-            Err(e) => {
-                *refused.entry(kind(&e)).or_insert(0) += 1;
-                continue;
-            }
-        };
-        // Aliases (`exp` and `__exp_finite`, versions) share an address:
-        // one consumer each would do, but one is enough here.
-        if !seen.insert(probe.addr()) {
+        match Uprobe::in_object(object, name) {
+            // Aliases (`exp` and `__exp_finite`, versions) share an
+            // address: one consumer each would do, but one is enough here.
+            Ok(p) if !seen.insert(p.addr()) => {}
+            Ok(p) => found.push((name, p)),
+            Err(e) => *refused.entry(kind(&e)).or_insert(0) += 1,
+        }
+    }
+    while !found.is_empty() {
+        let batch: Vec<(&String, Uprobe)> = found.drain(..found.len().min(128)).collect();
+        let names: Vec<&String> = batch.iter().map(|(n, _)| *n).collect();
+        if let Ok(attached) = Uprobe::attach_all(batch.into_iter().map(|(_, p)| make(p))) {
+            probes.extend(attached);
             continue;
         }
-        match make(probe).attach() {
-            Ok(p) => probes.push(p),
-            Err(e) => *refused.entry(kind(&e)).or_insert(0) += 1,
+        for name in names {
+            match make(Uprobe::in_object(object, name).unwrap()).attach() {
+                Ok(p) => probes.push(p),
+                Err(e) => *refused.entry(kind(&e)).or_insert(0) += 1,
+            }
         }
     }
     (probes, refused)

@@ -492,10 +492,11 @@ impl Agent {
         Ok(())
     }
 
-    /// A function glibc runs with every signal blocked (`free`): safe to
-    /// probe only through a jump (a breakpoint there kills the process at
-    /// the next thread exit or spawn). The attach happens before `main`,
-    /// while no other thread runs that path.
+    /// A function glibc runs with every signal blocked (`free`) where the
+    /// engine's one-byte jump does not fit: safe to probe only through a
+    /// jump over whole instructions (a breakpoint there kills the process
+    /// at the next thread exit or spawn), written behind a breakpoint. The
+    /// attach happens before `main`, while no other thread runs that path.
     fn attach_blocked(
         &'static self,
         i: usize,

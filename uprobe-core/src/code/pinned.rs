@@ -73,20 +73,22 @@ pub(crate) fn place(
     let mut pages = PAGES
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    // Pages of ours first: no new memory.
-    let ours: Vec<usize> = pages
+    // Pages of ours first: no new memory. A window of one address has one
+    // place to try; a wider one, on each page, the first byte past the
+    // page's last stub (stubs are never freed: a page fills up from its
+    // start, but for stubs at exact addresses).
+    let ours: Vec<(usize, usize)> = pages
         .range((lo_ok & !(page - 1))..hi)
-        .map(|(&p, _)| p)
+        .map(|(&p, bits)| (p, top(bits)))
         .collect();
-    for p in ours {
-        for at in lo_ok.max(p)..hi.min(p + page) {
-            if !fits(&pages, page, at, 1) {
-                continue;
-            }
-            let code = build(at);
-            if fits(&pages, page, at, code.len()) {
-                return write(&mut pages, page, at, &code);
-            }
+    for (p, top) in ours {
+        let at = if size == 1 { lo_ok } else { lo_ok.max(p + top) };
+        if at >= hi.min(p + page) || !fits(&pages, page, at, 1) {
+            continue;
+        }
+        let code = build(at);
+        if fits(&pages, page, at, code.len()) {
+            return write(&mut pages, page, at, &code);
         }
     }
     // Then a new page: the first one in the window that nothing takes.
@@ -129,6 +131,13 @@ pub(crate) fn place(
         p += page;
     }
     None
+}
+
+/// The offset past the last byte a stub takes on a page (0: empty).
+fn top(bits: &[u64]) -> usize {
+    bits.iter()
+        .rposition(|&w| w != 0)
+        .map_or(0, |k| k * 64 + 64 - bits[k].leading_zeros() as usize)
 }
 
 /// Whether `[at, at + len)` lies in pages of ours, on bytes no stub
