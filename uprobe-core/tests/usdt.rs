@@ -236,3 +236,29 @@ fn notes_of_system_libraries_parse() {
     }
     println!("{checked} probe sites parsed");
 }
+
+/// Python's USDT sites (Debian's `<sys/sdt.h>` makes each a 1-byte
+/// `nop`) take a jump punned over the bytes after the `nop` (x86-64),
+/// where libpython is here: each attached (nothing runs them), its mode
+/// printed.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn python_usdt_sites_take_jumps() {
+    // Its own process: it attaches probes in libpython (loaded for it).
+    test_support::in_own_process("python_usdt_sites_take_jumps", || {
+        let lib = "libpython3.11.so.1.0";
+        if load(lib).is_none() {
+            println!("{lib}: not here");
+            return;
+        }
+        let probes = usdt::probes(lib).unwrap();
+        let mut jumps = 0;
+        for p in &probes {
+            let probe = p.uprobe().unwrap().attach().unwrap();
+            println!("{}:{}: {:?}", p.provider, p.name, probe.mode());
+            jumps += usize::from(probe.mode().is_jump());
+        }
+        println!("{jumps} of {} USDT sites take a jump", probes.len());
+        assert!(probes.is_empty() || jumps > 0, "no USDT site took a jump");
+    });
+}
