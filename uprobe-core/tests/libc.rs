@@ -214,3 +214,47 @@ fn free_memcpy_strlen_and_getenv_attach_by_default() {
         assert!(!probes.is_empty(), "none of them attached");
     });
 }
+
+/// A one-byte jump written and taken out 500 times over `free`
+/// (which glibc runs with every signal blocked) while two threads
+/// allocate and free: nothing dies, every round sees its own calls.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn one_byte_jumps_on_free_under_callers() {
+    // Its own process: its probes see every call of the process.
+    test_support::in_own_process("one_byte_jumps_on_free_under_callers", || {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        type Free = unsafe extern "C" fn(*mut c_void);
+        let probe = || Uprobe::in_object("libc.so.6", "free").unwrap();
+        let Ok(first) = probe().attach() else {
+            println!("skipped: free takes no one-byte jump here");
+            return;
+        };
+        drop(first);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    while !stop.load(Relaxed) {
+                        let v: Vec<u64> = std::hint::black_box(vec![7; 64]);
+                        drop(v);
+                    }
+                });
+            }
+            let free: Free = std::hint::black_box(libc::free);
+            for _ in 0..500 {
+                let p = probe().attach().unwrap();
+                assert!(
+                    matches!(p.mode(), Mode::Jump(Tactic::Pun { written: 1, .. })),
+                    "{:?}",
+                    p.mode()
+                );
+                // SAFETY: free(NULL) does nothing.
+                unsafe { free(core::ptr::null_mut()) };
+                assert!(p.hits() >= 1);
+                p.detach().unwrap();
+            }
+            stop.store(true, Relaxed);
+        });
+    });
+}
