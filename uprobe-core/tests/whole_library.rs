@@ -138,57 +138,10 @@ fn libm_workload(handle: *mut c_void) -> Vec<u64> {
     out
 }
 
-type Compress =
-    unsafe extern "C" fn(*mut u8, *mut libc::c_ulong, *const u8, libc::c_ulong, i32) -> i32;
-type Uncompress =
-    unsafe extern "C" fn(*mut u8, *mut libc::c_ulong, *const u8, libc::c_ulong) -> i32;
-
 /// Compresses and decompresses a generated buffer with libz; the
 /// compressed bytes and the round trip.
 fn libz_workload(handle: *mut c_void) -> Vec<u8> {
-    let get = |name: &str| {
-        let c = CString::new(name).unwrap();
-        // SAFETY: a symbol lookup on a live handle.
-        unsafe { libc::dlsym(handle, c.as_ptr()) }
-    };
-    // SAFETY: zlib's compress2 and uncompress signatures.
-    let (compress, uncompress) = unsafe {
-        (
-            std::mem::transmute::<*mut c_void, Compress>(get("compress2")),
-            std::mem::transmute::<*mut c_void, Uncompress>(get("uncompress")),
-        )
-    };
-    let input: Vec<u8> = (0..200_000u32)
-        .map(|i| ((i * 7 % 251) ^ (i / 1000)) as u8)
-        .collect();
-    let mut packed = vec![0u8; input.len() + 1024];
-    let mut packed_len = packed.len() as libc::c_ulong;
-    // SAFETY: buffers of the sizes given.
-    let rc = unsafe {
-        compress(
-            packed.as_mut_ptr(),
-            &raw mut packed_len,
-            input.as_ptr(),
-            input.len() as _,
-            9,
-        )
-    };
-    assert_eq!(rc, 0, "compress2");
-    packed.truncate(packed_len as usize);
-    let mut back = vec![0u8; input.len()];
-    let mut back_len = back.len() as libc::c_ulong;
-    // SAFETY: as above.
-    let rc = unsafe {
-        uncompress(
-            back.as_mut_ptr(),
-            &raw mut back_len,
-            packed.as_ptr(),
-            packed_len,
-        )
-    };
-    assert_eq!(rc, 0, "uncompress");
-    assert_eq!(back, input, "the round trip");
-    packed
+    common::libz_round_trip(handle, 200_000, 9)
 }
 
 fn check_library(lib: &str, known: &str, workload: fn(*mut c_void) -> Vec<u8>) {

@@ -72,28 +72,38 @@ pub(crate) fn map_near(addr: usize, size: usize) -> Result<usize, AttachError> {
         .collect();
     candidates.sort_unstable_by_key(|&b| b.abs_diff(addr));
     for base in candidates {
-        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
-        let p = unsafe {
-            libc::mmap(
-                base as *mut libc::c_void,
-                size,
-                libc::PROT_READ | libc::PROT_EXEC,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            )
-        };
-        if p as usize == base {
+        if map_fixed(base, size) {
             return Ok(base);
-        }
-        if p != libc::MAP_FAILED {
-            // An old kernel ignoring the flag put it elsewhere.
-            // SAFETY: unmapping what this call mapped.
-            unsafe { libc::munmap(p, size) };
         }
     }
     Err(AttachError::Os {
         what: "no room for generated code within reach of the probed code",
         errno: libc::ENOMEM,
     })
+}
+
+/// Maps `size` bytes at `base`, readable and executable, never over
+/// anything (`MAP_FIXED_NOREPLACE`); whether it did. Not
+/// async-signal-safe.
+pub(crate) fn map_fixed(base: usize, size: usize) -> bool {
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+    let p = unsafe {
+        libc::mmap(
+            base as *mut libc::c_void,
+            size,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p as usize == base {
+        return true;
+    }
+    if p != libc::MAP_FAILED {
+        // An old kernel ignoring the flag put it elsewhere.
+        // SAFETY: unmapping what this call mapped.
+        unsafe { libc::munmap(p, size) };
+    }
+    false
 }

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::write_code;
+use super::{map_fixed, write_code};
 
 /// The lowest address a page may be mapped at (the kernel's default
 /// `vm.mmap_min_addr`).
@@ -110,14 +110,14 @@ pub(crate) fn place(
             continue;
         }
         tries += 1;
-        if !map_page(p) {
+        if !map_fixed(p, page) {
             p += page;
             continue;
         }
         pages.insert(p, vec![0; page / 64]);
         MAPPED.fetch_add(1, Ordering::Relaxed);
         if end > next && !pages.contains_key(&next) {
-            if !map_page(next) {
+            if !map_fixed(next, page) {
                 // The first page stays ours, empty, for later stubs.
                 p += page;
                 continue;
@@ -175,29 +175,4 @@ fn write(
         bits[(a - base) / 64] |= 1 << ((a - base) % 64);
     }
     Some(at)
-}
-
-/// Maps one page at `p`, readable and executable, never over anything.
-fn map_page(p: usize) -> bool {
-    let page = page_size();
-    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
-    let got = unsafe {
-        libc::mmap(
-            p as *mut libc::c_void,
-            page,
-            libc::PROT_READ | libc::PROT_EXEC,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-            -1,
-            0,
-        )
-    };
-    if got as usize == p {
-        return true;
-    }
-    if got != libc::MAP_FAILED {
-        // An old kernel ignoring the flag put it elsewhere.
-        // SAFETY: unmapping what this call mapped.
-        unsafe { libc::munmap(got, page) };
-    }
-    false
 }

@@ -72,12 +72,7 @@ pub(crate) fn plan(
     here: &[u8],
     function: Option<Function<'_>>,
 ) -> Result<Plan, NotOptimized> {
-    let first = Decoder::with_ip(64, here, addr as u64, DecoderOptions::NONE).decode();
-    if first.is_invalid() {
-        return Err(NotOptimized::NotRelocatable {
-            why: "the instruction does not decode",
-        });
-    }
+    let first = decode_first(addr, here)?;
     if first.mnemonic() == Mnemonic::Endbr64 {
         // The landing pad stays: indirect calls must still find it on
         // machines that enforce IBT. The jump goes right after it.
@@ -171,12 +166,7 @@ pub(crate) fn plan(
 /// (`super::pun`) replaces. It must be relocatable. Not
 /// async-signal-safe.
 pub(crate) fn single(addr: usize, here: &[u8]) -> Result<Plan, NotOptimized> {
-    let first = Decoder::with_ip(64, here, addr as u64, DecoderOptions::NONE).decode();
-    if first.is_invalid() {
-        return Err(NotOptimized::NotRelocatable {
-            why: "the instruction does not decode",
-        });
-    }
+    let first = decode_first(addr, here)?;
     if first.mnemonic() == Mnemonic::Endbr64 {
         let skip = first.len();
         return single(addr + skip, &here[skip..]);
@@ -187,6 +177,17 @@ pub(crate) fn single(addr: usize, here: &[u8]) -> Result<Plan, NotOptimized> {
         len: first.len(),
         insns: vec![first],
     })
+}
+
+/// The instruction at `addr` (whose bytes start `here`).
+fn decode_first(addr: usize, here: &[u8]) -> Result<Instruction, NotOptimized> {
+    let first = Decoder::with_ip(64, here, addr as u64, DecoderOptions::NONE).decode();
+    if first.is_invalid() {
+        return Err(NotOptimized::NotRelocatable {
+            why: "the instruction does not decode",
+        });
+    }
+    Ok(first)
 }
 
 /// The function whose first instructions a range of several may take:
