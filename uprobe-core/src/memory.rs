@@ -16,7 +16,11 @@
 //!   of memory once written) of its own.
 //!
 //! Regions of slots and trampolines are 64 KiB of address space each, a
-//! page of memory each once used.
+//! page of memory each once used. A stub page at an address no other
+//! page of ours is next to is a mapping of its own: thousands of punned
+//! probes can add thousands of entries to the process's memory map (far
+//! below the kernel's default limit of 65,530), which makes each look at
+//! `/proc/self/maps` (one per attach, and per probe built by name) longer.
 
 use crate::code::{pinned, slots, trampolines};
 
