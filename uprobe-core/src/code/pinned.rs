@@ -32,7 +32,10 @@ const LOWEST: usize = 0x10000;
 /// kernel maps nothing above it for a hint-less process).
 const USER_END: usize = (1 << 47) - 4096;
 /// Address space kept free above the `brk` heap for it to grow into.
-pub(crate) const HEAP_ROOM: usize = 256 << 20;
+/// Small: a non-PIE program's code lies just below its heap, and the
+/// windows of its punned jumps (python3's USDT sites among them) often
+/// land a few hundred MiB above it.
+pub(crate) const HEAP_ROOM: usize = 64 << 20;
 /// The most new pages one placement tries to map.
 const MAP_TRIES: usize = 64;
 
