@@ -399,6 +399,9 @@ impl Uprobe {
             .into_iter()
             .zip(blocked)
             .map(|(p, blocked)| {
+                // A probe with no handler only counts: its trampoline may
+                // count for it (`crate::site::count`).
+                let counting = p.handler.is_none() && p.ret_handler.is_none() && p.only_tid == 0;
                 let consumer = Arc::new(Consumer {
                     handler: p.handler.unwrap_or_else(|| Box::new(|_| {})),
                     ret: p.ret_handler.map(|h| ReturnProbe::new(h, p.max_active)),
@@ -410,6 +413,8 @@ impl Uprobe {
                     blocked,
                     usdt_args: p.usdt.as_ref().map(|(args, _)| Arc::clone(args)),
                     semaphore: p.usdt.as_ref().and_then(|&(_, sem)| sem),
+                    fast: (counting && crate::site::count::enabled())
+                        .then(crate::site::count::FastCount::new),
                 });
                 (p.addr, consumer)
             })
@@ -462,7 +467,7 @@ impl Probe {
     /// Hits that ran this probe's handler.
     #[must_use]
     pub fn hits(&self) -> u64 {
-        self.consumer.hits.sum()
+        self.consumer.hits()
     }
 
     /// How hits of this probe reach the engine: through a jump into a

@@ -243,8 +243,19 @@ fn run(f: unsafe extern "C" fn(*mut Regs), flags: u64) -> (Regs, Vec<u8>) {
 /// endings.
 #[test]
 fn every_form_behaves_the_same_probed() {
-    compare_all("trap-free where the site qualifies", &[], false);
-    compare_all("out-of-line slots that jump back", &[], true);
+    // A probe with no handler is counted by the trampoline itself (saving
+    // only what the count needs); one with a handler builds the full frame.
+    compare_all(
+        "trap-free where the site qualifies, counted in the trampoline",
+        &[],
+        Kind::Count,
+    );
+    compare_all(
+        "trap-free where the site qualifies, with a handler",
+        &[],
+        Kind::Handler,
+    );
+    compare_all("out-of-line slots that jump back", &[], Kind::Trap);
     // Forcing trap-ended slots takes the benchmark switch.
     #[cfg(feature = "bench-variants")]
     {
@@ -252,7 +263,7 @@ fn every_form_behaves_the_same_probed() {
         // `leave` points rsp into the data area here; the slot's second
         // trap then needs a signal frame below it, which only a real stack
         // has (the program's own code always leaves rsp on its stack).
-        compare_all("trap-ended out-of-line slots", &["leave"], true);
+        compare_all("trap-ended out-of-line slots", &["leave"], Kind::Trap);
     }
 }
 
@@ -279,7 +290,18 @@ fn undefined_flags(at: usize) -> u64 {
     .sum()
 }
 
-fn compare_all(how: &str, skip: &[&str], trap_only: bool) {
+/// Which probe the corpus runs under.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// No handler: a counting probe.
+    Count,
+    /// A handler (that changes nothing).
+    Handler,
+    /// A handler, kept on the breakpoint.
+    Trap,
+}
+
+fn compare_all(how: &str, skip: &[&str], kind: Kind) {
     const CF: u64 = 1;
     const ZF: u64 = 1 << 6;
     const SF: u64 = 1 << 7;
@@ -293,10 +315,10 @@ fn compare_all(how: &str, skip: &[&str], trap_only: bool) {
         let at = insn_addr(f);
         let flag_sets = [0x202, 0x202 | CF, 0x202 | ZF | SF];
         let plain: Vec<_> = flag_sets.iter().map(|&fl| run(f, fl)).collect();
-        let probe = if trap_only {
-            probe_at(at).trap_only()
-        } else {
-            probe_at(at)
+        let probe = match kind {
+            Kind::Count => probe_at(at),
+            Kind::Handler => probe_at(at).on_entry(|_| {}),
+            Kind::Trap => probe_at(at).on_entry(|_| {}).trap_only(),
         };
         let probe = probe
             .attach()
@@ -307,6 +329,11 @@ fn compare_all(how: &str, skip: &[&str], trap_only: bool) {
             uprobe_core::Mode::Jump(uprobe_core::Tactic::Pun { .. })
         ));
         let probed: Vec<_> = flag_sets.iter().map(|&fl| run(f, fl)).collect();
+        assert_eq!(
+            probe.hits(),
+            flag_sets.len() as u64,
+            "`{text}`: hits ({how})"
+        );
         probe.detach().unwrap();
         let undefined = undefined_flags(at);
         for (i, (a, b)) in plain.iter().zip(&probed).enumerate() {

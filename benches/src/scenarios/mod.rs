@@ -1,8 +1,12 @@
 //! Every scenario `bench` knows, one module per primitive.
 
+#[cfg(target_arch = "x86_64")]
+mod calls;
 mod counter;
 mod cpu_id;
 mod freelist;
+#[cfg(target_arch = "x86_64")]
+mod hand;
 mod rwsem;
 mod sigpending;
 mod srcu;
@@ -41,6 +45,8 @@ pub fn all() -> Vec<Scenario> {
         uprobe::NOP5,
         #[cfg(target_arch = "x86_64")]
         uprobe::ENTRY,
+        #[cfg(target_arch = "x86_64")]
+        uprobe::COUNT,
         #[cfg(target_arch = "x86_64")]
         uretprobe::NOP,
         #[cfg(target_arch = "x86_64")]

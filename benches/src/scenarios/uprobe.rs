@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use pcpu::PerCpuCounter;
 
+use super::calls::Calls;
 use crate::harness::{Scenario, Workload};
 
 /// A sized function with a real prologue (`push rbp; mov rbp, rsp; push
@@ -129,17 +130,27 @@ unsafe extern "C" {
 /// jump), the same probe kept on its breakpoint, the kernel, unprobed.
 const JUMP_IMPLS: &[&str] = &["uprobe-core", "uprobe-core+trap", "kernel", "none"];
 
+/// [`JUMP_IMPLS`] with the hand-written floor.
+const FLOOR_IMPLS: &[&str] = &["uprobe-core", "uprobe-core+trap", "hand", "kernel", "none"];
+
 pub const NOP5: Scenario = Scenario {
     name: "uprobe-nop5",
-    about: "call a function that starts with a 5-byte nop, probed: uprobe-core runs it through a jump into a trampoline (no signal), +trap keeps the breakpoint; the kernel (6.18+) optimizes this form itself",
-    impls: JUMP_IMPLS,
+    about: "call a function that starts with a 5-byte nop, probed: uprobe-core runs it through a jump into a trampoline (no signal), +trap keeps the breakpoint; the kernel (6.18+) optimizes this form itself; hand is the floor: a jump to a trampoline written by hand that saves the flags, every general-purpose register and xmm0-xmm15 and calls a handler adding to a thread-local counter",
+    impls: FLOOR_IMPLS,
     build: build_nop5,
 };
 
 pub const ENTRY: Scenario = Scenario {
     name: "uprobe-entry",
-    about: "call a function with a real prologue (push rbp; mov rbp, rsp; push rbx; ...), probed at its entry: uprobe-core relocates the three instructions into a trampoline and jumps there, +trap keeps the breakpoint; the kernel emulates push rbp",
-    impls: JUMP_IMPLS,
+    about: "call a function with a real prologue (push rbp; mov rbp, rsp; push rbx; ...), probed at its entry: uprobe-core relocates the three instructions into a trampoline and jumps there, +trap keeps the breakpoint; the kernel emulates push rbp; hand is the floor (as in uprobe-nop5)",
+    impls: FLOOR_IMPLS,
+    build: build_entry,
+};
+
+pub const COUNT: Scenario = Scenario {
+    name: "uprobe-count",
+    about: "call uprobe-entry's function (a real prologue), probed at its entry by a counting probe (no handler: uprobe-core+count, the trampoline adds to its CPU's counter itself, no register frame) or by one counting consumer (uprobe-core: the full register frame and the handler); the kernel's uprobe counting in a perf event; unprobed",
+    impls: &["uprobe-core+count", "uprobe-core", "kernel", "none"],
     build: build_entry,
 };
 
@@ -184,32 +195,6 @@ pub const RIPREL: Scenario = Scenario {
     build: build_riprel,
 };
 
-/// Calls `target` in a loop while `guard` keeps its probe attached;
-/// `check` verifies the probe saw every call.
-pub(super) struct Calls<G: Send + Sync> {
-    pub(super) target: unsafe extern "C" fn(),
-    pub(super) guard: G,
-    pub(super) check: fn(&G, u64) -> Result<(), String>,
-}
-
-impl<G: Send + Sync> Workload for Calls<G> {
-    fn run(&self, _tid: usize, iters: u64) {
-        for _ in 0..iters {
-            // SAFETY: the asm targets take nothing and touch only rsp.
-            unsafe { (self.target)() };
-        }
-    }
-
-    fn batch(&self, _tid: usize) -> u64 {
-        // A trap costs microseconds: check the stop flag more often.
-        64
-    }
-
-    fn verify(&self, ops: &[u64]) -> Result<(), String> {
-        (self.check)(&self.guard, ops.iter().sum())
-    }
-}
-
 fn build_nop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     build(imp, bench_u_nop, bench_k_nop)
 }
@@ -227,10 +212,16 @@ fn build_riprel(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String>
 }
 
 fn build_nop5(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    if imp == "hand" {
+        return Ok(super::hand::build(false));
+    }
     build(imp, bench_u_nop5, bench_k_nop5)
 }
 
 fn build_entry(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    if imp == "hand" {
+        return Ok(super::hand::build(true));
+    }
     build(imp, bench_u_entry, bench_k_entry)
 }
 
@@ -259,6 +250,24 @@ fn build(
         _ => Lookup::Srcu,
     });
     Ok(match imp {
+        "uprobe-core+count" => {
+            // No handler: the probe only counts (the trampoline does it).
+            let probe = engine_probe(imp, ours as *const () as usize)?
+                .attach()
+                .map_err(|e| e.to_string())?;
+            Box::new(Calls {
+                target: ours,
+                guard: probe,
+                check: |probe, ops| {
+                    let hits = probe.hits();
+                    if hits >= ops {
+                        Ok(())
+                    } else {
+                        Err(format!("{hits} hits for {ops} calls"))
+                    }
+                },
+            })
+        }
         _ if imp.starts_with("uprobe-core") => {
             // The consumer counts per CPU: a shared counter would be the
             // one cache line every hit writes.

@@ -16,7 +16,8 @@ use std::num::NonZeroUsize;
 
 use uprobe_core::bench_only::{Pinning, ReturnHold, set_in_flight_pinning, set_return_hold};
 
-use super::uprobe::{Calls, KernelUprobe, bench_k_entry, bench_u_entry};
+use super::calls::Calls;
+use super::uprobe::{KernelUprobe, bench_k_entry, bench_u_entry};
 use crate::harness::{Scenario, Workload};
 
 core::arch::global_asm!(

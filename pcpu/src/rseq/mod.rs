@@ -160,7 +160,6 @@ pub enum GatedAdd {
 pub struct GatedAdder {
     /// `__rseq_offset`, never 0 (the area is not the thread control
     /// block), which gives `Option<GatedAdder>` a niche: one word, one load.
-    #[cfg_attr(not(all(pcpu_arch = "x86_64", not(pcpu_loom))), allow(dead_code))]
     offset: core::num::NonZeroIsize,
 }
 
@@ -184,6 +183,21 @@ impl GatedAdder {
             });
         }
         None
+    }
+
+    /// Where the calling thread's rseq area lies relative to the thread
+    /// pointer (glibc's `__rseq_offset`; on x86-64 `%fs:offset` addresses
+    /// it), for code that writes its own critical sections in assembly
+    /// and relies on what this token proves: [`fence_all`] restarts them.
+    /// Such a section follows the kernel's ABI as this module's do (a
+    /// `struct rseq_cs` descriptor stored at `%fs:offset+8`, the CPU id
+    /// read at `%fs:offset+4` inside the section, one committing store,
+    /// an abort handler after the registered signature `0x53053053`).
+    /// Async-signal-safe.
+    #[inline]
+    #[must_use]
+    pub fn area_offset(self) -> isize {
+        self.offset.get()
     }
 
     /// [`add_if_zero`] without the availability check. Never returns

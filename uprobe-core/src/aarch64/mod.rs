@@ -3,6 +3,7 @@
 //! registers.
 
 mod context;
+pub(crate) mod count;
 mod insn;
 pub(crate) mod jump;
 pub(crate) mod jump_entry;

@@ -238,9 +238,7 @@ unsafe fn attach_one(
         // code mapped at the same address since) or was disarmed: the
         // site must not swallow this attach. Its consumers' probes detach
         // without anything to restore.
-        if let SiteMode::Jump(j) = &*site.mode() {
-            patch::jump::clear_cell(j);
-        }
+        site.clear_cell();
         table::remove(slot);
         garbage.push(Garbage::Site(core::ptr::from_ref(site).cast_mut()));
     }
@@ -275,6 +273,7 @@ unsafe fn attach_one(
         landing: AtomicUsize::new(0),
         landing_entry: AtomicUsize::new(0),
         mode: Mutex::new(SiteMode::Trap(NotOptimized::TrapOnly)),
+        cell: AtomicPtr::new(core::ptr::null_mut()),
     }));
     // SAFETY: just made, not published yet.
     let made = unsafe { &*site };
@@ -409,9 +408,7 @@ fn unpublish(
         // handler once the grace period that follows is over).
         let all: Vec<&Site> = sites.iter().map(|&(_, s)| s).collect();
         for site in &all {
-            if let SiteMode::Jump(j) = &*site.mode() {
-                patch::jump::clear_cell(j);
-            }
+            site.clear_cell();
         }
         to_traps(&all, &NotOptimized::TrapOnly);
     }

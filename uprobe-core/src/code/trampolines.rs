@@ -18,13 +18,13 @@ pub(crate) const CELL_AT: usize = 0;
 pub(crate) const ENTRY_PTR_AT: usize = 8;
 pub(crate) const CODE_AT: usize = 16;
 /// Bytes a trampoline may take (header, prologue and relocated code).
-pub(crate) const TRAMPOLINE_SIZE: usize = 128;
+pub(crate) const TRAMPOLINE_SIZE: usize = 256;
 
 /// For each instruction of a range, its address and that of its
 /// relocated copy.
 pub(crate) type Moves = Vec<(usize, usize)>;
 
-/// The most regions of trampolines a process maps (64 MiB, 524,288
+/// The most regions of trampolines a process maps (64 MiB, 262,144
 /// trampolines).
 const MAX_REGIONS: usize = 1024;
 /// Trampolines per region.

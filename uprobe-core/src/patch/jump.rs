@@ -59,7 +59,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::AtomicPtr;
 
 use super::original::code_as_original;
 use super::pun;
@@ -232,6 +232,7 @@ fn trampoline_for(
     let cell = Box::new(JumpCell {
         addr: site,
         site: AtomicPtr::new(core::ptr::null_mut()),
+        fast: AtomicPtr::new(core::ptr::null_mut()),
     });
     let cell_addr = core::ptr::from_ref(&*cell) as usize;
     let (base, moves) =
@@ -263,10 +264,7 @@ pub(crate) fn optimize(ready: Vec<(&Site, Jump)>) -> Vec<Result<Jump, NotOptimiz
     for (site, r) in sites.iter().zip(&results) {
         if let Ok(j) = r {
             site.set_resume_at(arch_jump::copy_start(j.trampoline.base));
-            j.trampoline
-                .cell
-                .site
-                .store(core::ptr::from_ref(*site).cast_mut(), Ordering::Release);
+            site.take_cell(j.trampoline.cell);
             if j.after_landing_pad() && !j.direct {
                 site.set_landing(j.start, arch_jump::landing_entry(j.trampoline.base));
             }
@@ -531,14 +529,4 @@ pub(crate) fn unoptimize(jumps: &[(&Jump, Mapping)]) {
     // SAFETY: the range's first byte restored over our breakpoint, the
     // rest of the instruction being whole again.
     let _ = unsafe { write_patches(&heads) };
-}
-
-/// Clears a detached site's cell: trampoline hits from now on run no
-/// handler. `WRITER` is held; the caller waits for a grace period before
-/// freeing the site.
-pub(crate) fn clear_cell(jump: &Jump) {
-    jump.trampoline
-        .cell
-        .site
-        .store(core::ptr::null_mut(), Ordering::Release);
 }

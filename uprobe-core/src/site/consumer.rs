@@ -36,4 +36,16 @@ pub(crate) struct Consumer {
     pub(crate) usdt_args: Option<Arc<[crate::usdt::arg::UsdtArg]>>,
     /// That probe's semaphore, held while the consumer is attached.
     pub(crate) semaphore: Option<usize>,
+    /// A counting probe's counts taken by trampolines themselves (see
+    /// [`super::count`]); `None` for a probe with a handler.
+    pub(crate) fast: Option<super::count::FastCount>,
+}
+
+impl Consumer {
+    /// Hits counted: by the full path and by the trampolines' own
+    /// counting. Async-signal-safe.
+    pub(crate) fn hits(&self) -> u64 {
+        let fast = self.fast.as_ref().map_or(0, super::count::FastCount::sum);
+        self.hits.sum().wrapping_add(fast)
+    }
 }

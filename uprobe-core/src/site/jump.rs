@@ -9,14 +9,25 @@ use super::Site;
 use crate::arch::JUMP_LEN;
 use crate::code::trampolines::Moves;
 use crate::mode::Tactic;
+use std::sync::atomic::AtomicU64;
 
-/// Which site a trampoline serves now. Never freed.
+/// Which site a trampoline serves now. Never freed. `#[repr(C)]`: the
+/// counting entry reads `fast` at [`FAST_AT`].
+#[repr(C)]
 pub(crate) struct JumpCell {
     /// The probed address.
     pub(crate) addr: usize,
     /// The site (null: detached).
     pub(crate) site: AtomicPtr<Site>,
+    /// Where a hit is counted without running the engine, when the site's
+    /// only consumer is a counting probe (null: every hit runs the
+    /// engine). See [`super::count`].
+    pub(crate) fast: AtomicPtr<AtomicU64>,
 }
+
+/// The offset of [`JumpCell::fast`] (read by x86-64's counting prelude).
+#[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
+pub(crate) const FAST_AT: usize = core::mem::offset_of!(JumpCell, fast);
 
 /// A trampoline: where it is, its cell, and where each instruction of
 /// the range runs relocated. Never freed.

@@ -10,6 +10,7 @@
 //! writer's, under the attach lock.
 
 pub(crate) mod consumer;
+pub(crate) mod count;
 pub(crate) mod jump;
 pub(crate) mod returns;
 
@@ -64,6 +65,10 @@ pub(crate) struct Site {
     pub(crate) landing_entry: AtomicUsize,
     /// How the site runs (writer only; the handler never looks).
     pub(crate) mode: Mutex<SiteMode>,
+    /// The cell of the trampoline that serves the site, once it has one
+    /// (kept when the site goes back to its breakpoint: threads may still
+    /// be on their way through the trampoline). Writer only.
+    pub(crate) cell: AtomicPtr<jump::JumpCell>,
 }
 
 impl Site {
@@ -145,7 +150,54 @@ impl Site {
     /// Publishes `list`; returns the previous one, to free after a grace
     /// period. The attach lock is held.
     pub(crate) fn publish_list(&self, list: Vec<Arc<Consumer>>) -> *mut Vec<Arc<Consumer>> {
+        let cell = self.cell.load(Ordering::Relaxed);
+        if !cell.is_null() {
+            // SAFETY: cells are never freed.
+            sync_fast(unsafe { &*cell }, &list);
+        }
         self.consumers
             .swap(Box::into_raw(Box::new(list)), Ordering::AcqRel)
+    }
+
+    /// Makes `cell` (its trampoline's) name this site, with the fast path
+    /// its consumers allow. Writer only.
+    pub(crate) fn take_cell(&self, cell: &'static jump::JumpCell) {
+        self.cell
+            .store(core::ptr::from_ref(cell).cast_mut(), Ordering::Relaxed);
+        sync_fast(cell, self.current_list());
+        cell.site
+            .store(core::ptr::from_ref(self).cast_mut(), Ordering::Release);
+    }
+
+    /// Clears the cell of the site's trampoline, if it has one: trampoline
+    /// hits from now on run no handler and count nothing. The caller waits
+    /// for a grace period before freeing the site. Writer only.
+    pub(crate) fn clear_cell(&self) {
+        let cell = self.cell.swap(core::ptr::null_mut(), Ordering::Relaxed);
+        if cell.is_null() {
+            return;
+        }
+        // SAFETY: cells are never freed.
+        let cell = unsafe { &*cell };
+        sync_fast(cell, &[]);
+        cell.site.store(core::ptr::null_mut(), Ordering::Release);
+    }
+}
+
+/// Points `cell`'s fast path at what `list` (the site's consumers now)
+/// allows: the [`count::FastCount`] of its only consumer if that one only
+/// counts, else nothing; after taking a counter away, waits until no
+/// thread can still add to it (see [`count`]). The attach lock is held.
+fn sync_fast(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
+    let want = match list {
+        [only] => only
+            .fast
+            .as_ref()
+            .map_or(core::ptr::null_mut(), count::FastCount::base),
+        _ => core::ptr::null_mut(),
+    };
+    let old = cell.fast.swap(want, Ordering::AcqRel);
+    if !old.is_null() && old != want {
+        pcpu::rseq::fence_all();
     }
 }

@@ -5,12 +5,13 @@
 //! `crate::patch::jump` for the patching protocol):
 //!
 //! ```text
-//!  +0  .quad cell            the probe's JumpCell (which site it serves)
-//!  +8  .quad entry           uprobe_core_jump_entry (the common routine)
-//! +16  lea rsp, [rsp-128]    step over the interrupted code's red zone
-//! +21  call [rip-19]         -> entry: saves, runs the consumers, restores
-//! +27  lea rsp, [rsp+128]    (entry returns here unless a handler set RIP)
-//! +35  the replaced instructions, relocated (RIP-relative operands
+//!   +0  .quad cell            the probe's JumpCell (which site it serves)
+//!   +8  .quad entry           the common routine
+//!  +16  lea rsp, [rsp-128]    step over the interrupted code's red zone
+//!  +21  the counting prelude (`super::count`), or a jump over it
+//! +106  call [rip-104]        -> entry: saves, runs the consumers, restores
+//! +112  lea rsp, [rsp+128]    (entry returns here unless a handler set RIP)
+//! +120  the replaced instructions, relocated (RIP-relative operands
 //!      re-targeted; a final `call rel32` becomes a push of the original
 //!      return address and a `jmp`, so the callee returns to the probed
 //!      code, not here)
@@ -18,7 +19,10 @@
 //! ```
 //!
 //!
-//! The common routine every trampoline calls is [`super::jump_entry`].
+//! The common routine every trampoline calls is [`super::jump_entry`];
+//! the counting prelude (with the abort handler of its restartable
+//! sequence after the relocated code, and its descriptor in the last 32
+//! bytes) is [`super::count`].
 
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
@@ -26,14 +30,12 @@ use iced_x86::{
 };
 
 use super::JUMP_LEN;
-use super::jump_entry::{RESUME_AT, uprobe_core_jump_entry};
+use super::count::COPY_AT;
+use super::jump_entry::uprobe_core_jump_entry;
 use crate::code::trampolines::{CELL_AT, CODE_AT, ENTRY_PTR_AT, Moves, TRAMPOLINE_SIZE};
 use crate::mode::NotOptimized;
+use crate::site::jump::FAST_AT;
 use crate::site::jump::Function;
-
-/// Where the relocated copy starts in a trampoline (past the common
-/// header, `crate::code::trampolines`, and the call into the entry).
-const COPY_AT: usize = 35;
 
 /// What a site's optimization replaces: whole instructions from `start`,
 /// `len` (>= 5) bytes, decoded.
@@ -281,14 +283,9 @@ pub(crate) fn build(
     code[CELL_AT..CELL_AT + 8].copy_from_slice(&(cell as u64).to_le_bytes());
     let entry = uprobe_core_jump_entry as *const () as u64;
     code[ENTRY_PTR_AT..ENTRY_PTR_AT + 8].copy_from_slice(&entry.to_le_bytes());
-    // lea rsp, [rsp-128]
-    code[CODE_AT..CODE_AT + 5].copy_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x80]);
-    // call [rip + disp32]: the entry pointer, relative to the next byte.
-    let disp = ENTRY_PTR_AT as i32 - RESUME_AT as i32;
-    code[CODE_AT + 5..CODE_AT + 7].copy_from_slice(&[0xff, 0x15]);
-    code[CODE_AT + 7..RESUME_AT].copy_from_slice(&disp.to_le_bytes());
-    // lea rsp, [rsp+128]
-    code[RESUME_AT..COPY_AT].copy_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x80, 0, 0, 0]);
+    // The counting prelude (or a jump over it), the call into the common
+    // routine, and the way back to the relocated code.
+    super::count::prelude(&mut code, CELL_AT, ENTRY_PTR_AT, FAST_AT);
 
     let cannot = |_| NotOptimized::NotRelocatable {
         why: "cannot be encoded at the trampoline",
@@ -354,12 +351,13 @@ pub(crate) fn build(
     .map_err(|_| NotOptimized::NotRelocatable {
         why: "cannot be relocated to the trampoline",
     })?;
-    if COPY_AT + encoded.code_buffer.len() > TRAMPOLINE_SIZE {
+    if encoded.code_buffer.len() > super::count::copy_room(TRAMPOLINE_SIZE) {
         return Err(NotOptimized::NotRelocatable {
             why: "relocated, it does not fit a trampoline",
         });
     }
     code.extend_from_slice(&encoded.code_buffer);
+    super::count::finish(&mut code, base, TRAMPOLINE_SIZE);
     let moves = plan
         .insns
         .iter()

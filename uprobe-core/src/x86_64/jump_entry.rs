@@ -18,9 +18,9 @@
 use super::trampoline::{restore_xmm, save_xmm};
 use crate::code::trampolines::CELL_AT;
 
-/// Where the common routine returns to in a trampoline (past its header
-/// and its `call`).
-pub(crate) const RESUME_AT: usize = 27;
+/// Where the common routine returns to in a trampoline (past its header,
+/// its counting prelude and its `call`).
+pub(crate) use super::count::RESUME_AT;
 /// The trampoline's `lea rsp, [rsp+128]` after its call: where a thread
 /// whose stack pointer a handler moved (but not its instruction pointer)
 /// resumes, past it, with the new stack pointer.

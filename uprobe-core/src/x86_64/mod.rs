@@ -3,6 +3,7 @@
 
 mod analyze;
 mod context;
+pub(crate) mod count;
 mod emulate;
 mod insn;
 pub(crate) mod jump;

@@ -1,0 +1,248 @@
+//! Counting probes (no handler): where the site takes a jump, the
+//! trampoline counts each hit itself on its CPU. The counts must be
+//! exact: from several threads that migrate between CPUs mid-run, from
+//! signal handlers that interrupt a count and hit the probe themselves,
+//! in a forked child, and across a handler probe joining and leaving the
+//! address (which turns the trampoline's counting off and on again).
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+
+use common::{StopOnDrop, call, churn_under_callers, fn_addr, probe_at};
+
+#[cfg(target_arch = "x86_64")]
+core::arch::global_asm!(
+    ".text",
+    ".globl counted_fn",
+    ".type counted_fn, @function",
+    "counted_fn:",
+    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+    "lea rax, [rdi + 1]",
+    "ret",
+    ".size counted_fn, . - counted_fn",
+);
+
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(
+    ".text",
+    ".globl counted_fn",
+    ".type counted_fn, %function",
+    "counted_fn:",
+    "nop",
+    "add x0, x0, #1",
+    "ret",
+    ".size counted_fn, . - counted_fn",
+);
+
+unsafe extern "C" {
+    fn counted_fn(x: u64) -> u64;
+}
+
+/// Serialises the tests of this file: each counts every call of the same
+/// function.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn counting_probe() -> uprobe_core::Probe {
+    let probe = probe_at(fn_addr(counted_fn)).attach().unwrap();
+    #[cfg(target_arch = "x86_64")]
+    assert!(probe.mode().is_jump(), "{:?}", probe.mode());
+    probe
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: our own set, of its own size.
+    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) };
+    assert_eq!(rc, 0);
+    // SAFETY: reading a filled set.
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu` (an emulator may refuse: then the
+/// thread just stays where it is).
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (from `allowed_cpus`).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the calling thread, a set of its own size.
+    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) };
+}
+
+#[test]
+fn counts_are_exact_from_threads_that_migrate() {
+    let _s = serial();
+    let probe = counting_probe();
+    let cpus = allowed_cpus();
+    let (threads, calls) = (4u64, 100_000u64);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let cpus = &cpus;
+            s.spawn(move || {
+                for i in 0..calls {
+                    // A new CPU every thousand calls: the count moves
+                    // between CPU slots mid-run.
+                    if i % 1_000 == 0 {
+                        pin_to(cpus[(t as usize + (i / 1_000) as usize) % cpus.len()]);
+                    }
+                    assert_eq!(call(counted_fn, i), i + 1);
+                }
+            });
+        }
+    });
+    assert_eq!(probe.hits(), threads * calls);
+    probe.detach().unwrap();
+}
+
+/// Calls made by the signal handler below.
+static IN_HANDLER: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn hit_in_handler(_: libc::c_int) {
+    assert_eq!(call(counted_fn, 41), 42);
+    IN_HANDLER.fetch_add(1, SeqCst);
+}
+
+#[test]
+fn counts_are_exact_when_signal_handlers_hit_the_probe_mid_count() {
+    let _s = serial();
+    // SAFETY: installs a handler for SIGUSR2, which nothing else in this
+    // test binary uses; the handler only calls the probed function and
+    // adds to an atomic (async-signal-safe).
+    unsafe {
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = hit_in_handler as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR2, &raw const sa, core::ptr::null_mut()),
+            0
+        );
+    }
+    IN_HANDLER.store(0, SeqCst);
+    let probe = counting_probe();
+    let calls = 300_000u64;
+    let done = AtomicBool::new(false);
+    let thread = std::sync::atomic::AtomicUsize::new(0);
+    let mut sent = 0u64;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: pthread_self has no preconditions.
+            thread.store(unsafe { libc::pthread_self() } as usize, SeqCst);
+            for i in 0..calls {
+                assert_eq!(call(counted_fn, i), i + 1);
+            }
+            done.store(true, SeqCst);
+        });
+        let _stop = StopOnDrop(&done);
+        while !done.load(SeqCst) {
+            let t = thread.load(SeqCst);
+            // SAFETY: the worker is alive until `done` (it is joined only
+            // when the scope ends).
+            if t != 0 && unsafe { libc::pthread_kill(t as libc::pthread_t, libc::SIGUSR2) } == 0 {
+                sent += 1;
+            }
+            std::thread::yield_now();
+        }
+    });
+    // Every signal sent before the worker finished was handled by then
+    // or when it returned (before the scope joined it).
+    let handled = IN_HANDLER.load(SeqCst);
+    assert!(
+        handled > 0 && handled <= sent,
+        "{handled} of {sent} signals"
+    );
+    assert_eq!(probe.hits(), calls + handled);
+    probe.detach().unwrap();
+}
+
+#[test]
+fn a_forked_child_counts_on_from_the_parents_count() {
+    let _s = serial();
+    if common::emulated() {
+        println!("under an emulator: fork is not tested");
+        return;
+    }
+    let probe = counting_probe();
+    for i in 0..1_000 {
+        call(counted_fn, i);
+    }
+    // SAFETY: the child only calls the probed function, reads the count
+    // and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        for i in 0..500 {
+            call(counted_fn, i);
+        }
+        let ok = probe.hits() == 1_500;
+        // SAFETY: leaves the child without running the parent's tests.
+        unsafe { libc::_exit(i32::from(!ok)) };
+    }
+    assert!(pid > 0, "fork failed");
+    let mut status = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &raw mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child's count was not 1,500 (status {status:#x})"
+    );
+    assert_eq!(probe.hits(), 1_000, "the child's calls reached the parent");
+    probe.detach().unwrap();
+}
+
+#[test]
+fn a_handler_joining_and_leaving_loses_no_count() {
+    let _s = serial();
+    let probe = counting_probe();
+    let stop = AtomicBool::new(false);
+    let calls = AtomicU64::new(0);
+    let handled = std::sync::Arc::new(AtomicU64::new(0));
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let (stop, calls) = (&stop, &calls);
+            s.spawn(move || {
+                let mut i = t;
+                while !stop.load(SeqCst) {
+                    assert_eq!(call(counted_fn, i), i + 1);
+                    calls.fetch_add(1, SeqCst);
+                    i += 2;
+                }
+            });
+        }
+        let _stop = StopOnDrop(&stop);
+        for _ in 0..50 {
+            // A handler at the same address: every hit now runs the
+            // engine (which counts for both), until it leaves.
+            let seen = std::sync::Arc::clone(&handled);
+            let with_handler = probe_at(fn_addr(counted_fn))
+                .on_entry(move |_| {
+                    seen.fetch_add(1, SeqCst);
+                })
+                .attach()
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            let its_hits = with_handler.hits();
+            with_handler.detach().unwrap();
+            assert!(its_hits <= handled.load(SeqCst));
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    });
+    assert_eq!(probe.hits(), calls.load(SeqCst));
+    assert!(handled.load(SeqCst) > 0);
+    probe.detach().unwrap();
+}
+
+#[test]
+fn counting_probes_attach_and_detach_under_callers() {
+    let _s = serial();
+    churn_under_callers(counted_fn, |x| x + 1, 2, 300);
+}
