@@ -162,7 +162,9 @@
 //! **The trampoline** steps over the red zone (`lea rsp, [rsp-128]`: a
 //! `call` at the site would overwrite the 128 bytes below the stack
 //! pointer), saves the flags, every general-purpose register and
-//! `xmm0`-`xmm15`, and calls the engine with the site built in (no table
+//! `xmm0`-`xmm15` (restoring the flags with `sahf` rather than the
+//! microcoded `popfq` unless a handler changed more than the status
+//! flags), and calls the engine with the site built in (no table
 //! lookup): handlers get the same [`EntryContext`] as on a trap, and a
 //! handler that sets RIP sends the thread there instead of the displaced
 //! instructions. Not saved: the upper halves of `ymm`/`zmm`, the mask
@@ -174,6 +176,25 @@
 //! preempted inside one always finds the same code. A return probe's
 //! entry runs through the jump too, and its return through the plain-code
 //! trampoline: no trap at all.
+//!
+//! **Counting probes.** A probe with no handler ([`Uprobe::on_entry`],
+//! [`Uprobe::on_return`]) and no thread filter only counts its hits
+//! ([`Probe::hits`]). Where its site takes a jump and it is the only probe
+//! there, the trampoline counts each hit itself before anything else: a
+//! restartable sequence loads the probe's per-CPU counter from the
+//! trampoline's cell and adds one to the current CPU's slot, with
+//! `jrcxz`, `lea` and BMI2 shifts only (no flag changes, so nothing but
+//! three registers is saved), and the thread goes straight on to the
+//! displaced instructions: a few nanoseconds a hit, no register frame, no
+//! call into Rust. The counts are exact under preemption, migration,
+//! signals (a signal handler that hits the probe mid-count restarts the
+//! interrupted count) and fork. When a handler probe joins the address,
+//! the cell's counter is taken away (and every count in flight restarted
+//! by a `membarrier` rseq fence) and hits run the engine, which counts
+//! for both; when it leaves, the trampoline counts again. Threads whose
+//! rseq area is not registered take the engine's path. x86-64 with BMI2
+//! and glibc's rseq registration; elsewhere a counting probe's hits run
+//! the engine.
 //!
 //! **Patching** follows the kernel's `text_poke_bp`: with the breakpoint
 //! on the first byte and every thread's instruction stream synced, the

@@ -266,7 +266,10 @@ impl Uprobe {
     /// The handler run on each hit, before the probed instruction, in the
     /// SIGTRAP handler of the thread that hit it: see [`EntryContext`] for
     /// what it may do. A handler that panics aborts the process (unwinding
-    /// through a signal frame is not possible).
+    /// through a signal frame is not possible). Without it (and without
+    /// [`on_return`](Self::on_return)) the probe is a *counting probe*:
+    /// [`Probe::hits`] counts its hits, which its trampoline counts itself
+    /// where it can, at a few nanoseconds a hit.
     #[must_use]
     pub fn on_entry(mut self, f: impl Fn(&mut EntryContext<'_>) + Send + Sync + 'static) -> Self {
         self.handler = Some(Box::new(f));
@@ -413,6 +416,7 @@ impl Uprobe {
                     blocked,
                     usdt_args: p.usdt.as_ref().map(|(args, _)| Arc::clone(args)),
                     semaphore: p.usdt.as_ref().and_then(|&(_, sem)| sem),
+                    counting,
                     fast: (counting && crate::site::count::enabled())
                         .then(crate::site::count::FastCount::new),
                 });
@@ -464,7 +468,10 @@ impl Probe {
         self.addr
     }
 
-    /// Hits that ran this probe's handler.
+    /// Hits that ran this probe's handler; for a probe with no handler (a
+    /// *counting probe*), every hit, counted by the trampoline itself where
+    /// it can (see the crate docs' "Counting probes"). Exact, a sum over
+    /// per-CPU counters. Async-signal-safe.
     #[must_use]
     pub fn hits(&self) -> u64 {
         self.consumer.hits()
@@ -527,7 +534,8 @@ impl Probe {
 
     /// Hits at this address that ran no handler because the thread was
     /// already inside the engine (a probed function called from a
-    /// handler), shared by every probe on the address.
+    /// handler), shared by every probe on the address. A counting probe
+    /// (no handler) counts these hits in [`hits`](Self::hits) too.
     #[must_use]
     pub fn missed(&self) -> u64 {
         queries::missed(self.addr)

@@ -85,7 +85,7 @@ fn counts_are_exact_from_threads_that_migrate() {
     let _s = serial();
     let probe = counting_probe();
     let cpus = allowed_cpus();
-    let (threads, calls) = (4u64, 100_000u64);
+    let (threads, calls) = (4u64, if common::emulated() { 10_000 } else { 100_000 });
     std::thread::scope(|s| {
         for t in 0..threads {
             let cpus = &cpus;
@@ -130,7 +130,7 @@ fn counts_are_exact_when_signal_handlers_hit_the_probe_mid_count() {
     }
     IN_HANDLER.store(0, SeqCst);
     let probe = counting_probe();
-    let calls = 300_000u64;
+    let calls = if common::emulated() { 30_000 } else { 300_000 };
     let done = AtomicBool::new(false);
     let thread = std::sync::atomic::AtomicUsize::new(0);
     let mut sent = 0u64;
@@ -244,5 +244,6 @@ fn a_handler_joining_and_leaving_loses_no_count() {
 #[test]
 fn counting_probes_attach_and_detach_under_callers() {
     let _s = serial();
-    churn_under_callers(counted_fn, |x| x + 1, 2, 300);
+    let rounds = if common::emulated() { 50 } else { 300 };
+    churn_under_callers(counted_fn, |x| x + 1, 2, rounds);
 }

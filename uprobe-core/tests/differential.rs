@@ -305,6 +305,9 @@ fn compare_all(how: &str, skip: &[&str], kind: Kind) {
     const CF: u64 = 1;
     const ZF: u64 = 1 << 6;
     const SF: u64 = 1 << 7;
+    const PF: u64 = 1 << 2;
+    const AF: u64 = 1 << 4;
+    const OF: u64 = 1 << 11;
     let mut compared = 0;
     let mut jumps = 0;
     let mut puns = 0;
@@ -313,7 +316,9 @@ fn compare_all(how: &str, skip: &[&str], kind: Kind) {
             continue;
         }
         let at = insn_addr(f);
-        let flag_sets = [0x202, 0x202 | CF, 0x202 | ZF | SF];
+        // The last set has OF, AF and PF: the jump path restores the
+        // status flags with `sahf` and an overflowing `add` for OF.
+        let flag_sets = [0x202, 0x202 | CF, 0x202 | ZF | SF, 0x202 | OF | AF | PF];
         let plain: Vec<_> = flag_sets.iter().map(|&fl| run(f, fl)).collect();
         let probe = match kind {
             Kind::Count => probe_at(at),

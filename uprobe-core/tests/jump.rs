@@ -200,6 +200,35 @@ core::arch::global_asm!(
     "j_ret_only:",
     "ret",
     ".size j_ret_only, . - j_ret_only",
+    // The flags at a 5-byte nop, as a handler may have set them: the
+    // carry, the overflow, the direction flag.
+    ".globl j_carry",
+    ".type j_carry, @function",
+    "j_carry:",
+    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+    "setc al",
+    "movzx eax, al",
+    "ret",
+    ".size j_carry, . - j_carry",
+    ".globl j_overflow",
+    ".type j_overflow, @function",
+    "j_overflow:",
+    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+    "seto al",
+    "movzx eax, al",
+    "ret",
+    ".size j_overflow, . - j_overflow",
+    ".globl j_direction",
+    ".type j_direction, @function",
+    "j_direction:",
+    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+    "pushfq",
+    "pop rax",
+    "shr eax, 10",
+    "and eax, 1",
+    "cld",
+    "ret",
+    ".size j_direction, . - j_direction",
     // Where a redirected hit goes.
     ".globl j_elsewhere",
     ".type j_elsewhere, @function",
@@ -233,6 +262,9 @@ unsafe extern "C" {
     fn j_pun_taken(x: u64) -> u64;
     fn j_ret_only(x: u64) -> u64;
     fn j_icall(x: u64) -> u64;
+    fn j_carry(x: u64) -> u64;
+    fn j_overflow(x: u64) -> u64;
+    fn j_direction(x: u64) -> u64;
 }
 
 /// A probe on `f`'s entry, found through the symbol table (so the
@@ -499,6 +531,35 @@ fn handlers_read_and_write_registers_through_a_trampoline() {
             assert_eq!(call(j_prologue, 10), 33);
         },
     );
+}
+
+#[test]
+fn flags_a_handler_sets_reach_the_code_through_a_jump() {
+    // The way back restores the status flags with `sahf` (OF through an
+    // overflowing add), and every flag with `popfq` once a handler changed
+    // another one (DF here).
+    const CF: u64 = 1;
+    const DF: u64 = 1 << 10;
+    const OF: u64 = 1 << 11;
+    for (f, flag) in [
+        (j_carry as unsafe extern "C" fn(u64) -> u64, CF),
+        (j_overflow, OF),
+        (j_direction, DF),
+    ] {
+        let set = at_entry(f)
+            .on_entry(move |cx| cx.set_reg(Reg::Rflags, cx.reg(Reg::Rflags) | flag))
+            .attach()
+            .unwrap();
+        assert_eq!(set.mode(), Mode::Jump(Tactic::Replace));
+        assert_eq!(call(f, 0), 1, "flag {flag:#x} set by the handler");
+        set.detach().unwrap();
+        let clear = at_entry(f)
+            .on_entry(move |cx| cx.set_reg(Reg::Rflags, cx.reg(Reg::Rflags) & !flag))
+            .attach()
+            .unwrap();
+        assert_eq!(call(f, 0), 0, "flag {flag:#x} cleared by the handler");
+        clear.detach().unwrap();
+    }
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Every scenario `bench` knows, one module per primitive.
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod calls;
 mod counter;
 mod cpu_id;
@@ -10,7 +10,7 @@ mod hand;
 mod rwsem;
 mod sigpending;
 mod srcu;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod uprobe;
 #[cfg(target_arch = "x86_64")]
 mod uretprobe;
@@ -43,9 +43,9 @@ pub fn all() -> Vec<Scenario> {
         uprobe::RIPREL,
         #[cfg(target_arch = "x86_64")]
         uprobe::NOP5,
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         uprobe::ENTRY,
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         uprobe::COUNT,
         #[cfg(target_arch = "x86_64")]
         uretprobe::NOP,

@@ -1,8 +1,10 @@
-//! `uprobe-nop`, `uprobe-push`, `uprobe-ret` and `uprobe-riprel`: a call
-//! to a probed function, with the
-//! engine's probe (`uprobe-core`), with a real kernel uprobe (`kernel`, on
-//! a copy of the function the engine never patches), and unprobed
-//! (`none`): the trig-uprobe-* benchmarks of the kernel's selftests.
+//! `uprobe-nop`, `uprobe-push`, `uprobe-ret`, `uprobe-riprel`,
+//! `uprobe-nop5`, `uprobe-entry` and `uprobe-count`: a call to a probed
+//! function, with the engine's probe (`uprobe-core`), with a real kernel
+//! uprobe (`kernel`, on a copy of the function the engine never patches),
+//! and unprobed (`none`): the trig-uprobe-* benchmarks of the kernel's
+//! selftests. On aarch64, `uprobe-entry` and `uprobe-count` only (a
+//! function that pushes and pops a frame record).
 
 use std::ffi::CString;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use pcpu::PerCpuCounter;
 use super::calls::Calls;
 use crate::harness::{Scenario, Workload};
 
+#[cfg(target_arch = "x86_64")]
 /// A sized function with a real prologue (`push rbp; mov rbp, rsp; push
 /// rbx`: three instructions, 5 bytes) that returns its argument plus one.
 macro_rules! prologue_function {
@@ -35,6 +38,7 @@ macro_rules! prologue_function {
     };
 }
 
+#[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
     ".text",
     // The engine's targets.
@@ -111,6 +115,32 @@ core::arch::global_asm!(
     ".text",
 );
 
+// aarch64: uprobe-entry's function (a frame record pushed and popped, as
+// compilers write a prologue) and the kernel's copy.
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(
+    ".text",
+    ".globl bench_u_entry",
+    ".type bench_u_entry, %function",
+    "bench_u_entry:",
+    "stp x29, x30, [sp, #-16]!",
+    "mov x29, sp",
+    "add x0, x0, #1",
+    "ldp x29, x30, [sp], #16",
+    "ret",
+    ".size bench_u_entry, . - bench_u_entry",
+    ".globl bench_k_entry",
+    ".type bench_k_entry, %function",
+    "bench_k_entry:",
+    "stp x29, x30, [sp, #-16]!",
+    "mov x29, sp",
+    "add x0, x0, #1",
+    "ldp x29, x30, [sp], #16",
+    "ret",
+    ".size bench_k_entry, . - bench_k_entry",
+);
+
+#[cfg(target_arch = "x86_64")]
 unsafe extern "C" {
     fn bench_u_nop();
     fn bench_u_push();
@@ -122,6 +152,9 @@ unsafe extern "C" {
     fn bench_k_riprel();
     fn bench_u_nop5();
     fn bench_k_nop5();
+}
+
+unsafe extern "C" {
     pub(super) fn bench_u_entry();
     pub(super) fn bench_k_entry();
 }
@@ -130,9 +163,13 @@ unsafe extern "C" {
 /// jump), the same probe kept on its breakpoint, the kernel, unprobed.
 const JUMP_IMPLS: &[&str] = &["uprobe-core", "uprobe-core+trap", "kernel", "none"];
 
-/// [`JUMP_IMPLS`] with the hand-written floor.
+/// [`JUMP_IMPLS`] with the hand-written floor (x86-64).
+#[cfg(target_arch = "x86_64")]
 const FLOOR_IMPLS: &[&str] = &["uprobe-core", "uprobe-core+trap", "hand", "kernel", "none"];
+#[cfg(not(target_arch = "x86_64"))]
+const FLOOR_IMPLS: &[&str] = JUMP_IMPLS;
 
+#[cfg(target_arch = "x86_64")]
 pub const NOP5: Scenario = Scenario {
     name: "uprobe-nop5",
     about: "call a function that starts with a 5-byte nop, probed: uprobe-core runs it through a jump into a trampoline (no signal), +trap keeps the breakpoint; the kernel (6.18+) optimizes this form itself; hand is the floor: a jump to a trampoline written by hand that saves the flags, every general-purpose register and xmm0-xmm15 and calls a handler adding to a thread-local counter",
@@ -142,7 +179,7 @@ pub const NOP5: Scenario = Scenario {
 
 pub const ENTRY: Scenario = Scenario {
     name: "uprobe-entry",
-    about: "call a function with a real prologue (push rbp; mov rbp, rsp; push rbx; ...), probed at its entry: uprobe-core relocates the three instructions into a trampoline and jumps there, +trap keeps the breakpoint; the kernel emulates push rbp; hand is the floor (as in uprobe-nop5)",
+    about: "call a function with a real prologue (push rbp; mov rbp, rsp; push rbx; ...), probed at its entry: uprobe-core relocates the three instructions into a trampoline and jumps there, +trap keeps the breakpoint; the kernel emulates push rbp; hand is the floor (as in uprobe-nop5); on aarch64 the function pushes a frame record (stp x29, x30, [sp, #-16]!; mov x29, sp; ...) and the probe on its first instruction takes a branch to a trampoline",
     impls: FLOOR_IMPLS,
     build: build_entry,
 };
@@ -154,6 +191,7 @@ pub const COUNT: Scenario = Scenario {
     build: build_entry,
 };
 
+#[cfg(target_arch = "x86_64")]
 pub const NOP: Scenario = Scenario {
     name: "uprobe-nop",
     about: "call a function whose first instruction (a one-byte nop) is probed, one counting consumer: uprobe-core puns a jump over it (the jump's displacement runs into the bytes after it), +trap keeps the breakpoint; uprobe-core+percpu-rwsem / +rwlock: on the breakpoint, the table lookup under percpu-rwsem (seed 001) or a RwLock instead of SRCU",
@@ -168,6 +206,7 @@ pub const NOP: Scenario = Scenario {
     build: build_nop,
 };
 
+#[cfg(target_arch = "x86_64")]
 pub const PUSH: Scenario = Scenario {
     name: "uprobe-push",
     about: "call a function whose first instruction (push rbp) is probed, one counting consumer: uprobe-core puns a jump over it, +trap keeps the breakpoint (and emulates the push); the kernel emulates it",
@@ -175,6 +214,7 @@ pub const PUSH: Scenario = Scenario {
     build: build_push,
 };
 
+#[cfg(target_arch = "x86_64")]
 pub const RET: Scenario = Scenario {
     name: "uprobe-ret",
     about: "call a function that is a lone `ret`, probed: uprobe-core puns a jump over it, +trap keeps the breakpoint (and emulates the ret); the kernel single-steps it",
@@ -182,6 +222,7 @@ pub const RET: Scenario = Scenario {
     build: build_ret,
 };
 
+#[cfg(target_arch = "x86_64")]
 pub const RIPREL: Scenario = Scenario {
     name: "uprobe-riprel",
     about: "call a function starting with a RIP-relative load, probed (the kernel single-steps it; the engine jumps to a trampoline that runs it relocated, no trap; +twotrap: on its breakpoint, out of line in a slot that ends in a second trap, signals deferred lock-free, or +twotrap+locked: under a process-wide lock, seed 000's before)",
@@ -195,22 +236,27 @@ pub const RIPREL: Scenario = Scenario {
     build: build_riprel,
 };
 
+#[cfg(target_arch = "x86_64")]
 fn build_nop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     build(imp, bench_u_nop, bench_k_nop)
 }
 
+#[cfg(target_arch = "x86_64")]
 fn build_push(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     build(imp, bench_u_push, bench_k_push)
 }
 
+#[cfg(target_arch = "x86_64")]
 fn build_ret(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     build(imp, bench_u_ret, bench_k_ret)
 }
 
+#[cfg(target_arch = "x86_64")]
 fn build_riprel(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     build(imp, bench_u_riprel, bench_k_riprel)
 }
 
+#[cfg(target_arch = "x86_64")]
 fn build_nop5(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     if imp == "hand" {
         return Ok(super::hand::build(false));
@@ -219,6 +265,7 @@ fn build_nop5(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
 }
 
 fn build_entry(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    #[cfg(target_arch = "x86_64")]
     if imp == "hand" {
         return Ok(super::hand::build(true));
     }

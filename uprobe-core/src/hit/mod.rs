@@ -25,6 +25,12 @@ pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool
     let mut ip_changed = false;
     if enter() {
         site.missed.add(1);
+        // SAFETY: as below.
+        let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
+        // Counting probes run no handler: their counts stay exact here.
+        for c in consumers.iter().filter(|c| c.counting) {
+            c.hits.add(1);
+        }
     } else {
         let _abort = AbortOnUnwind::new();
         // SAFETY: lists are freed only after a grace period, and we are in

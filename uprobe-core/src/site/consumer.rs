@@ -36,8 +36,13 @@ pub(crate) struct Consumer {
     pub(crate) usdt_args: Option<Arc<[crate::usdt::arg::UsdtArg]>>,
     /// That probe's semaphore, held while the consumer is attached.
     pub(crate) semaphore: Option<usize>,
+    /// A counting probe (no handler, no return side, no thread filter):
+    /// its hits are counted even where no handler may run (a hit nested
+    /// in the engine).
+    pub(crate) counting: bool,
     /// A counting probe's counts taken by trampolines themselves (see
-    /// [`super::count`]); `None` for a probe with a handler.
+    /// [`super::count`]); `None` for a probe with a handler, or where
+    /// trampolines do not count.
     pub(crate) fast: Option<super::count::FastCount>,
 }
 

@@ -1,6 +1,8 @@
 //! The common routine every trampoline calls (see [`super::jump`] for a
 //! trampoline's layout). It saves the flags (then clears DF, as the ABI
-//! wants), every general-purpose register (in `ucontext_t`'s `gregs`
+//! wants; on the way back it restores only the status flags, with `sahf`,
+//! unless a handler changed others or DF was set: `popfq` is microcoded
+//! and dear), every general-purpose register (in `ucontext_t`'s `gregs`
 //! layout, so handlers get the same [`Frame`](super::Frame) as on the
 //! trap path) and `xmm0`-`xmm15`, calls [`jump_hit`] with the frame,
 //! restores, and returns into the trampoline, or, when a handler moved
@@ -56,6 +58,38 @@ impl JumpFrame {
     pub(crate) fn probed_sp(&self) -> u64 {
         core::ptr::from_ref(self) as u64 + size_of::<Self>() as u64 + 128
     }
+}
+
+/// Pops the registers of a `JumpFrame` and restores the status flags
+/// from the frame's [`FLAGS_IMAGE`] slot with `sahf` (and `OF` with an
+/// `add` that overflows exactly when it was set, before the `sahf`): no
+/// `popfq`, which is microcoded. Only for a frame whose other flags are
+/// the ones the routine found (see `jump_hit`). Ends at the return slot.
+macro_rules! restore_frame_status {
+    () => {
+        concat!(
+            "pop r8\n",
+            "pop r9\n",
+            "pop r10\n",
+            "pop r11\n",
+            "pop r12\n",
+            "pop r13\n",
+            "pop r14\n",
+            "pop r15\n",
+            "pop rdi\n",
+            "pop rsi\n",
+            "pop rbp\n",
+            "pop rbx\n",
+            "pop rdx\n",
+            // The image, 5 slots above rax's.
+            "mov rax, [rsp + 40]\n",
+            "add al, 0x7f\n",
+            "sahf\n",
+            "pop rax\n",
+            "pop rcx\n",
+            "lea rsp, [rsp + 64]\n",
+        )
+    };
 }
 
 /// Pops the registers of a `JumpFrame` (the RSP and RIP slots skipped,
@@ -125,13 +159,22 @@ core::arch::global_asm!(
     restore_xmm!(),
     "mov rsp, rbx",
     "cmp eax, 1",
-    "je 2f",
-    "ja 3f",
-    restore_frame!(),
-    "ret",
-    "2:",
+    "jb 4f",
+    "je 5f",
+    "cmp eax, 3",
+    "jb 3f",
+    "je 6f",
     restore_frame!(),
     "ret 128",
+    "4:",
+    restore_frame_status!(),
+    "ret",
+    "5:",
+    restore_frame_status!(),
+    "ret 128",
+    "6:",
+    restore_frame!(),
+    "ret",
     // A new stack pointer: the registers, then the flags (`mov` leaves
     // them alone), then the slot stored in the frame's RSP entry (24
     // bytes below, past RIP and EFL), which holds the new RIP.
@@ -165,19 +208,35 @@ unsafe extern "C" {
     pub(crate) fn uprobe_core_jump_entry();
 }
 
+/// The frame's slot (an unused `gregs` entry) that holds the status
+/// flags to restore as `sahf` and the `OF` trick want them: `SF ZF AF PF
+/// CF` in bits 8-15 (`ah`), `OF` in bit 0 (`al`).
+const FLAGS_IMAGE: usize = libc::REG_CSGSFS as usize;
+/// The flags `sahf` and the `OF` trick restore.
+const STATUS: i64 = 0x8d5;
+/// The direction flag (cleared by the routine).
+const DF: i64 = 0x400;
+
 /// What the common routine calls: fills in what the pushes could not
 /// (the stack pointer and instruction pointer at the probe), runs the
 /// consumers, and says how to go on: 0, into the trampoline; 1, a
 /// handler moved RIP (now `frame.ret`); 2, a handler moved RSP (the
 /// frame's RSP entry is the slot, 136 bytes below it, that holds where
-/// to go: the new RIP, or the relocated copy if RIP stayed). A move of
-/// RSP further down than [`MAX_SP_DROP`] is not honoured.
-/// Async-signal-safe.
+/// to go: the new RIP, or the relocated copy if RIP stayed); 3 and 4, as
+/// 0 and 1 with every flag restored by `popfq` (a handler changed flags
+/// other than the status flags, or the direction flag was set): 0 and 1
+/// restore only the status flags, the others being what the routine
+/// found. A move of RSP further down than [`MAX_SP_DROP`] is not
+/// honoured. Async-signal-safe.
 extern "C" fn jump_hit(frame: &mut JumpFrame) -> u32 {
     const RSP: usize = libc::REG_RSP as usize;
+    const EFL: usize = libc::REG_EFL as usize;
     let sp = frame.probed_sp();
     frame.regs[RSP] = sp as i64;
+    let found = frame.regs[EFL];
     let moved = crate::entry::jump::on_jump(frame.cell(), &mut frame.regs);
+    let flags = frame.regs[EFL];
+    let status_only = (flags ^ found) & !STATUS == 0 && found & DF == 0;
     let new_sp = frame.regs[RSP] as u64;
     if new_sp != sp && new_sp >= sp - MAX_SP_DROP {
         let to = if moved {
@@ -197,5 +256,10 @@ extern "C" fn jump_hit(frame: &mut JumpFrame) -> u32 {
     if moved {
         frame.ret = frame.regs[libc::REG_RIP as usize] as u64;
     }
-    u32::from(moved)
+    if status_only {
+        frame.regs[FLAGS_IMAGE] = ((flags & 0xd5) << 8) | ((flags >> 11) & 1);
+        u32::from(moved)
+    } else {
+        3 + u32::from(moved)
+    }
 }
