@@ -8,8 +8,9 @@
 //! ```
 //!
 //! `uprobe-jump`: a trap-free hit (a 5-byte nop at the entry, one counting
-//! consumer) against the bare call of the same function, and an entry and
-//! return through a jump on a real prologue:
+//! consumer; and a counting probe, which its trampoline counts itself)
+//! against the bare call of the same function, and an entry and return
+//! through a jump on a real prologue:
 //!
 //! ```sh
 //! cargo bench -p uprobe-core --bench hit -- uprobe-jump
@@ -37,6 +38,12 @@ mod x86 {
         ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
         "ret",
         ".size hit_nop5, . - hit_nop5",
+        ".globl hit_cnt5",
+        ".type hit_cnt5, @function",
+        "hit_cnt5:",
+        ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+        "ret",
+        ".size hit_cnt5, . - hit_cnt5",
         ".globl hit_bare5",
         ".type hit_bare5, @function",
         "hit_bare5:",
@@ -62,6 +69,7 @@ mod x86 {
         fn hit_rnop();
         fn hit_nop5();
         fn hit_bare5();
+        fn hit_cnt5();
         fn hit_entry();
     }
 
@@ -84,6 +92,15 @@ mod x86 {
             // SAFETY: as above.
             b.iter(|| unsafe { hit_nop5() });
         });
+        // No handler: the trampoline counts the hit itself.
+        let counting = uprobe_core::Uprobe::at(hit_cnt5 as *const () as usize)
+            .expect("symbol")
+            .attach()
+            .expect("attach");
+        g.bench_function("nop5 hit, counting probe", |b| {
+            // SAFETY: as above.
+            b.iter(|| unsafe { hit_cnt5() });
+        });
         let ret = uprobe_core::Uprobe::at(hit_entry as *const () as usize)
             .expect("symbol")
             .on_return(|_| {
@@ -97,7 +114,7 @@ mod x86 {
             b.iter(|| unsafe { hit_entry() });
         });
         g.finish();
-        drop((probe, ret));
+        drop((probe, counting, ret));
     }
 
     pub fn hits(c: &mut Criterion) {
