@@ -112,7 +112,10 @@ fn entry_handlers_read_and_write_registers() {
 
 #[test]
 fn a_probe_hit_from_a_handler_is_missed_and_still_runs() {
-    let inner = probe_at(fn_addr(g_inner)).attach().unwrap();
+    let inner = probe_at(fn_addr(g_inner))
+        .on_entry(|_| {})
+        .attach()
+        .unwrap();
     static FROM_HANDLER: AtomicU64 = AtomicU64::new(0);
     let outer = probe_at(fn_addr(g_outer))
         .on_entry(|_| {
@@ -125,4 +128,9 @@ fn a_probe_hit_from_a_handler_is_missed_and_still_runs() {
     assert_eq!(outer.hits(), 1);
     // The direct call from outer hit; the one from the handler was missed.
     assert_eq!((inner.hits(), inner.missed()), (1, 1));
+    inner.detach().unwrap();
+    // A counting probe (no handler) runs nothing there: it counts both.
+    let counting = probe_at(fn_addr(g_inner)).attach().unwrap();
+    assert_eq!(call(g_outer, 5), 12);
+    assert_eq!((counting.hits(), counting.missed()), (2, 1));
 }
