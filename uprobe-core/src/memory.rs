@@ -8,9 +8,9 @@
 //!
 //! - an out-of-line slot (64 bytes) for a site on its breakpoint whose
 //!   instruction is not emulated;
-//! - a trampoline (256 bytes: on x86-64 its counting prelude takes 104
-//!   of them, and its restartable sequence's descriptor 32) for a
-//!   trap-free site;
+//! - a trampoline (256 bytes: on x86-64 its counting prelude and the call
+//!   into the engine take 115 of them, and its restartable sequence's
+//!   descriptor 32) for a trap-free site;
 //! - for a punned jump (`Tactic::Pun`), a stub of 5 or 14 bytes at an
 //!   address the code's bytes choose: stubs whose windows overlap share a
 //!   page, but a 1-byte instruction (or a one-byte patch) fixes the exact

@@ -62,6 +62,9 @@ pub(crate) use super::jump_entry::copy_start;
 use super::jump_entry::{COPY_AT, uprobe_core_jump_entry};
 use super::{HWCAP_SVE, HWCAP2_SME, hwcaps};
 use crate::code::trampolines::{CODE_AT, ENTRY_PTR_AT, Moves, TRAMPOLINE_SIZE};
+
+/// Where a site's branch lands in its trampoline: right after the header.
+pub(crate) const ENTRY_AT: usize = CODE_AT;
 use crate::mode::NotOptimized;
 use crate::site::jump::Function;
 

@@ -24,7 +24,6 @@ use crate::arch::jump::Plan;
 pub(crate) use crate::arch::pun::AVAILABLE;
 use crate::arch::pun::{pun_bytes, puns, stub};
 use crate::code::pinned;
-use crate::code::trampolines::CODE_AT;
 use crate::mode::NotOptimized;
 use crate::process::maps::Snapshot;
 use crate::site::jump::{Pun, Trampoline};
@@ -51,7 +50,7 @@ pub(crate) fn choose(
     one_byte: bool,
 ) -> Result<(Pun, [u8; JUMP_LEN]), Option<NotOptimized>> {
     let code = &code[..code.len().min(2 * JUMP_LEN)];
-    let target = trampoline.base + CODE_AT;
+    let target = trampoline.base + crate::arch::jump::ENTRY_AT;
     let mut blocked = None;
     let mut taken = None;
     let mut stubs = STUBS

@@ -12,54 +12,62 @@
 //! / `popfq` (microcoded, and the dearest part of a frame).
 //!
 //! ```text
-//!  +16  lea rsp, [rsp-128]
-//!  +21  push rax; push rcx; push rdx
-//!  +24  lea rax, [rip + descriptor]     (re)start: arm the section
-//!  +31  mov fs:[area+8], rax            rseq->rseq_cs
-//!  +40  mov edx, fs:[area+4]            section start: rseq->cpu_id
-//!  +48  mov eax, 63
-//!  +53  lea rcx, [rdx - cpus]           negative iff cpu_id < cpus
-//!  +60  shrx rcx, rcx, rax              1 iff so (an unregistered
-//!  +65  jrcxz full                        thread's id is 2^32 - 1 or - 2)
-//!  +67  mov rax, [rip + cell pointer]
-//!  +74  mov rcx, [rax + fast]           slot 0 of the counter, or null
-//!  +78  jrcxz full
-//!  +80  rorx rdx, rdx, 57               cpu_id * 128 (the slot stride)
-//!  +86  mov rax, [rcx + rdx]
-//!  +90  lea rax, [rax + 1]
-//!  +94  mov [rcx + rdx], rax            the commit
-//!  +98  pop rdx; pop rcx; pop rax
-//! +101  jmp resume
-//! +103  full: pop rdx; pop rcx; pop rax
-//! +106  call [rip + entry pointer]      the common routine
-//! +112  resume: lea rsp, [rsp+128]
-//! +120  the relocated code, then the jump back
-//!       the abort handler: the signature, then jmp +24
+//!   +0  .quad cell; .quad entry        (the common header)
+//!  +16  full: pop rdx; pop rcx; pop rax
+//!  +19  call [rip + entry pointer]      the common routine
+//!  +25  resume: lea rsp, [rsp+128]
+//!  +33  jmp copy
+//!  +38  the jump's target: lea rsp, [rsp-128]
+//!  +43  push rax; push rcx; push rdx
+//!  +46  lea rax, [rip + descriptor]     (re)start: arm the section
+//!  +53  mov fs:[area+8], rax            rseq->rseq_cs
+//!  +62  mov edx, fs:[area+4]            section start: rseq->cpu_id
+//!  +70  mov eax, 63
+//!  +75  lea rcx, [rdx - cpus]           negative iff cpu_id < cpus
+//!  +82  shrx rcx, rcx, rax              1 iff so (an unregistered
+//!  +87  jrcxz full                        thread's id is 2^32 - 1 or - 2)
+//!  +89  mov rax, [rip + cell pointer]
+//!  +96  mov rcx, [rax + fast]           slot 0 of the counter, or null
+//! +100  jrcxz full
+//! +102  rorx rdx, rdx, 57               cpu_id * 128 (the slot stride)
+//! +108  mov rax, [rcx + rdx]
+//! +112  lea rax, [rax + 1]
+//! +116  mov [rcx + rdx], rax            the commit
+//! +120  pop rdx; pop rcx; pop rax
+//! +123  lea rsp, [rsp+128]
+//! +131  copy: the relocated code, then the jump back
+//!       the abort handler: the signature, then jmp +46
 //! +224  the section's descriptor (32 bytes, 32-aligned)
 //! ```
 //!
-//! Where trampolines do not count (no BMI2, no rseq fences), the prelude
-//! is a jump from +21 to the call.
+//! The counting path runs straight through into the relocated code; the
+//! full path lies before it, so that the call's return address (and so
+//! where the common routine finds the cell) is the same in every
+//! trampoline. Where trampolines do not count (no BMI2, no rseq fences),
+//! the jump's target goes straight to the call.
 
 use std::sync::OnceLock;
 
-/// Where the prelude starts the section over (re-arming it).
-const RESTART_AT: usize = 24;
-/// The section: from the CPU id's load to the commit (inclusive).
-const START_AT: usize = 40;
-const POST_COMMIT_AT: usize = 98;
-/// The two `jrcxz full` instructions (their rel8 ends the instruction).
-const CPU_CHECK_AT: usize = 65;
-const FAST_CHECK_AT: usize = 78;
-/// The counting path's jump over the full path to `resume`.
-const SKIP_FULL_AT: usize = 101;
-/// The full path: the registers back, then the call into the engine.
-const FULL_AT: usize = 103;
-pub(crate) const CALL_AT: usize = 106;
+/// The full path, right after the common header: the registers back,
+/// then the call into the engine.
+const FULL_AT: usize = crate::code::trampolines::CODE_AT;
+pub(crate) const CALL_AT: usize = 19;
 /// Where the common routine returns to (past the call).
-pub(crate) const RESUME_AT: usize = 112;
+pub(crate) const RESUME_AT: usize = 25;
+/// The full path's jump to the relocated code.
+const JUMP_TO_COPY_AT: usize = 33;
+/// Where the site's jump lands.
+pub(crate) const ENTRY_AT: usize = 38;
+/// Where the prelude starts the section over (re-arming it).
+const RESTART_AT: usize = 46;
+/// The section: from the CPU id's load to the commit (inclusive).
+const START_AT: usize = 62;
+const POST_COMMIT_AT: usize = 120;
+/// The two `jrcxz full` instructions.
+const CPU_CHECK_AT: usize = 87;
+const FAST_CHECK_AT: usize = 100;
 /// Where the relocated code starts.
-pub(crate) const COPY_AT: usize = 120;
+pub(crate) const COPY_AT: usize = 131;
 /// The section's descriptor, from the end of the trampoline.
 const DESCRIPTOR_FROM_END: usize = 32;
 /// The abort handler's bytes: the signature glibc registered, as the tail
@@ -103,77 +111,75 @@ pub(crate) fn fits(stride: usize, cpus: usize) -> bool {
     counting().is_some_and(|c| stride == 128 && cpus == c.cpus as usize)
 }
 
-/// Writes the prelude and the full path into `code` (a trampoline at
-/// `base`, `code[..COPY_AT]`), given the offsets of the cell pointer, the
-/// entry pointer and the cell's fast pointer. The abort handler and the
+/// Writes the full path and the prelude into `code` (a trampoline's
+/// `code[..COPY_AT]`), given the offsets of the cell pointer, the entry
+/// pointer and the cell's fast pointer. The abort handler and the
 /// descriptor are [`finish`]'s, once the relocated code's length is
 /// known. Not async-signal-safe.
 pub(crate) fn prelude(code: &mut [u8], cell_at: usize, entry_at: usize, fast_at: usize) {
-    let start = crate::code::trampolines::CODE_AT;
-    code[start..start + 5].copy_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x80]);
     let rel32 = |from_end: usize, to: usize| (to as i32 - from_end as i32).to_le_bytes();
-    match counting() {
-        None => {
-            // jmp rel32 to the call: no counting here.
-            code[start + 5] = 0xe9;
-            code[start + 6..start + 10].copy_from_slice(&rel32(start + 10, CALL_AT));
-        }
-        Some(c) => {
-            // The bytes from +21; `at(p)` is the offset in the trampoline
-            // where `p` ends.
-            let mut p: Vec<u8> = Vec::with_capacity(CALL_AT - start);
-            let at = |p: &Vec<u8>| start + 5 + p.len();
-            p.extend_from_slice(&[0x50, 0x51, 0x52]);
-            debug_assert_eq!(at(&p), RESTART_AT);
-            // lea rax, [rip + descriptor]: patched by `finish`.
-            p.extend_from_slice(&[0x48, 0x8d, 0x05, 0, 0, 0, 0]);
-            // mov fs:[area + 8], rax
-            p.extend_from_slice(&[0x64, 0x48, 0x89, 0x04, 0x25]);
-            p.extend_from_slice(&(c.area + 8).to_le_bytes());
-            debug_assert_eq!(at(&p), START_AT);
-            // mov edx, fs:[area + 4]
-            p.extend_from_slice(&[0x64, 0x8b, 0x14, 0x25]);
-            p.extend_from_slice(&(c.area + 4).to_le_bytes());
-            // mov eax, 63
-            p.extend_from_slice(&[0xb8, 63, 0, 0, 0]);
-            // lea rcx, [rdx - cpus]
-            p.extend_from_slice(&[0x48, 0x8d, 0x8a]);
-            p.extend_from_slice(&(-(c.cpus as i32)).to_le_bytes());
-            // shrx rcx, rcx, rax
-            p.extend_from_slice(&[0xc4, 0xe2, 0xfb, 0xf7, 0xc9]);
-            debug_assert_eq!(at(&p), CPU_CHECK_AT);
-            // jrcxz full
-            p.extend_from_slice(&[0xe3, (FULL_AT - (CPU_CHECK_AT + 2)) as u8]);
-            // mov rax, [rip + cell pointer]
-            p.extend_from_slice(&[0x48, 0x8b, 0x05]);
-            let end = at(&p) + 4;
-            p.extend_from_slice(&rel32(end, cell_at));
-            // mov rcx, [rax + fast]
-            p.extend_from_slice(&[0x48, 0x8b, 0x48, fast_at as u8]);
-            debug_assert_eq!(at(&p), FAST_CHECK_AT);
-            // jrcxz full
-            p.extend_from_slice(&[0xe3, (FULL_AT - (FAST_CHECK_AT + 2)) as u8]);
-            // rorx rdx, rdx, 57 (rotate left by 7: * 128)
-            p.extend_from_slice(&[0xc4, 0xe3, 0xfb, 0xf0, 0xd2, 57]);
-            // mov rax, [rcx + rdx]; lea rax, [rax + 1]; mov [rcx + rdx], rax
-            p.extend_from_slice(&[0x48, 0x8b, 0x04, 0x11, 0x48, 0x8d, 0x40, 0x01]);
-            p.extend_from_slice(&[0x48, 0x89, 0x04, 0x11]);
-            debug_assert_eq!(at(&p), POST_COMMIT_AT);
-            p.extend_from_slice(&[0x5a, 0x59, 0x58]);
-            debug_assert_eq!(at(&p), SKIP_FULL_AT);
-            // jmp resume
-            p.extend_from_slice(&[0xeb, (RESUME_AT - (SKIP_FULL_AT + 2)) as u8]);
-            debug_assert_eq!(at(&p), FULL_AT);
-            p.extend_from_slice(&[0x5a, 0x59, 0x58]);
-            debug_assert_eq!(at(&p), CALL_AT);
-            code[start + 5..CALL_AT].copy_from_slice(&p);
-        }
-    }
-    // call [rip + entry pointer]
+    let rel8 = |from_end: usize, to: usize| (to as isize - from_end as isize) as i8 as u8;
+    // The full path: pop rdx; pop rcx; pop rax (for the counting path's
+    // exits), call [rip + entry pointer], lea rsp, [rsp+128], jmp copy.
+    code[FULL_AT..CALL_AT].copy_from_slice(&[0x5a, 0x59, 0x58]);
     code[CALL_AT..CALL_AT + 2].copy_from_slice(&[0xff, 0x15]);
     code[CALL_AT + 2..RESUME_AT].copy_from_slice(&rel32(RESUME_AT, entry_at));
-    // lea rsp, [rsp+128]
-    code[RESUME_AT..COPY_AT].copy_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x80, 0, 0, 0]);
+    code[RESUME_AT..JUMP_TO_COPY_AT].copy_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x80, 0, 0, 0]);
+    code[JUMP_TO_COPY_AT] = 0xe9;
+    code[JUMP_TO_COPY_AT + 1..ENTRY_AT].copy_from_slice(&rel32(ENTRY_AT, COPY_AT));
+    // lea rsp, [rsp-128]
+    code[ENTRY_AT..ENTRY_AT + 5].copy_from_slice(&[0x48, 0x8d, 0x64, 0x24, 0x80]);
+    let Some(c) = counting() else {
+        // jmp rel32 to the call: no counting here.
+        code[ENTRY_AT + 5] = 0xe9;
+        code[ENTRY_AT + 6..ENTRY_AT + 10].copy_from_slice(&rel32(ENTRY_AT + 10, CALL_AT));
+        return;
+    };
+    // The bytes from +43; `at(p)` is the offset in the trampoline where
+    // `p` ends.
+    let mut p: Vec<u8> = Vec::with_capacity(COPY_AT - ENTRY_AT);
+    let at = |p: &Vec<u8>| ENTRY_AT + 5 + p.len();
+    p.extend_from_slice(&[0x50, 0x51, 0x52]);
+    debug_assert_eq!(at(&p), RESTART_AT);
+    // lea rax, [rip + descriptor]: patched by `finish`.
+    p.extend_from_slice(&[0x48, 0x8d, 0x05, 0, 0, 0, 0]);
+    // mov fs:[area + 8], rax
+    p.extend_from_slice(&[0x64, 0x48, 0x89, 0x04, 0x25]);
+    p.extend_from_slice(&(c.area + 8).to_le_bytes());
+    debug_assert_eq!(at(&p), START_AT);
+    // mov edx, fs:[area + 4]
+    p.extend_from_slice(&[0x64, 0x8b, 0x14, 0x25]);
+    p.extend_from_slice(&(c.area + 4).to_le_bytes());
+    // mov eax, 63
+    p.extend_from_slice(&[0xb8, 63, 0, 0, 0]);
+    // lea rcx, [rdx - cpus]
+    p.extend_from_slice(&[0x48, 0x8d, 0x8a]);
+    p.extend_from_slice(&(-(c.cpus as i32)).to_le_bytes());
+    // shrx rcx, rcx, rax
+    p.extend_from_slice(&[0xc4, 0xe2, 0xfb, 0xf7, 0xc9]);
+    debug_assert_eq!(at(&p), CPU_CHECK_AT);
+    // jrcxz full
+    p.extend_from_slice(&[0xe3, rel8(CPU_CHECK_AT + 2, FULL_AT)]);
+    // mov rax, [rip + cell pointer]
+    p.extend_from_slice(&[0x48, 0x8b, 0x05]);
+    let end = at(&p) + 4;
+    p.extend_from_slice(&rel32(end, cell_at));
+    // mov rcx, [rax + fast]
+    p.extend_from_slice(&[0x48, 0x8b, 0x48, fast_at as u8]);
+    debug_assert_eq!(at(&p), FAST_CHECK_AT);
+    // jrcxz full
+    p.extend_from_slice(&[0xe3, rel8(FAST_CHECK_AT + 2, FULL_AT)]);
+    // rorx rdx, rdx, 57 (rotate left by 7: * 128)
+    p.extend_from_slice(&[0xc4, 0xe3, 0xfb, 0xf0, 0xd2, 57]);
+    // mov rax, [rcx + rdx]; lea rax, [rax + 1]; mov [rcx + rdx], rax
+    p.extend_from_slice(&[0x48, 0x8b, 0x04, 0x11, 0x48, 0x8d, 0x40, 0x01]);
+    p.extend_from_slice(&[0x48, 0x89, 0x04, 0x11]);
+    debug_assert_eq!(at(&p), POST_COMMIT_AT);
+    p.extend_from_slice(&[0x5a, 0x59, 0x58]);
+    // lea rsp, [rsp+128], into the relocated code
+    p.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x80, 0, 0, 0]);
+    debug_assert_eq!(at(&p), COPY_AT);
+    code[ENTRY_AT + 5..COPY_AT].copy_from_slice(&p);
 }
 
 /// The room the relocated code may take in a trampoline of `size` bytes

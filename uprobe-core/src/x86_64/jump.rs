@@ -7,11 +7,13 @@
 //! ```text
 //!   +0  .quad cell            the probe's JumpCell (which site it serves)
 //!   +8  .quad entry           the common routine
-//!  +16  lea rsp, [rsp-128]    step over the interrupted code's red zone
-//!  +21  the counting prelude (`super::count`), or a jump over it
-//! +106  call [rip-104]        -> entry: saves, runs the consumers, restores
-//! +112  lea rsp, [rsp+128]    (entry returns here unless a handler set RIP)
-//! +120  the replaced instructions, relocated (RIP-relative operands
+//!  +16  pop rdx; pop rcx; pop rax (the counting prelude's way out)
+//!  +19  call [rip-17]         -> entry: saves, runs the consumers, restores
+//!  +25  lea rsp, [rsp+128]    (entry returns here unless a handler set RIP)
+//!  +33  jmp +131
+//!  +38  the jump's target: lea rsp, [rsp-128] (step over the red zone),
+//!       then the counting prelude (`super::count`), or a jump to +19
+//! +131  the replaced instructions, relocated (RIP-relative operands
 //!      re-targeted; a final `call rel32` becomes a push of the original
 //!      return address and a `jmp`, so the callee returns to the probed
 //!      code, not here)
@@ -31,8 +33,9 @@ use iced_x86::{
 
 use super::JUMP_LEN;
 use super::count::COPY_AT;
+pub(crate) use super::count::ENTRY_AT;
 use super::jump_entry::uprobe_core_jump_entry;
-use crate::code::trampolines::{CELL_AT, CODE_AT, ENTRY_PTR_AT, Moves, TRAMPOLINE_SIZE};
+use crate::code::trampolines::{CELL_AT, ENTRY_PTR_AT, Moves, TRAMPOLINE_SIZE};
 use crate::mode::NotOptimized;
 use crate::site::jump::FAST_AT;
 use crate::site::jump::Function;
@@ -374,7 +377,7 @@ pub(crate) fn build(
 
 /// The `jmp rel32` from `start` to trampoline `base`.
 pub(crate) fn jump_bytes(start: usize, base: usize) -> [u8; JUMP_LEN] {
-    let rel = (base + CODE_AT) as i64 - (start + JUMP_LEN) as i64;
+    let rel = (base + ENTRY_AT) as i64 - (start + JUMP_LEN) as i64;
     let rel = i32::try_from(rel).expect("trampolines are placed within rel32 reach");
     let mut b = [0xe9, 0, 0, 0, 0];
     b[1..].copy_from_slice(&rel.to_le_bytes());
