@@ -60,6 +60,17 @@ impl JumpFrame {
     }
 }
 
+/// Pops a `JumpFrame`'s registers from `r8` up to `rdx` (the order of
+/// `gregs`); `rax` and `rcx` follow.
+macro_rules! pop_to_rdx {
+    () => {
+        concat!(
+            "pop r8\n pop r9\n pop r10\n pop r11\n pop r12\n pop r13\n pop r14\n pop r15\n",
+            "pop rdi\n pop rsi\n pop rbp\n pop rbx\n pop rdx\n",
+        )
+    };
+}
+
 /// Pops the registers of a `JumpFrame` and restores the status flags
 /// from the frame's [`FLAGS_IMAGE`] slot with `sahf` (and `OF` with an
 /// `add` that overflows exactly when it was set, before the `sahf`): no
@@ -68,19 +79,7 @@ impl JumpFrame {
 macro_rules! restore_frame_status {
     () => {
         concat!(
-            "pop r8\n",
-            "pop r9\n",
-            "pop r10\n",
-            "pop r11\n",
-            "pop r12\n",
-            "pop r13\n",
-            "pop r14\n",
-            "pop r15\n",
-            "pop rdi\n",
-            "pop rsi\n",
-            "pop rbp\n",
-            "pop rbx\n",
-            "pop rdx\n",
+            pop_to_rdx!(),
             // The image, 5 slots above rax's.
             "mov rax, [rsp + 40]\n",
             "add al, 0x7f\n",
@@ -97,19 +96,7 @@ macro_rules! restore_frame_status {
 macro_rules! restore_frame {
     () => {
         concat!(
-            "pop r8\n",
-            "pop r9\n",
-            "pop r10\n",
-            "pop r11\n",
-            "pop r12\n",
-            "pop r13\n",
-            "pop r14\n",
-            "pop r15\n",
-            "pop rdi\n",
-            "pop rsi\n",
-            "pop rbp\n",
-            "pop rbx\n",
-            "pop rdx\n",
+            pop_to_rdx!(),
             "pop rax\n",
             "pop rcx\n",
             "lea rsp, [rsp + 16]\n",
@@ -179,19 +166,7 @@ core::arch::global_asm!(
     // them alone), then the slot stored in the frame's RSP entry (24
     // bytes below, past RIP and EFL), which holds the new RIP.
     "3:",
-    "pop r8",
-    "pop r9",
-    "pop r10",
-    "pop r11",
-    "pop r12",
-    "pop r13",
-    "pop r14",
-    "pop r15",
-    "pop rdi",
-    "pop rsi",
-    "pop rbp",
-    "pop rbx",
-    "pop rdx",
+    pop_to_rdx!(),
     "pop rax",
     "pop rcx",
     "lea rsp, [rsp + 16]",
