@@ -19,35 +19,23 @@ use std::sync::{Arc, Weak};
 /// the owner, which is why accounts used from signal handlers defer it
 /// ([`Release::Deferred`](crate::Release::Deferred)).
 pub struct Owner {
-    pin: Box<dyn Pin>,
+    kind: Kind,
 }
 
-/// The operations behind an [`Owner`].
-trait Pin: Send + Sync {
-    /// Whether `pin` can fail (only an `Arc` owner can be gone).
-    fn can_fail(&self) -> bool {
-        false
-    }
-    /// Takes a reference; `false` if the owner is gone.
-    fn pin(&self) -> bool;
-    /// Drops a reference taken by a successful `pin`.
-    ///
-    /// # Safety
-    /// Balanced with an earlier successful `pin`.
-    unsafe fn unpin(&self);
+/// The kinds of [`Owner`], matched directly (no call through a vtable on
+/// the charge path; the `Arc` kind's pin and unpin inline into it).
+enum Kind {
+    Nothing,
+    Arc(StrongCount),
+    Callbacks(Callbacks),
 }
 
-struct Nothing;
-
-impl Pin for Nothing {
-    fn pin(&self) -> bool {
-        true
-    }
-    unsafe fn unpin(&self) {}
-}
-
-struct StrongCount<T> {
-    weak: Weak<T>,
+struct StrongCount {
+    /// The owner, its type erased: the counts of an `Arc`'s allocation do
+    /// not depend on the type, so `upgrade` and the strong count's
+    /// decrement need no vtable (only a last release, which drops the
+    /// value, calls through it).
+    weak: Weak<dyn Send + Sync>,
     /// Under loom: `upgrade` is one atomic of `std`, invisible to the
     /// model; a load of this modelled atomic just before it lets the model
     /// interleave other threads between the charge's increment and the pin.
@@ -55,11 +43,8 @@ struct StrongCount<T> {
     point: loom::sync::atomic::AtomicUsize,
 }
 
-impl<T: Send + Sync> Pin for StrongCount<T> {
-    fn can_fail(&self) -> bool {
-        true
-    }
-
+impl StrongCount {
+    #[inline]
     fn pin(&self) -> bool {
         #[cfg(pcpu_loom)]
         self.point.load(loom::sync::atomic::Ordering::Relaxed);
@@ -68,6 +53,9 @@ impl<T: Send + Sync> Pin for StrongCount<T> {
         self.weak.upgrade().map(core::mem::forget).is_some()
     }
 
+    /// # Safety
+    /// Balanced with an earlier successful `pin`.
+    #[inline]
     unsafe fn unpin(&self) {
         // SAFETY: a successful `pin` left one strong count, forgotten, on
         // this allocation, which the `Weak` keeps allocated.
@@ -86,34 +74,22 @@ unsafe impl Send for Callbacks {}
 // SAFETY: as above.
 unsafe impl Sync for Callbacks {}
 
-impl Pin for Callbacks {
-    fn pin(&self) -> bool {
-        // SAFETY: `from_fns`'s contract.
-        unsafe { (self.pin)(self.context) };
-        true
-    }
-
-    unsafe fn unpin(&self) {
-        // SAFETY: `from_fns`'s contract.
-        unsafe { (self.unpin)(self.context) };
-    }
-}
-
 impl Owner {
     /// No owner: the account is a counter with a limit.
     #[must_use]
     pub fn none() -> Self {
         Self {
-            pin: Box::new(Nothing),
+            kind: Kind::Nothing,
         }
     }
 
     /// Pins `owner` (a strong count) while anything is charged.
     #[must_use]
     pub fn arc<T: Send + Sync + 'static>(owner: &Arc<T>) -> Self {
+        let weak: Weak<T> = Arc::downgrade(owner);
         Self {
-            pin: Box::new(StrongCount {
-                weak: Arc::downgrade(owner),
+            kind: Kind::Arc(StrongCount {
+                weak,
                 #[cfg(pcpu_loom)]
                 point: loom::sync::atomic::AtomicUsize::new(0),
             }),
@@ -136,7 +112,7 @@ impl Owner {
         unpin: unsafe fn(*const ()),
     ) -> Self {
         Self {
-            pin: Box::new(Callbacks {
+            kind: Kind::Callbacks(Callbacks {
                 context,
                 pin,
                 unpin,
@@ -145,19 +121,38 @@ impl Owner {
     }
 
     /// Whether pinning can fail ([`Owner::arc`] only).
+    #[inline]
     pub(crate) fn can_fail(&self) -> bool {
-        self.pin.can_fail()
+        matches!(self.kind, Kind::Arc(_))
     }
 
+    /// Takes a reference; `false` if the owner is gone.
+    #[inline]
     pub(crate) fn pin(&self) -> bool {
-        self.pin.pin()
+        match &self.kind {
+            Kind::Nothing => true,
+            Kind::Arc(strong) => strong.pin(),
+            Kind::Callbacks(c) => {
+                // SAFETY: `from_fns`'s contract.
+                unsafe { (c.pin)(c.context) };
+                true
+            }
+        }
     }
 
+    /// Drops a reference taken by a successful [`pin`](Self::pin).
+    ///
     /// # Safety
     /// Balanced with an earlier successful [`pin`](Self::pin).
+    #[inline]
     pub(crate) unsafe fn unpin(&self) {
-        // SAFETY: forwarded.
-        unsafe { self.pin.unpin() };
+        match &self.kind {
+            Kind::Nothing => {}
+            // SAFETY: forwarded.
+            Kind::Arc(strong) => unsafe { strong.unpin() },
+            // SAFETY: `from_fns`'s contract.
+            Kind::Callbacks(c) => unsafe { (c.unpin)(c.context) },
+        }
     }
 }
 
