@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Point {
-    /// The charge that took a level from 0 to 1 has tried to pin the
+    /// A charge that found a level idle (its load read the word as 0, or
+    /// its increment took the count from 0 to 1) has tried to pin the
     /// owner (`pinned` says whether it succeeded) and has not yet made the
     /// outcome visible to other chargers.
     PinTried {

@@ -18,6 +18,32 @@
 //! [`release_deferred`]). [`PendingQueue`] is a bounded FIFO charging each
 //! queued item to an account, counting refusals.
 //!
+//! ## Held charges: which charge to call
+//! In the kernel, the task that queues a signal holds the user it charges
+//! (through its credentials), so the 0 -> 1 `get_uid` is a plain
+//! increment. [`Account::charge_holding`] is that case: the caller passes
+//! the owner's `Arc` (checked by address to be the account's owner,
+//! [`ChargeError::NotOwner`] otherwise), and the 0 -> 1 pin is one
+//! increment of its strong count, which cannot fail, plus (on an idle
+//! level) one compare-and-swap on the count. [`Account::charge`] has only
+//! the account's `Weak`: its pin is an upgrade (a compare-and-swap loop)
+//! that may find the owner gone, and the account then refuses this and
+//! every later charge ([`ChargeError::OwnerGone`]).
+//!
+//! Why the held charge is correct: the caller's strong reference keeps the
+//! strong count above 0 for the whole charge, so the increment is valid,
+//! no pin of that owner can fail meanwhile, and the account can never have
+//! found it gone (a count that reached 0 stays 0, and the account's `Weak`
+//! keeps the allocation, so no other `Arc` can share its address). After
+//! the charge the account's own pin keeps the owner alive, whatever the
+//! caller does with its `Arc`. The two charges mix freely on one account.
+//!
+//! Use `charge_holding` wherever the charging code has the owner's `Arc`
+//! at hand (a sender charging its own user, a thread charging the consumer
+//! it runs for); use `charge` where it has only the account (a signal
+//! handler reaching the account through a table), or where a charge
+//! after the owner is gone must be refused rather than made impossible.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use sigpending::{Account, Owner, PendingQueue, Release};
@@ -45,7 +71,7 @@
 //! # Async-signal safety
 //! | operation | signal-safe |
 //! |---|---|
-//! | [`Account::charge`], dropping a [`Charge`], [`Account::uncharge_unchecked`] | yes for [`Release::Deferred`] accounts (or owners whose release is signal-safe); lock-free, no allocation |
+//! | [`Account::charge`], [`Account::charge_holding`], dropping a [`Charge`], [`Account::uncharge_unchecked`] | yes for [`Release::Deferred`] accounts (or owners whose release is signal-safe); lock-free, no allocation |
 //! | [`PendingQueue::enqueue`], [`PendingQueue::dequeue`] | as above; never waits for another thread |
 //! | every [`TaskFlags`] operation but `install_current` | yes |
 //! | constructors, [`release_deferred`], [`TaskFlags::install_current`] | no |

@@ -53,6 +53,27 @@ impl StrongCount {
         self.weak.upgrade().map(core::mem::forget).is_some()
     }
 
+    /// Whether this is the allocation `ptr` (an `Arc`'s value) points to.
+    #[inline]
+    fn is_at(&self, ptr: *const ()) -> bool {
+        core::ptr::addr_eq(self.weak.as_ptr(), ptr)
+    }
+
+    /// A pin that cannot fail: one plain increment of the strong count.
+    ///
+    /// # Safety
+    /// The caller holds a strong reference on this allocation (so its
+    /// strong count is above 0 and stays so during the call).
+    #[inline]
+    unsafe fn pin_held(&self) {
+        #[cfg(pcpu_loom)]
+        self.point.load(loom::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the `Weak` keeps the allocation, and the caller's strong
+        // reference keeps the value alive: the pointer is that of a live
+        // `Arc`'s value.
+        unsafe { Arc::increment_strong_count(self.weak.as_ptr()) };
+    }
+
     /// # Safety
     /// Balanced with an earlier successful `pin`.
     #[inline]
@@ -136,6 +157,41 @@ impl Owner {
                 // SAFETY: `from_fns`'s contract.
                 unsafe { (c.pin)(c.context) };
                 true
+            }
+        }
+    }
+
+    /// Whether this owner is an [`Owner::arc`] of the allocation `ptr`
+    /// points to (an `Arc`'s value, as [`Arc::as_ptr`] gives it). The
+    /// account's `Weak` keeps the allocation, so no other `Arc` can be at
+    /// that address while the account lives.
+    #[inline]
+    pub(crate) fn is_arc_at(&self, ptr: *const ()) -> bool {
+        match &self.kind {
+            Kind::Arc(strong) => strong.is_at(ptr),
+            Kind::Nothing | Kind::Callbacks(_) => false,
+        }
+    }
+
+    /// Pins an owner the caller holds: for an owner [`is_arc_at`]
+    /// the caller's `Arc`, a plain increment of the strong count, which
+    /// cannot fail (no compare-and-swap loop, no "gone" case).
+    ///
+    /// [`is_arc_at`]: Self::is_arc_at
+    ///
+    /// # Safety
+    /// `self.is_arc_at(p)` for the value pointer `p` of an `Arc` the caller
+    /// holds for the duration of the call.
+    #[inline]
+    pub(crate) unsafe fn pin_held(&self) {
+        match &self.kind {
+            // SAFETY: forwarded: the caller holds a strong reference on
+            // this allocation.
+            Kind::Arc(strong) => unsafe { strong.pin_held() },
+            // Not reachable (the caller checked `is_arc_at`); pinning is
+            // infallible for these kinds anyway.
+            Kind::Nothing | Kind::Callbacks(_) => {
+                let _ = self.pin();
             }
         }
     }

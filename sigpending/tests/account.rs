@@ -167,3 +167,137 @@ fn concurrent_charges_stay_balanced_and_within_limits() {
         "pins balanced"
     );
 }
+
+#[test]
+fn a_held_charge_pins_once_and_releases_on_one_to_zero() {
+    let user = Arc::new(String::from("alice"));
+    let account = Account::new(2, Owner::arc(&user));
+    let a = account.charge_holding(&user).unwrap();
+    assert_eq!(Arc::strong_count(&user), 2, "one pin for the account");
+    let b = account.charge_holding(&user).unwrap();
+    let c = account.charge(); // mixes with the ordinary path
+    assert_eq!(
+        c.unwrap_err(),
+        ChargeError::OverLimit { depth: 0, limit: 2 }
+    );
+    assert_eq!((account.charged(), Arc::strong_count(&user)), (2, 2));
+    drop(a);
+    b.uncharge();
+    assert_eq!((account.charged(), Arc::strong_count(&user)), (0, 1));
+    // A zero limit refuses a held charge and leaves no pin behind.
+    let none = Account::new(0, Owner::arc(&user));
+    assert!(none.charge_holding(&user).is_err());
+    assert_eq!((none.charged(), Arc::strong_count(&user)), (0, 1));
+}
+
+#[test]
+fn a_held_charge_outlives_every_other_holder() {
+    let user = Arc::new(String::from("bob"));
+    let weak = Arc::downgrade(&user);
+    let account = Account::new(4, Owner::arc(&user));
+    let mine = Arc::clone(&user);
+    drop(user); // the creator lets go; `mine` holds it
+    let c = account.charge_holding(&mine).unwrap();
+    drop(mine); // now only the account's pin keeps it
+    assert_eq!(weak.strong_count(), 1);
+    let d = account.charge().unwrap(); // covered by the pin
+    drop(c);
+    drop(d);
+    assert_eq!(weak.strong_count(), 0, "released on 1 -> 0");
+    assert_eq!(
+        account.charge().unwrap_err(),
+        ChargeError::OwnerGone { depth: 0 }
+    );
+}
+
+#[test]
+fn a_held_charge_refuses_an_arc_that_is_not_the_owner() {
+    let (user, other) = (Arc::new(1_u32), Arc::new(1_u32));
+    let by_arc = Account::new(4, Owner::arc(&user));
+    let bare = Account::new(4, Owner::none());
+    for (account, held) in [(&by_arc, &other), (&bare, &user)] {
+        let err = account.charge_holding(held).unwrap_err();
+        assert_eq!(err, ChargeError::NotOwner);
+        assert!(err.to_string().contains("not the account's owner"));
+        assert_eq!(account.charged(), 0, "nothing charged");
+    }
+    assert_eq!(
+        (Arc::strong_count(&user), Arc::strong_count(&other)),
+        (1, 1)
+    );
+    // Zero-sized values: distinct `Arc`s are distinct allocations.
+    let (u, v) = (Arc::new(()), Arc::new(()));
+    let account = Account::new(1, Owner::arc(&u));
+    assert_eq!(
+        account.charge_holding(&v).unwrap_err(),
+        ChargeError::NotOwner
+    );
+    assert!(account.charge_holding(&u).is_ok());
+}
+
+#[test]
+fn a_held_charge_through_a_hierarchy() {
+    let (user, group) = (Arc::new(()), Arc::new(()));
+    // The parent pins another owner (its ordinary pin), the grandparent
+    // the same user (the caller's reference covers it too).
+    let root = Account::new(8, Owner::arc(&user));
+    let parent = root.child(8, Owner::arc(&group), Release::Immediate);
+    let child = parent.child(1, Owner::arc(&user), Release::Deferred);
+    let c = child.charge_holding(&user).unwrap();
+    assert_eq!(
+        (child.charged(), parent.charged(), root.charged()),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        (Arc::strong_count(&user), Arc::strong_count(&group)),
+        (3, 2)
+    );
+    assert_eq!(
+        child.charge_holding(&user).unwrap_err(),
+        ChargeError::OverLimit { depth: 0, limit: 1 }
+    );
+    drop(c);
+    sigpending::release_deferred();
+    assert_eq!(
+        (Arc::strong_count(&user), Arc::strong_count(&group)),
+        (1, 1)
+    );
+    // An ancestor's owner that is gone still refuses, and the levels below
+    // are undone.
+    drop(group);
+    assert_eq!(
+        child.charge_holding(&user).unwrap_err(),
+        ChargeError::OwnerGone { depth: 1 }
+    );
+    sigpending::release_deferred();
+    assert_eq!(
+        (child.charged(), root.charged(), Arc::strong_count(&user)),
+        (0, 0, 1)
+    );
+}
+
+#[test]
+fn held_and_ordinary_charges_from_many_threads_stay_balanced() {
+    let user = Arc::new(());
+    let account = Account::new(3, Owner::arc(&user));
+    let threads = 2 * std::thread::available_parallelism().map_or(2, usize::from);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (account, mine) = (&account, Arc::clone(&user));
+            s.spawn(move || {
+                for i in 0..20_000 {
+                    let c = if (i + t) % 2 == 0 {
+                        account.charge_holding(&mine)
+                    } else {
+                        account.charge()
+                    };
+                    if let Ok(c) = c {
+                        assert!(Arc::strong_count(&mine) >= 2, "charged without a pin");
+                        drop(c);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!((account.charged(), Arc::strong_count(&user)), (0, 1));
+}

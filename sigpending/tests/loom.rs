@@ -188,6 +188,259 @@ fn charges_racing_the_owners_drop_pin_it_exactly_while_charged() {
     });
 }
 
+/// Runs `f` under loom with at most `preemptions` preemptions per
+/// execution (the three-thread models would not finish unbounded).
+fn model_bounded(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(preemptions);
+    b.check(f);
+}
+
+/// Two charges of the idle account race: the second either increments a
+/// pinned level (one `fetch_add`), or also found the level unpinned, pins
+/// and publishes too, and drops its extra pin again. Both are counted, the
+/// owner holds exactly the account's one reference while they are, and
+/// none once both are uncharged.
+#[test]
+fn two_charges_of_an_idle_level_leave_one_reference() {
+    loom::model(|| {
+        let user = std::sync::Arc::new(());
+        let account = Account::new(2, Owner::arc(&user));
+        let a2 = account.clone();
+        let t = thread::spawn(move || a2.charge().map(sigpending::Charge::forget).is_ok());
+        let here = account.charge().map(sigpending::Charge::forget).is_ok();
+        assert!(t.join().unwrap() && here, "refused under the limit");
+        assert_eq!(account.charged(), 2);
+        assert_eq!(
+            std::sync::Arc::strong_count(&user),
+            2,
+            "not exactly one pin while charged"
+        );
+        // SAFETY: balances the two forgotten charges.
+        unsafe {
+            account.uncharge_unchecked();
+            account.uncharge_unchecked();
+        }
+        assert_eq!(std::sync::Arc::strong_count(&user), 1, "pin not released");
+    });
+    // A callback owner: the extra pin goes through the deferred release.
+    loom::model(|| {
+        let owner = Model::new();
+        let account = Account::with_release(2, owner.owner(), Release::Deferred);
+        let a2 = account.clone();
+        let t = thread::spawn(move || a2.charge().map(sigpending::Charge::forget).is_ok());
+        let here = account.charge().map(sigpending::Charge::forget).is_ok();
+        assert!(t.join().unwrap() && here, "refused under the limit");
+        sigpending::release_deferred();
+        assert_eq!(
+            owner.refs.load(SeqCst),
+            2,
+            "not exactly one pin while charged"
+        );
+        // SAFETY: balances the two forgotten charges.
+        unsafe {
+            account.uncharge_unchecked();
+            account.uncharge_unchecked();
+        }
+        sigpending::release_deferred();
+        owner.put();
+        assert!(owner.freed.load(SeqCst), "a pin was never released");
+    });
+}
+
+/// Two charges race the last uncharge of a pinned level and each other:
+/// each either increments the pinned level, or takes it 0 -> 1 (or
+/// increments one that is being pinned) and pins for itself, publishing or
+/// dropping its pin as extra. Every charge is covered, and exactly one
+/// reference is left while two are charged.
+#[test]
+fn charges_racing_the_last_uncharge_and_each_other() {
+    model_bounded(3, || {
+        let user = std::sync::Arc::new(());
+        let weak = std::sync::Arc::downgrade(&user);
+        let account = Account::new(4, Owner::arc(&user));
+        let first = account.charge().unwrap();
+        let charger = |a: std::sync::Arc<Account>, w: std::sync::Weak<()>| {
+            move || {
+                let c = a.charge().unwrap();
+                assert!(w.strong_count() > 1, "charged without a pin");
+                c.forget();
+            }
+        };
+        let t1 = thread::spawn(charger(account.clone(), weak.clone()));
+        let t2 = thread::spawn(charger(account.clone(), weak.clone()));
+        drop(first);
+        t1.join().unwrap();
+        t2.join().unwrap();
+        assert_eq!(account.charged(), 2);
+        assert_eq!(weak.strong_count(), 2, "not exactly one pin while charged");
+        // SAFETY: balances the two forgotten charges.
+        unsafe {
+            account.uncharge_unchecked();
+            account.uncharge_unchecked();
+        }
+        assert_eq!(weak.strong_count(), 1, "pin not released");
+        drop(user);
+    });
+}
+
+/// The last uncharge racing a charge, while the owner's creator still
+/// holds it: the charge either increments first (the uncharge's
+/// compare-and-swap from `PINNED` fails and the level stays pinned for
+/// the charge) or finds the level idle after it and pins for itself.
+/// Either way the charge is counted with the owner pinned, and every pin
+/// is released.
+#[test]
+fn the_last_uncharge_racing_a_charge() {
+    loom::model(|| {
+        let user = std::sync::Arc::new(());
+        let weak = std::sync::Arc::downgrade(&user);
+        let account = Account::new(2, Owner::arc(&user));
+        let held = account.charge().unwrap();
+        let a2 = account.clone();
+        let t = thread::spawn(move || a2.charge().map(sigpending::Charge::forget).is_ok());
+        drop(held);
+        assert!(t.join().unwrap(), "refused under the limit");
+        assert_eq!(account.charged(), 1);
+        assert_eq!(weak.strong_count(), 2, "not exactly one pin while charged");
+        // SAFETY: balances the forgotten charge.
+        unsafe { account.uncharge_unchecked() };
+        assert_eq!(weak.strong_count(), 1, "pin not released");
+        drop(user);
+    });
+    // Deferred, with a callback owner: the release recorded by the last
+    // uncharge and the pin of the next 0 -> 1 pair up in either order.
+    loom::model(|| {
+        let owner = Model::new();
+        let account = Account::with_release(2, owner.owner(), Release::Deferred);
+        let held = account.charge().unwrap();
+        let a2 = account.clone();
+        let t = thread::spawn(move || {
+            let c = a2.charge();
+            sigpending::release_deferred();
+            drop(c);
+        });
+        drop(held);
+        t.join().unwrap();
+        sigpending::release_deferred();
+        assert_eq!(owner.refs.load(SeqCst), 1, "pins and releases unbalanced");
+        owner.put();
+        assert!(owner.freed.load(SeqCst));
+    });
+}
+
+/// The last uncharge racing a charge while only the account's reference
+/// keeps an `Arc` owner alive: the charge either pins before the release
+/// (and finds the owner alive while charged) or after it, when the owner
+/// is gone, and is refused. Either way every reference is released once
+/// and later charges are refused.
+#[test]
+fn the_last_uncharge_racing_a_charge_and_the_owners_drop() {
+    loom::model(|| {
+        let user = std::sync::Arc::new(());
+        let weak = std::sync::Arc::downgrade(&user);
+        let account = Account::new(2, Owner::arc(&user));
+        let held = account.charge().unwrap();
+        drop(user); // from here on, only the account's reference
+        let (a2, w2) = (account.clone(), weak.clone());
+        let charger = thread::spawn(move || match a2.charge() {
+            Ok(c) => {
+                assert!(w2.strong_count() > 0, "owner freed while charged");
+                drop(c);
+            }
+            Err(e) => assert_eq!(e, sigpending::ChargeError::OwnerGone { depth: 0 }),
+        });
+        drop(held);
+        charger.join().unwrap();
+        assert_eq!(account.charged(), 0);
+        assert_eq!(weak.strong_count(), 0, "a reference was never released");
+        assert!(
+            account.charge().is_err(),
+            "charged after the owner was gone"
+        );
+    });
+}
+
+/// A pin failing in the general path while another charge races it (the
+/// race `GONE` exists for): the last uncharge releases the owner's last
+/// reference; a charge whose increment then took the level 0 -> 1 fails
+/// to pin, and a second charge that increments on top of it before it has
+/// published `GONE` must not be counted either. No charge succeeds after
+/// the owner is freed, and nothing is left charged or pinned.
+#[test]
+fn a_failed_pin_racing_charges_refuses_them_all() {
+    model_bounded(3, || {
+        let user = std::sync::Arc::new(());
+        let weak = std::sync::Arc::downgrade(&user);
+        let account = Account::new(4, Owner::arc(&user));
+        let held = account.charge().unwrap();
+        drop(user);
+        let charger = |a: std::sync::Arc<Account>, w: std::sync::Weak<()>| {
+            move || {
+                if let Ok(c) = a.charge() {
+                    assert!(w.strong_count() > 0, "charged to an owner freed");
+                    drop(c);
+                }
+            }
+        };
+        let t1 = thread::spawn(charger(account.clone(), weak.clone()));
+        let t2 = thread::spawn(charger(account.clone(), weak.clone()));
+        drop(held);
+        t1.join().unwrap();
+        t2.join().unwrap();
+        assert_eq!(account.charged(), 0);
+        assert_eq!(weak.strong_count(), 0, "a reference was never released");
+        assert!(
+            account.charge().is_err(),
+            "charged after the owner was gone"
+        );
+    });
+}
+
+/// The limit at 0 and 1: a charge that took the level 0 -> 1 but is over
+/// the limit releases its pin through the 1 -> 0 path, and two charges
+/// racing for the last unit leave exactly one counted and exactly one
+/// reference.
+#[test]
+fn the_limit_at_the_transitions() {
+    loom::model(|| {
+        let user = std::sync::Arc::new(());
+        let account = Account::new(1, Owner::arc(&user));
+        let a2 = account.clone();
+        let t = thread::spawn(move || a2.charge().map(sigpending::Charge::forget));
+        let here = account.charge().map(sigpending::Charge::forget);
+        let there = t.join().unwrap();
+        assert!(here.is_ok() != there.is_ok(), "{here:?} {there:?}");
+        assert_eq!(
+            here.err().or(there.err()).unwrap(),
+            sigpending::ChargeError::OverLimit { depth: 0, limit: 1 }
+        );
+        assert_eq!(account.charged(), 1);
+        assert_eq!(
+            std::sync::Arc::strong_count(&user),
+            2,
+            "a refused charge kept a pin"
+        );
+        // SAFETY: balances the charge that succeeded.
+        unsafe { account.uncharge_unchecked() };
+        assert_eq!(std::sync::Arc::strong_count(&user), 1);
+    });
+    loom::model(|| {
+        let user = std::sync::Arc::new(());
+        let account = Account::new(0, Owner::arc(&user));
+        let a2 = account.clone();
+        let t = thread::spawn(move || a2.charge().map(drop));
+        assert!(account.charge().is_err());
+        assert!(t.join().unwrap().is_err());
+        assert_eq!(account.charged(), 0);
+        assert_eq!(
+            std::sync::Arc::strong_count(&user),
+            1,
+            "a pin was never released"
+        );
+    });
+}
+
 /// A request posted while the owner denies and restores is never lost:
 /// afterwards both requested bits are set, and nothing is left denied.
 #[test]
@@ -230,5 +483,101 @@ fn queue_keeps_every_item_once() {
         assert_eq!(got.len() + refused, 2);
         assert!(got.windows(2).all(|w| w[0] < w[1]), "out of order: {got:?}");
         assert_eq!(account.charged(), 0);
+    });
+}
+
+/// A held charge (the caller's own `Arc`: a plain increment that cannot
+/// fail) racing an ordinary charge of the idle account while the owner's
+/// creator drops its reference: the held charge always succeeds, the
+/// ordinary one succeeds or is refused as `OwnerGone`, every charge finds
+/// the owner alive while charged, and every reference is released once.
+#[test]
+fn a_held_charge_racing_a_charge_and_the_owners_drop() {
+    model_bounded(3, || {
+        let user = std::sync::Arc::new(());
+        let weak = std::sync::Arc::downgrade(&user);
+        let account = Account::new(2, Owner::arc(&user));
+        let (a2, w2, mine) = (account.clone(), weak.clone(), user.clone());
+        let holder = thread::spawn(move || {
+            let c = a2.charge_holding(&mine).expect("a held charge");
+            drop(mine);
+            assert!(w2.strong_count() > 0, "owner freed while charged");
+            drop(c);
+        });
+        let (a3, w3) = (account.clone(), weak.clone());
+        let charger = thread::spawn(move || match a3.charge() {
+            Ok(c) => {
+                assert!(w3.strong_count() > 0, "owner freed while charged");
+                drop(c);
+            }
+            Err(e) => assert_eq!(e, sigpending::ChargeError::OwnerGone { depth: 0 }),
+        });
+        drop(user);
+        holder.join().unwrap();
+        charger.join().unwrap();
+        assert_eq!(account.charged(), 0);
+        assert_eq!(weak.strong_count(), 0, "a reference was never released");
+    });
+}
+
+/// A held charge racing the last uncharge of a pinned level whose only
+/// other reference is the account's (the creator dropped it): the charge
+/// either increments first (the uncharge leaves the level pinned) or finds
+/// the level idle and pins with its own reference. Exactly the account's
+/// one reference is left while it is charged, none after.
+#[test]
+fn a_held_charge_racing_the_last_uncharge() {
+    loom::model(|| {
+        let user = std::sync::Arc::new(());
+        let weak = std::sync::Arc::downgrade(&user);
+        let account = Account::new(2, Owner::arc(&user));
+        let first = account.charge().unwrap();
+        let (a2, mine) = (account.clone(), user.clone());
+        drop(user);
+        let holder = thread::spawn(move || {
+            a2.charge_holding(&mine).expect("a held charge").forget();
+            drop(mine);
+        });
+        drop(first);
+        holder.join().unwrap();
+        assert_eq!(account.charged(), 1);
+        assert_eq!(weak.strong_count(), 1, "not exactly one pin while charged");
+        // SAFETY: balances the forgotten charge.
+        unsafe { account.uncharge_unchecked() };
+        assert_eq!(weak.strong_count(), 0, "pin not released");
+    });
+}
+
+/// Two held charges of the idle account (each thread holding its own
+/// clone) racing each other and the creator's drop, deferred release: both
+/// are counted, one reference is published and any extra one dropped at
+/// once, and after the last uncharge and the deferred release the owner is
+/// freed.
+#[test]
+fn two_held_charges_racing_on_an_idle_level() {
+    model_bounded(3, || {
+        let user = std::sync::Arc::new(());
+        let weak = std::sync::Arc::downgrade(&user);
+        let account = Account::with_release(2, Owner::arc(&user), Release::Deferred);
+        let holder = |a: std::sync::Arc<Account>, mine: std::sync::Arc<()>| {
+            move || {
+                a.charge_holding(&mine).expect("a held charge").forget();
+                drop(mine);
+            }
+        };
+        let t1 = thread::spawn(holder(account.clone(), user.clone()));
+        let t2 = thread::spawn(holder(account.clone(), user.clone()));
+        drop(user);
+        t1.join().unwrap();
+        t2.join().unwrap();
+        assert_eq!(account.charged(), 2);
+        assert_eq!(weak.strong_count(), 1, "not exactly one pin while charged");
+        // SAFETY: balances the two forgotten charges.
+        unsafe {
+            account.uncharge_unchecked();
+            account.uncharge_unchecked();
+        }
+        sigpending::release_deferred();
+        assert_eq!(weak.strong_count(), 0, "pin not released");
     });
 }
