@@ -11,7 +11,7 @@ use crate::harness::{Scenario, Workload};
 
 pub const SIGNAL1: Scenario = Scenario {
     name: "sigpending-signal1",
-    about: "seed 003: each thread queues an item charged to one shared per-user account (limit checked) and dequeues it, will-it-scale signal1's shape: reference on 0 -> 1 only vs a reference per item",
+    about: "seed 003: each thread queues an item charged to one shared per-user account (limit checked) and dequeues it, will-it-scale signal1's shape; every thread holds the user, as a sender holds it through its credentials: reference on 0 -> 1 only (a plain increment, Account::charge_holding) vs a reference per item",
     impls: &["pending-ref", "get-put"],
     build: build_signal1,
 };
@@ -68,6 +68,34 @@ impl Accounting for SharedGetPut {
     }
 }
 
+/// The seed's version: the account pins the user only on 0 -> 1. The
+/// charging threads hold the user (as the kernel's sender does through its
+/// credentials, and as `GetPut`'s threads do), so the pin is a plain
+/// increment of its strong count (`Account::charge_holding`).
+struct HeldUser {
+    account: Arc<Account>,
+    user: Arc<User>,
+}
+
+#[derive(Clone)]
+struct SharedHeldUser(Arc<HeldUser>);
+
+impl Accounting for SharedHeldUser {
+    #[inline]
+    fn charge(&self) -> Result<(), ChargeError> {
+        let h = &self.0;
+        h.account
+            .charge_holding(&h.user)
+            .map(sigpending::Charge::forget)
+    }
+
+    #[inline]
+    unsafe fn uncharge(&self) {
+        // SAFETY: forwarded (the queue holds one forgotten charge per item).
+        unsafe { self.0.account.uncharge_unchecked() };
+    }
+}
+
 /// One queue per thread (a task's pending list), all charging one account.
 struct Signal1<A: Accounting> {
     queues: Vec<CachePadded<PendingQueue<u64, A>>>,
@@ -100,13 +128,17 @@ fn build_signal1(imp: &str, threads: usize) -> Result<Box<dyn Workload>, String>
     let user = Arc::new(User { _uid: 1000 });
     Ok(match imp {
         "pending-ref" => {
-            let account = Account::new(LIMIT, Owner::arc(&user));
+            let shared = SharedHeldUser(Arc::new(HeldUser {
+                account: Account::new(LIMIT, Owner::arc(&user)),
+                user: Arc::clone(&user),
+            }));
             let queues = (0..threads)
-                .map(|_| CachePadded::new(PendingQueue::new(4, Arc::clone(&account))))
+                .map(|_| CachePadded::new(PendingQueue::new(4, shared.clone())))
                 .collect();
             Box::new(Signal1 {
                 queues,
-                check: Box::new(move || balanced(account.charged(), &user, 1)),
+                // One reference in `user`, one in the HeldUser.
+                check: Box::new(move || balanced(shared.0.account.charged(), &user, 2)),
             })
         }
         "get-put" => {
