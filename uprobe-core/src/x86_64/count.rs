@@ -86,8 +86,10 @@ struct Counting {
 fn counting() -> Option<Counting> {
     static COUNTING: OnceLock<Option<Counting>> = OnceLock::new();
     *COUNTING.get_or_init(|| {
-        // BMI2 (`shrx`, `rorx`): CPUID leaf 7, EBX bit 8.
-        let bmi2 = core::arch::x86_64::__cpuid_count(7, 0).ebx & (1 << 8) != 0;
+        // BMI2 (`shrx`, `rorx`): CPUID leaf 7, EBX bit 8 (where the
+        // processor has leaf 7 at all).
+        let bmi2 = core::arch::x86_64::__cpuid(0).eax >= 7
+            && core::arch::x86_64::__cpuid_count(7, 0).ebx & (1 << 8) != 0;
         let adder = pcpu::rseq::GatedAdder::get()?;
         Some(Counting {
             area: i32::try_from(adder.area_offset()).ok()?,
