@@ -196,6 +196,49 @@ fn model_bounded(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
     b.check(f);
 }
 
+/// An account of `limit` charges pinning a fresh `Arc` owner (std's: the
+/// model sees its counts only through the account), with the owner and a
+/// `Weak` to it.
+fn arc_owned(
+    limit: usize,
+) -> (
+    std::sync::Arc<()>,
+    std::sync::Weak<()>,
+    std::sync::Arc<Account>,
+) {
+    let user = std::sync::Arc::new(());
+    let weak = std::sync::Arc::downgrade(&user);
+    let account = Account::new(limit, Owner::arc(&user));
+    (user, weak, account)
+}
+
+/// A thread's body: one charge of `a`, refused as `OwnerGone` or holding
+/// an owner that stays alive while it is charged.
+fn charge_while_alive(a: std::sync::Arc<Account>, w: std::sync::Weak<()>) -> impl FnOnce() {
+    move || match a.charge() {
+        Ok(c) => {
+            assert!(w.strong_count() > 0, "owner freed while charged");
+            drop(c);
+        }
+        Err(e) => assert_eq!(e, sigpending::ChargeError::OwnerGone { depth: 0 }),
+    }
+}
+
+/// Nothing is left charged and the owner's every reference is released.
+fn assert_all_released(account: &Account, weak: &std::sync::Weak<()>) {
+    assert_eq!(account.charged(), 0);
+    assert_eq!(weak.strong_count(), 0, "a reference was never released");
+}
+
+/// [`assert_all_released`], and the account refuses from now on.
+fn assert_released_and_refusing(account: &std::sync::Arc<Account>, weak: &std::sync::Weak<()>) {
+    assert_all_released(account, weak);
+    assert!(
+        account.charge().is_err(),
+        "charged after the owner was gone"
+    );
+}
+
 /// Two charges of the idle account race: the second either increments a
 /// pinned level (one `fetch_add`), or also found the level unpinned, pins
 /// and publishes too, and drops its extra pin again. Both are counted, the
@@ -337,27 +380,13 @@ fn the_last_uncharge_racing_a_charge() {
 #[test]
 fn the_last_uncharge_racing_a_charge_and_the_owners_drop() {
     loom::model(|| {
-        let user = std::sync::Arc::new(());
-        let weak = std::sync::Arc::downgrade(&user);
-        let account = Account::new(2, Owner::arc(&user));
+        let (user, weak, account) = arc_owned(2);
         let held = account.charge().unwrap();
         drop(user); // from here on, only the account's reference
-        let (a2, w2) = (account.clone(), weak.clone());
-        let charger = thread::spawn(move || match a2.charge() {
-            Ok(c) => {
-                assert!(w2.strong_count() > 0, "owner freed while charged");
-                drop(c);
-            }
-            Err(e) => assert_eq!(e, sigpending::ChargeError::OwnerGone { depth: 0 }),
-        });
+        let charger = thread::spawn(charge_while_alive(account.clone(), weak.clone()));
         drop(held);
         charger.join().unwrap();
-        assert_eq!(account.charged(), 0);
-        assert_eq!(weak.strong_count(), 0, "a reference was never released");
-        assert!(
-            account.charge().is_err(),
-            "charged after the owner was gone"
-        );
+        assert_released_and_refusing(&account, &weak);
     });
 }
 
@@ -370,9 +399,7 @@ fn the_last_uncharge_racing_a_charge_and_the_owners_drop() {
 #[test]
 fn a_failed_pin_racing_charges_refuses_them_all() {
     model_bounded(3, || {
-        let user = std::sync::Arc::new(());
-        let weak = std::sync::Arc::downgrade(&user);
-        let account = Account::new(4, Owner::arc(&user));
+        let (user, weak, account) = arc_owned(4);
         let held = account.charge().unwrap();
         drop(user);
         let charger = |a: std::sync::Arc<Account>, w: std::sync::Weak<()>| {
@@ -388,12 +415,7 @@ fn a_failed_pin_racing_charges_refuses_them_all() {
         drop(held);
         t1.join().unwrap();
         t2.join().unwrap();
-        assert_eq!(account.charged(), 0);
-        assert_eq!(weak.strong_count(), 0, "a reference was never released");
-        assert!(
-            account.charge().is_err(),
-            "charged after the owner was gone"
-        );
+        assert_released_and_refusing(&account, &weak);
     });
 }
 
@@ -494,9 +516,7 @@ fn queue_keeps_every_item_once() {
 #[test]
 fn a_held_charge_racing_a_charge_and_the_owners_drop() {
     model_bounded(3, || {
-        let user = std::sync::Arc::new(());
-        let weak = std::sync::Arc::downgrade(&user);
-        let account = Account::new(2, Owner::arc(&user));
+        let (user, weak, account) = arc_owned(2);
         let (a2, w2, mine) = (account.clone(), weak.clone(), user.clone());
         let holder = thread::spawn(move || {
             let c = a2.charge_holding(&mine).expect("a held charge");
@@ -504,19 +524,11 @@ fn a_held_charge_racing_a_charge_and_the_owners_drop() {
             assert!(w2.strong_count() > 0, "owner freed while charged");
             drop(c);
         });
-        let (a3, w3) = (account.clone(), weak.clone());
-        let charger = thread::spawn(move || match a3.charge() {
-            Ok(c) => {
-                assert!(w3.strong_count() > 0, "owner freed while charged");
-                drop(c);
-            }
-            Err(e) => assert_eq!(e, sigpending::ChargeError::OwnerGone { depth: 0 }),
-        });
+        let charger = thread::spawn(charge_while_alive(account.clone(), weak.clone()));
         drop(user);
         holder.join().unwrap();
         charger.join().unwrap();
-        assert_eq!(account.charged(), 0);
-        assert_eq!(weak.strong_count(), 0, "a reference was never released");
+        assert_all_released(&account, &weak);
     });
 }
 
@@ -528,9 +540,7 @@ fn a_held_charge_racing_a_charge_and_the_owners_drop() {
 #[test]
 fn a_held_charge_racing_the_last_uncharge() {
     loom::model(|| {
-        let user = std::sync::Arc::new(());
-        let weak = std::sync::Arc::downgrade(&user);
-        let account = Account::new(2, Owner::arc(&user));
+        let (user, weak, account) = arc_owned(2);
         let first = account.charge().unwrap();
         let (a2, mine) = (account.clone(), user.clone());
         drop(user);

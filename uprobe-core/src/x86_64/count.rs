@@ -51,7 +51,7 @@ use std::sync::OnceLock;
 /// The full path, right after the common header: the registers back,
 /// then the call into the engine.
 const FULL_AT: usize = crate::code::trampolines::CODE_AT;
-pub(crate) const CALL_AT: usize = 19;
+const CALL_AT: usize = 19;
 /// Where the common routine returns to (past the call).
 pub(crate) const RESUME_AT: usize = 25;
 /// The full path's jump to the relocated code.
