@@ -221,6 +221,11 @@
 //! glibc runs with signals blocked get one-byte jumps (above), never a
 //! breakpoint.
 //!
+//! # Many functions at once
+//! [`functions::matching`] lists the functions of a loaded object (or of
+//! all of them) whose names a filter accepts, as `bpftrace`'s
+//! `uprobe:libc:str*` does; [`functions::Function::uprobe`] probes one.
+//!
 //! # USDT probes
 //! The [`usdt`] module lists the statically defined tracepoints of a
 //! loaded object (`.note.stapsdt`, as `<sys/sdt.h>` declares them);
@@ -405,6 +410,8 @@ mod deferral;
 #[cfg(uprobe_engine)]
 mod entry;
 mod error;
+#[cfg(uprobe_engine)]
+pub mod functions;
 #[cfg(uprobe_engine)]
 mod hit;
 #[cfg(uprobe_engine)]

@@ -154,7 +154,7 @@ impl Uprobe {
         self
     }
 
-    fn in_function(function: Function) -> Self {
+    pub(crate) fn in_function(function: Function) -> Self {
         Self {
             addr: function.start,
             handler: None,

@@ -5,6 +5,23 @@
 //!
 //! Every function is async-signal-safe: thread-locals without
 //! destructors, and raw system calls.
+//!
+//! # Static TLS, also when loaded with `dlopen`
+//! A thread-local of a library loaded with `dlopen` normally lives in
+//! *dynamic* TLS: glibc allocates a thread's block on that thread's first
+//! access, with `malloc`. On the hit path that is fatal: a thread that
+//! existed before the load hits a probe, the handler's first thread-local
+//! access calls `malloc` from inside the hit (a probed `malloc` hits
+//! again, on a breakpoint that kills the thread; an interrupted `malloc`
+//! deadlocks). So the engine makes whatever object links it use *static*
+//! TLS: [`static_tls_anchor`] reads a thread-local of its own through the
+//! initial-exec model, which makes the linker mark a shared library
+//! `DF_STATIC_TLS`; `dlopen` then places the library's whole TLS block
+//! in every thread's static TLS area (existing threads and new ones), or
+//! fails with "cannot allocate memory in static TLS block" when the
+//! process has no room left (`GLIBC_TUNABLES=glibc.rtld.optional_static_tls`
+//! makes more), instead of crashing at a hit. In an executable, TLS is
+//! static anyway.
 
 use core::cell::Cell;
 
@@ -17,6 +34,60 @@ std::thread_local! {
     /// The thread's kernel id, once asked for (0: not yet); reset in a
     /// fork child.
     static TID: Cell<i32> = const { Cell::new(0) };
+}
+
+// An initial-exec access to a thread-local of the engine's own (see the
+// module's docs); kept by `static_tls_anchor`'s callers.
+#[cfg(target_arch = "x86_64")]
+core::arch::global_asm!(
+    ".pushsection .tbss.uprobe_core_static_tls,\"awT\",@nobits",
+    ".p2align 3",
+    "uprobe_core_static_tls:",
+    ".zero 8",
+    ".popsection",
+    ".pushsection .text.uprobe_core_static_tls_anchor,\"ax\",@progbits",
+    ".globl uprobe_core_static_tls_anchor",
+    ".hidden uprobe_core_static_tls_anchor",
+    ".type uprobe_core_static_tls_anchor, @function",
+    "uprobe_core_static_tls_anchor:",
+    "mov rax, qword ptr [rip + uprobe_core_static_tls@GOTTPOFF]",
+    "mov rax, qword ptr fs:[rax]",
+    "ret",
+    ".size uprobe_core_static_tls_anchor, . - uprobe_core_static_tls_anchor",
+    ".popsection",
+);
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(
+    ".pushsection .tbss.uprobe_core_static_tls,\"awT\",@nobits",
+    ".p2align 3",
+    "uprobe_core_static_tls:",
+    ".zero 8",
+    ".popsection",
+    ".pushsection .text.uprobe_core_static_tls_anchor,\"ax\",@progbits",
+    ".globl uprobe_core_static_tls_anchor",
+    ".hidden uprobe_core_static_tls_anchor",
+    ".type uprobe_core_static_tls_anchor, %function",
+    "uprobe_core_static_tls_anchor:",
+    "adrp x0, :gottprel:uprobe_core_static_tls",
+    "ldr x0, [x0, #:gottprel_lo12:uprobe_core_static_tls]",
+    "mrs x1, tpidr_el0",
+    "ldr x0, [x1, x0]",
+    "ret",
+    ".size uprobe_core_static_tls_anchor, . - uprobe_core_static_tls_anchor",
+    ".popsection",
+);
+
+unsafe extern "C" {
+    fn uprobe_core_static_tls_anchor() -> u64;
+}
+
+/// Reads the engine's initial-exec thread-local, so that the object
+/// linking the engine has static TLS (see the module's docs). Called on
+/// every attach: the call keeps the access (and its relocation) in the
+/// link. Async-signal-safe.
+pub(crate) fn static_tls_anchor() {
+    // SAFETY: reads the calling thread's own 8-byte thread-local.
+    core::hint::black_box(unsafe { uprobe_core_static_tls_anchor() });
 }
 
 /// Traps nested deeper than this mean the handler's own path calls the

@@ -206,3 +206,41 @@ fn unknown_names_and_objects() {
         Err(AttachError::SymbolNotFound { .. })
     ));
 }
+
+#[test]
+fn functions_listed_by_pattern() {
+    use uprobe_core::functions;
+
+    let mine = functions::matching(None, |n| n == "s_func" || n == "s_nosize").unwrap();
+    let mut names: Vec<&str> = mine.iter().map(|f| f.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["s_func", "s_nosize"]);
+    let f = mine.iter().find(|f| f.name == "s_func").unwrap();
+    assert_eq!(f.addr, fn_addr(s_func));
+    assert_eq!(f.size, 6); // nop; lea rax, [rdi + 1]; ret
+
+    // An IFUNC is listed as the implementation the program calls, and
+    // the same code under two names once, by its plain name.
+    let libc = functions::matching(Some("libc.so.6"), |n| {
+        n == "strlen" || n == "malloc" || n == "__libc_malloc"
+    })
+    .unwrap();
+    let strlen = libc.iter().find(|f| f.name == "strlen").unwrap();
+    assert_eq!(
+        strlen.addr,
+        Uprobe::in_object("libc.so.6", "strlen").unwrap().addr()
+    );
+    assert!(libc.iter().any(|f| f.name == "malloc"));
+    assert!(!libc.iter().any(|f| f.name == "__libc_malloc"));
+
+    // A probe made from the listing counts calls.
+    let probe = f.uprobe().attach().unwrap();
+    assert_eq!(call(s_func, 1), 2);
+    assert_eq!(probe.hits(), 1);
+    drop(probe);
+
+    assert!(matches!(
+        functions::matching(Some("libnothere.so.9"), |_| true),
+        Err(AttachError::NoSuchObject { .. })
+    ));
+}

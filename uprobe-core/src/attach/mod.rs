@@ -43,6 +43,7 @@ use writer::writer;
 /// Not async-signal-safe.
 fn init() -> Result<(), AttachError> {
     static ONCE: Once = Once::new();
+    crate::thread::static_tls_anchor();
     ONCE.call_once(|| {
         DOMAIN.prepare();
         writer::hold_across_fork();

@@ -222,39 +222,97 @@ impl Symbols {
             let Some(found) = index.by_name.get(name) else {
                 continue;
             };
-            // Exported (or IFUNC): ask the dynamic linker, which picks the
-            // default symbol version and runs IFUNC resolvers, i.e. returns
-            // what the program's calls reach.
-            if found.resolve {
-                let start = resolve(l, name)?;
-                // Only an extent that starts there: one starting before
-                // would leave its first part out of the planner's view.
-                let (size, sole_entry) = self
-                    .covering_function(start)
-                    .filter(|f| f.start == start)
-                    .map_or((0, true), |f| (f.size, f.sole_entry));
-                return Ok(Function {
-                    name: name.to_string(),
-                    start,
-                    size,
-                    sole_entry,
-                });
-            }
-            // A symbol without a size: the FDE starting there, if any.
-            let (size, sole_entry) = match index.frame_at(found.addr) {
-                Some(size) if found.size == 0 => (size, false),
-                _ => (found.size, true),
-            };
-            return Ok(Function {
-                name: name.to_string(),
-                start: l.bias.wrapping_add(found.addr),
-                size,
-                sole_entry,
-            });
+            return self.function_in(l, &index, name, found);
         }
         Err(AttachError::SymbolNotFound {
             object: object.unwrap_or("any loaded object").to_string(),
             name: name.to_string(),
+        })
+    }
+
+    /// The functions of `object` (or of every loaded object) whose names
+    /// `filter` accepts, each with the object's path; a function known by
+    /// several names (`malloc`, `__libc_malloc`) is listed once, by the
+    /// name with the fewest leading underscores, then the shortest.
+    pub(crate) fn matching(
+        &self,
+        object: Option<&str>,
+        mut filter: impl FnMut(&str) -> bool,
+    ) -> Result<Vec<(PathBuf, Function)>, AttachError> {
+        let candidates: Vec<&Loaded> = match object {
+            None => self.objects.iter().collect(),
+            Some(o) => {
+                let found: Vec<&Loaded> = self.objects.iter().filter(|l| names(l, o)).collect();
+                if found.is_empty() {
+                    return Err(AttachError::NoSuchObject {
+                        object: o.to_string(),
+                    });
+                }
+                found
+            }
+        };
+        let preference = |name: &str| {
+            let underscores = name.len() - name.trim_start_matches('_').len();
+            (underscores, name.len(), name.to_string())
+        };
+        let mut out: Vec<(PathBuf, Function)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for l in candidates {
+            let Some(index) = self.index(&l.path) else {
+                continue;
+            };
+            let mut wanted: Vec<(&String, &Named)> =
+                index.by_name.iter().filter(|(n, _)| filter(n)).collect();
+            wanted.sort_by_cached_key(|(n, _)| preference(n));
+            for (name, found) in wanted {
+                let Ok(function) = self.function_in(l, &index, name, found) else {
+                    continue;
+                };
+                // The preferred name came first; an alias adds nothing.
+                if seen.insert(function.start) {
+                    out.push((l.path.clone(), function));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The function `name` of `l`, whose index entry is `found`.
+    fn function_in(
+        &self,
+        l: &Loaded,
+        index: &SymbolIndex,
+        name: &str,
+        found: &Named,
+    ) -> Result<Function, AttachError> {
+        // Exported (or IFUNC): ask the dynamic linker, which picks the
+        // default symbol version and runs IFUNC resolvers, i.e. returns
+        // what the program's calls reach.
+        if found.resolve {
+            let start = resolve(l, name)?;
+            // Only an extent that starts there: one starting before would
+            // leave its first part out of the planner's view.
+            let (size, sole_entry) = self
+                .covering_function(start)
+                .filter(|f| f.start == start)
+                .map_or((0, true), |f| (f.size, f.sole_entry));
+            return Ok(Function {
+                name: name.to_string(),
+                start,
+                size,
+                sole_entry,
+            });
+        }
+        // A symbol without a size: the FDE starting there, if any.
+        let (size, sole_entry) = match index.frame_at(found.addr) {
+            Some(size) if found.size == 0 => (size, false),
+            _ => (found.size, true),
+        };
+        Ok(Function {
+            name: name.to_string(),
+            start: l.bias.wrapping_add(found.addr),
+            size,
+            sole_entry,
         })
     }
 
