@@ -15,13 +15,14 @@
 //! again, on a breakpoint that kills the thread; an interrupted `malloc`
 //! deadlocks). So the engine makes whatever object links it use *static*
 //! TLS: [`static_tls_anchor`] reads a thread-local of its own through the
-//! initial-exec model, which makes the linker mark a shared library
-//! `DF_STATIC_TLS`; `dlopen` then places the library's whole TLS block
-//! in every thread's static TLS area (existing threads and new ones), or
-//! fails with "cannot allocate memory in static TLS block" when the
-//! process has no room left (`GLIBC_TUNABLES=glibc.rtld.optional_static_tls`
-//! makes more), instead of crashing at a hit. In an executable, TLS is
-//! static anyway.
+//! initial-exec model. The dynamic linker resolves that relocation
+//! (`R_X86_64_TPOFF64`, `R_AARCH64_TLS_TPREL`) by placing the library's
+//! whole TLS block in the static TLS area of every thread, existing and
+//! new, at `dlopen`; where the process has no room left, `dlopen` fails
+//! with "cannot allocate memory in static TLS block" (the tunable
+//! `glibc.rtld.optional_static_tls` makes more) instead of a hit
+//! crashing later. (The x86-64 linker also marks the library
+//! `DF_STATIC_TLS`.) In an executable, TLS is static anyway.
 
 use core::cell::Cell;
 

@@ -1,19 +1,36 @@
-//! `uprobe-trace`: trace a program you did not write, in its own process.
+//! `uprobe-trace`: trace a program you did not write, in its own process,
+//! whether it starts it or the program already runs.
 //!
 //! ```sh
 //! uprobe-trace -f malloc,free -- python3 script.py
 //! uprobe-trace -l -f libz.so.1:deflate -- gzip -9 big.txt
-//! uprobe-trace -p -u 'python:function__entry(str,str,int)' -- python3 script.py
+//! uprobe-trace -p 1234 -f 'libsqlite3.so.0:sqlite3_*' -x '*_v2' -d 10
+//! uprobe-trace -p 1234 --print -f 'open(str,int)' --hist read:ret
+//! uprobe-trace --print -u 'python:function__entry(str,str,int)' -- python3 script.py
 //! ```
 //!
-//! The tool runs the program with this crate's shared library preloaded
-//! (`LD_PRELOAD`: no ptrace, no root). Before `main`, the library (the
-//! *agent*) attaches [`uprobe_core`] probes to the functions and USDT
-//! probes asked for, trap-free where the site allows. Each hit counts into
-//! a report in shared memory that the tool prints when the program exits
-//! (and every `--interval` seconds): per probe the calls and, for
-//! `--latency`, a log2 histogram of the time to return, as `bpftrace`'s
-//! `hist()` draws it; `--print` adds a line per hit with its arguments.
+//! **Starting the program** (`-- PROGRAM`), the tool runs it with this
+//! crate's shared library preloaded (`LD_PRELOAD`: no ptrace, no root).
+//! **A running process** (`-p PID`), the tool stops one of its threads
+//! with ptrace just long enough to make it `dlopen` the library and start
+//! a session (see the binary's `inject` module for where a thread may be
+//! borrowed), and lets it go; the other threads run on. Either way the
+//! library (the *agent*) attaches [`uprobe_core`] probes on a thread of
+//! its own, trap-free where the site allows, and each hit counts into a
+//! report in shared memory that the tool prints: per probe the calls;
+//! for `--latency` a log2 histogram of the time to return; for
+//! `--hist FUNCTION:argN` or `:ret` a log2 histogram of the value, as
+//! `bpftrace`'s `hist()` draws them; `--print` adds a line per hit with
+//! its arguments (typed: `malloc(size_t)`, `open(str,int)`) and one per
+//! return with the value; `--json FILE` writes the report as JSON.
+//! Function names may be patterns (`str*`, `libc.so.6:*alloc*`), with
+//! `-x` to leave names out: each matched function is counted on its own,
+//! or says why it is not attached.
+//!
+//! Tracing ends when the program exits, on Ctrl-C or SIGTERM, or after
+//! `--duration`; the agent then detaches every probe (every patched byte
+//! back, no handler armed, its thread gone) and the report is printed. In
+//! a process started with `--`, the program then runs on untraced.
 //!
 //! The report survives what the program does: it is shared memory the
 //! agent maps once (closing every file descriptor does not unmap it), its
@@ -23,7 +40,9 @@
 //! loaded later (`dlopen`) are attached when they appear.
 //!
 //! Refused with a message: a program that cannot be preloaded (statically
-//! linked, setuid or setgid).
+//! linked, setuid or setgid); a process ptrace may not trace (another
+//! user's, `kernel.yama.ptrace_scope`, one already traced), saying which
+//! setting to change.
 //!
 //! The library half of this crate is that agent plus what the tool shares
 //! with it: the probe specs ([`spec`]) and the report's layout
@@ -40,6 +59,10 @@ compile_error!("uprobe-trace supports Linux only (LD_PRELOAD, uprobe-core)");
 mod agent;
 pub mod shared;
 pub mod spec;
+
+/// Separates the fields of the settings the tool hands an agent it loads
+/// into a running process (`uprobe_trace_attach`).
+pub const ATTACH_FIELD: char = '\u{1d}';
 
 /// The environment variables the tool hands the agent.
 pub mod env {

@@ -12,26 +12,41 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 /// Marks a report file (and its layout version).
-pub const MAGIC: u64 = 0x7570_7472_6163_6501;
-/// Probes a report holds at most.
-pub const MAX_PROBES: usize = 256;
-/// Latency buckets: bucket `k` counts latencies in `[2^(k-1), 2^k)`
-/// nanoseconds (bucket 0: 0 ns).
+pub const MAGIC: u64 = 0x7570_7472_6163_6502;
+/// Slots a report holds at most: the probes asked for plus the functions
+/// their patterns match.
+pub const MAX_SLOTS: usize = 8192;
+/// Histogram buckets: bucket `k` counts values in `[2^(k-1), 2^k)`
+/// (bucket 0: the value 0).
 pub const BUCKETS: usize = 64;
 /// Bytes of an error message kept per probe.
 const ERROR_LEN: usize = 240;
+/// Bytes of a slot's label.
+const LABEL_LEN: usize = 200;
 
 /// The start of the report.
 #[repr(C)]
 pub struct Header {
     /// [`MAGIC`].
     pub magic: AtomicU64,
-    /// Probes in the report.
-    pub probes: AtomicU64,
+    /// Slots the file has room for.
+    pub capacity: AtomicU64,
+    /// Slots handed out (the probes asked for first, then the functions
+    /// patterns matched); may pass `capacity` when the report is full.
+    pub used: AtomicU64,
     /// Agents (processes) that started tracing.
     pub agents: AtomicU64,
+    /// Agents that finished their first round of attaches.
+    pub ready: AtomicU64,
+    /// Set by the tool: the agent of an attached process (`--pid`)
+    /// detaches every probe and stops.
+    pub stop: AtomicU64,
+    /// Set by that agent once every probe is detached and it stopped.
+    pub stopped: AtomicU64,
     /// Lines of `--print` output that could not be written.
     pub lost_lines: AtomicU64,
+    /// Functions patterns matched that found no slot (a full report).
+    pub lost_slots: AtomicU64,
     /// An agent's error that concerns no single probe (length, text).
     pub error_len: AtomicU32,
     _pad: u32,
@@ -42,16 +57,23 @@ pub struct Header {
 impl core::fmt::Debug for Header {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Header")
-            .field("probes", &self.probes.load(Ordering::Relaxed))
+            .field("used", &self.used.load(Ordering::Relaxed))
             .field("agents", &self.agents.load(Ordering::Relaxed))
             .field("error", &self.error())
             .finish_non_exhaustive()
     }
 }
 
-/// One probe's counts.
+/// One probe's counts: a probe asked for, or one function a pattern
+/// matched.
 #[repr(C)]
 pub struct Slot {
+    /// The probe asked for that made this slot (itself, or the pattern).
+    pub probe: AtomicU32,
+    /// The label's length; 0 until the slot is filled in.
+    pub label_len: AtomicU32,
+    /// How the report names the slot (`malloc`, `libc.so.6:strlen`).
+    pub label: [AtomicU8; LABEL_LEN],
     /// Sites attached (a USDT probe can have several), over every process.
     pub sites: AtomicU64,
     /// Of those, sites on the trap path (no jump).
@@ -60,8 +82,12 @@ pub struct Slot {
     pub hits: AtomicU64,
     /// Returns seen (latency probes).
     pub returns: AtomicU64,
-    /// Latencies by log2 bucket (latency probes).
+    /// Latencies in nanoseconds by log2 bucket (latency probes).
     pub histogram: [AtomicU64; BUCKETS],
+    /// `--hist`: the values drawn, by log2 bucket.
+    pub values: [AtomicU64; BUCKETS],
+    /// `--hist`: negative values drawn.
+    pub negative: AtomicU64,
     /// Why the probe is not attached (length, text); 0 once attached.
     pub error_len: AtomicU32,
     _pad: u32,
@@ -72,6 +98,7 @@ pub struct Slot {
 impl core::fmt::Debug for Slot {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Slot")
+            .field("label", &self.label())
             .field("sites", &self.sites.load(Ordering::Relaxed))
             .field("hits", &self.hits.load(Ordering::Relaxed))
             .field("returns", &self.returns.load(Ordering::Relaxed))
@@ -95,22 +122,24 @@ unsafe impl Sync for Report {}
 impl core::fmt::Debug for Report {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Report")
-            .field("probes", &self.header().probes.load(Ordering::Relaxed))
+            .field("used", &self.header().used.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
 
 impl Report {
-    fn size(probes: usize) -> usize {
-        size_of::<Header>() + probes * size_of::<Slot>()
+    fn size(slots: usize) -> usize {
+        size_of::<Header>() + slots * size_of::<Slot>()
     }
 
-    /// Creates the report file at `path` for `probes` probes and maps it.
-    pub fn create(path: &Path, probes: usize) -> io::Result<Self> {
-        if probes > MAX_PROBES {
+    /// Creates the report file at `path` with a slot for each label (probe
+    /// `i` is slot `i`) and room for `capacity` slots in all, and maps it.
+    /// The file is sparse: slots never used take no memory.
+    pub fn create(path: &Path, labels: &[String], capacity: usize) -> io::Result<Self> {
+        if labels.len() > capacity || capacity > MAX_SLOTS {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("at most {MAX_PROBES} probes"),
+                format!("at most {MAX_SLOTS} probes"),
             ));
         }
         let file = OpenOptions::new()
@@ -118,13 +147,17 @@ impl Report {
             .write(true)
             .create_new(true)
             .open(path)?;
-        file.set_len(Self::size(probes) as u64)?;
-        let report = Self::map(&file, Self::size(probes))?;
-        report
-            .header()
-            .probes
-            .store(probes as u64, Ordering::Relaxed);
-        report.header().magic.store(MAGIC, Ordering::Release);
+        file.set_len(Self::size(capacity) as u64)?;
+        let report = Self::map(&file, Self::size(capacity))?;
+        let header = report.header();
+        header.capacity.store(capacity as u64, Ordering::Relaxed);
+        header.used.store(labels.len() as u64, Ordering::Relaxed);
+        for (i, label) in labels.iter().enumerate() {
+            if let Some(slot) = report.slot(i) {
+                slot.fill(i, label);
+            }
+        }
+        header.magic.store(MAGIC, Ordering::Release);
         Ok(report)
     }
 
@@ -136,8 +169,8 @@ impl Report {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "not a report"));
         }
         let report = Self::map(&file, len)?;
-        let probes = report.header().probes.load(Ordering::Relaxed) as usize;
-        if report.header().magic.load(Ordering::Acquire) != MAGIC || len < Self::size(probes) {
+        let capacity = report.header().capacity.load(Ordering::Relaxed) as usize;
+        if report.header().magic.load(Ordering::Acquire) != MAGIC || len < Self::size(capacity) {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "not a report"));
         }
         Ok(report)
@@ -174,14 +207,38 @@ impl Report {
         unsafe { &*self.base.cast::<Header>() }
     }
 
-    /// Probe `i`'s slot, if the report has one.
+    /// Slot `i`, if the report has room for it.
     #[must_use]
     #[allow(clippy::cast_ptr_alignment)] // page-aligned, 8-byte multiples
     pub fn slot(&self, i: usize) -> Option<&Slot> {
+        let capacity = self.header().capacity.load(Ordering::Relaxed) as usize;
         let at = size_of::<Header>() + i * size_of::<Slot>();
         // SAFETY: inside the mapping (checked), aligned (the header and
         // slots are multiples of 8 bytes).
-        (at + size_of::<Slot>() <= self.len).then(|| unsafe { &*self.base.add(at).cast::<Slot>() })
+        (i < capacity && at + size_of::<Slot>() <= self.len)
+            .then(|| unsafe { &*self.base.add(at).cast::<Slot>() })
+    }
+
+    /// A new slot for a function probe `probe`'s pattern matched, labelled
+    /// `label`; `None` when the report is full. Not async-signal-safe
+    /// only in that it may be slow (it writes the label byte by byte).
+    #[must_use]
+    pub fn claim(&self, probe: usize, label: &str) -> Option<&Slot> {
+        let i = self.header().used.fetch_add(1, Ordering::Relaxed) as usize;
+        let Some(slot) = self.slot(i) else {
+            self.header().lost_slots.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        slot.fill(probe, label);
+        Some(slot)
+    }
+
+    /// The slots filled in so far, with their indexes.
+    pub fn slots(&self) -> impl Iterator<Item = (usize, &Slot)> {
+        let used = self.header().used.load(Ordering::Acquire) as usize;
+        (0..used)
+            .map_while(|i| self.slot(i).map(|s| (i, s)))
+            .filter(|(_, s)| s.label_len.load(Ordering::Acquire) != 0)
     }
 }
 
@@ -192,18 +249,18 @@ impl Drop for Report {
     }
 }
 
-/// Writes an error message into a header's or slot's error field (bytes,
-/// then the length that publishes them). Async-signal-safe.
-fn set_error(len: &AtomicU32, field: &[AtomicU8; ERROR_LEN], text: &str) {
-    let n = text.len().min(ERROR_LEN);
+/// Writes a text into a header's or slot's field (bytes, then the length
+/// that publishes them). Async-signal-safe.
+fn set_text<const N: usize>(len: &AtomicU32, field: &[AtomicU8; N], text: &str) {
+    let n = text.len().min(N);
     for (dst, &b) in field.iter().zip(&text.as_bytes()[..n]) {
         dst.store(b, Ordering::Relaxed);
     }
     len.store(n as u32, Ordering::Release);
 }
 
-fn get_error(len: &AtomicU32, field: &[AtomicU8; ERROR_LEN]) -> Option<String> {
-    let n = (len.load(Ordering::Acquire) as usize).min(ERROR_LEN);
+fn get_text<const N: usize>(len: &AtomicU32, field: &[AtomicU8; N]) -> Option<String> {
+    let n = (len.load(Ordering::Acquire) as usize).min(N);
     let bytes: Vec<u8> = field[..n]
         .iter()
         .map(|b| b.load(Ordering::Relaxed))
@@ -214,32 +271,82 @@ fn get_error(len: &AtomicU32, field: &[AtomicU8; ERROR_LEN]) -> Option<String> {
 impl Header {
     /// Records an error that concerns no single probe.
     pub fn set_error(&self, text: &str) {
-        set_error(&self.error_len, &self.error, text);
+        set_text(&self.error_len, &self.error, text);
     }
 
     /// The error recorded, if any.
     #[must_use]
     pub fn error(&self) -> Option<String> {
-        get_error(&self.error_len, &self.error)
+        get_text(&self.error_len, &self.error)
     }
 }
 
 impl Slot {
+    /// Fills in a fresh slot for probe `probe`.
+    fn fill(&self, probe: usize, label: &str) {
+        self.probe.store(probe as u32, Ordering::Relaxed);
+        // A label is never empty (an empty one would read as unfilled).
+        set_text(
+            &self.label_len,
+            &self.label,
+            if label.is_empty() { "?" } else { label },
+        );
+    }
+
+    /// How the report names the slot.
+    #[must_use]
+    pub fn label(&self) -> String {
+        get_text(&self.label_len, &self.label).unwrap_or_default()
+    }
+
     /// Records why the probe is not attached (or clears it with `""`).
     pub fn set_error(&self, text: &str) {
-        set_error(&self.error_len, &self.error, text);
+        set_text(&self.error_len, &self.error, text);
     }
 
     /// Why the probe is not attached, if it is not.
     #[must_use]
     pub fn error(&self) -> Option<String> {
-        get_error(&self.error_len, &self.error)
+        get_text(&self.error_len, &self.error)
     }
 
     /// Records one latency. Async-signal-safe.
     pub fn record_latency(&self, nanos: u64) {
-        let bucket = (u64::BITS - nanos.leading_zeros()) as usize;
-        self.histogram[bucket.min(BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+        self.histogram[bucket(nanos)].fetch_add(1, Ordering::Relaxed);
         self.returns.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records one value drawn for `--hist`. Async-signal-safe.
+    pub fn record_value(&self, value: crate::spec::Value) {
+        match value {
+            crate::spec::Value::Signed(v) if v < 0 => {
+                self.negative.fetch_add(1, Ordering::Relaxed);
+            }
+            crate::spec::Value::Signed(v) => {
+                self.values[bucket(v as u64)].fetch_add(1, Ordering::Relaxed);
+            }
+            crate::spec::Value::Unsigned(v) => {
+                self.values[bucket(v)].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The log2 bucket of `v`: 0 for 0, `k` for `[2^(k-1), 2^k)`, the last
+/// bucket for everything above.
+fn bucket(v: u64) -> usize {
+    ((u64::BITS - v.leading_zeros()) as usize).min(BUCKETS - 1)
+}
+
+/// The bounds `[lo, hi)` of bucket `k`.
+#[must_use]
+pub fn bucket_bounds(k: usize) -> (u64, u64) {
+    if k == 0 {
+        (0, 1)
+    } else {
+        (
+            1u64 << (k - 1),
+            1u64.checked_shl(k as u32).unwrap_or(u64::MAX),
+        )
     }
 }

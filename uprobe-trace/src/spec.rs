@@ -1,26 +1,111 @@
-//! What to probe: functions (`malloc`, `libz.so.1:deflate`) and USDT
-//! probes (`python:function__entry`, with argument types for `--print`),
-//! as the command line says them and as the tool hands them to the agent
-//! (in the environment).
+//! What to probe: functions (`malloc`, `libz.so.1:deflate`, patterns such
+//! as `libsqlite3.so.0:sqlite3_*`, with argument types for `--print`:
+//! `open(str,int)`) and USDT probes (`python:function__entry(str,str,int)`),
+//! plus the value a `--hist` draws, as the command line says them and as
+//! the tool hands them to the agent.
 
-/// How `--print` shows a USDT argument.
+/// How `--print` shows an argument (and `--hist` reads it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArgType {
-    /// A number.
-    Int,
-    /// A C string the argument points at.
+    /// A signed 32-bit integer (`int`): the register's low half.
+    I32,
+    /// A signed 64-bit integer (`long`, `ssize_t`, `off_t`).
+    I64,
+    /// An unsigned 32-bit integer (`unsigned`).
+    U32,
+    /// An unsigned 64-bit integer (`size_t`, `unsigned long`).
+    U64,
+    /// A pointer or flags, in hexadecimal (`ptr`, `void*`, `hex`).
+    Hex,
+    /// A C string the argument points at (`str`, `char*`).
     Str,
+}
+
+impl ArgType {
+    /// The type a C-like name stands for.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        let squeezed: String = name.split_whitespace().collect::<Vec<_>>().join(" ");
+        let plain = squeezed.strip_prefix("const ").unwrap_or(&squeezed);
+        Ok(match plain.replace(" *", "*").as_str() {
+            "int" | "i32" | "int32_t" | "pid_t" => Self::I32,
+            "long" | "i64" | "int64_t" | "ssize_t" | "off_t" | "long long" => Self::I64,
+            "unsigned" | "u32" | "uint" | "unsigned int" | "uint32_t" => Self::U32,
+            "size_t" | "u64" | "uint64_t" | "unsigned long" | "unsigned long long" => Self::U64,
+            "str" | "char*" | "string" => Self::Str,
+            "ptr" | "hex" | "void*" => Self::Hex,
+            other if other.ends_with('*') => Self::Hex,
+            other => {
+                return Err(format!(
+                    "argument type {other:?} is none of int, long, unsigned, size_t, str, ptr (or a pointer type)"
+                ));
+            }
+        })
+    }
+
+    /// The value of a register holding an argument of this type, as a
+    /// signed number where the type is signed.
+    #[must_use]
+    pub fn value(self, raw: u64) -> Value {
+        match self {
+            Self::I32 => Value::Signed(i64::from(raw as i32)),
+            Self::I64 => Value::Signed(raw as i64),
+            Self::U32 => Value::Unsigned(u64::from(raw as u32)),
+            Self::U64 | Self::Hex | Self::Str => Value::Unsigned(raw),
+        }
+    }
+
+    fn code(self) -> char {
+        match self {
+            Self::I32 => 'i',
+            Self::I64 => 'l',
+            Self::U32 => 'u',
+            Self::U64 => 'q',
+            Self::Hex => 'x',
+            Self::Str => 's',
+        }
+    }
+
+    fn from_code(c: char) -> Option<Self> {
+        Some(match c {
+            'i' => Self::I32,
+            'l' => Self::I64,
+            'u' => Self::U32,
+            'q' => Self::U64,
+            'x' => Self::Hex,
+            's' => Self::Str,
+            _ => return None,
+        })
+    }
+}
+
+/// A number as its type reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Value {
+    /// Of a signed type.
+    Signed(i64),
+    /// Of an unsigned type.
+    Unsigned(u64),
+}
+
+/// What a `--hist` draws.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drawn {
+    /// Argument `n` (from 0) at entry.
+    Arg(u8),
+    /// The return value (as a signed number).
+    Ret,
 }
 
 /// Where a probe goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// A function's entry.
+    /// A function's entry; with a pattern (`*`, `?`), every function
+    /// whose name matches.
     Function {
         /// The object (`libz.so.1`), or `None`: the executable, then every
         /// loaded library.
         object: Option<String>,
-        /// The function.
+        /// The function, or a pattern.
         name: String,
     },
     /// Every site of a USDT probe.
@@ -31,9 +116,15 @@ pub enum Target {
         provider: String,
         /// The probe's name.
         name: String,
-        /// How `--print` shows each argument (the rest: numbers).
-        types: Vec<ArgType>,
     },
+}
+
+impl Target {
+    /// Whether this names many functions (a pattern).
+    #[must_use]
+    pub fn is_pattern(&self) -> bool {
+        matches!(self, Self::Function { name, .. } if is_pattern(name))
+    }
 }
 
 /// One probe to attach.
@@ -41,72 +132,139 @@ pub enum Target {
 pub struct ProbeSpec {
     /// Where.
     pub target: Target,
+    /// How `--print` shows each argument (the others: not shown for a
+    /// function with types, numbers for a USDT probe).
+    pub args: Vec<ArgType>,
     /// With a return probe and a latency histogram (functions).
     pub latency: bool,
-    /// A line per hit.
+    /// A line per hit (and per return, for functions).
     pub print: bool,
+    /// A histogram of an argument or the return value.
+    pub hist: Option<Drawn>,
 }
 
 impl ProbeSpec {
+    /// A probe on `target` that only counts.
+    #[must_use]
+    pub fn counting(target: Target) -> Self {
+        Self {
+            target,
+            args: Vec::new(),
+            latency: false,
+            print: false,
+            hist: None,
+        }
+    }
+
     /// How the report names the probe.
     #[must_use]
     pub fn label(&self) -> String {
         match &self.target {
-            Target::Function { object: None, name } => name.clone(),
-            Target::Function {
-                object: Some(o),
-                name,
-            } => format!("{o}:{name}"),
+            Target::Function { object, name } => function_label(object.as_deref(), name),
             Target::Usdt {
                 object,
                 provider,
                 name,
-                ..
             } => match object {
                 Some(o) => format!("{o}:{provider}:{name}"),
                 None => format!("{provider}:{name}"),
             },
         }
     }
-}
 
-/// Parses a `-f` item: `name` or `object:name`.
-pub fn parse_function(text: &str) -> Result<Target, String> {
-    let (object, name) = match text.rsplit_once(':') {
-        Some((o, n)) => (Some(o.to_string()), n),
-        None => (None, text),
-    };
-    if name.is_empty() || name.contains(char::is_whitespace) {
-        return Err(format!("{text:?}: not a function name"));
+    /// Whether a hit of this probe needs its return too.
+    #[must_use]
+    pub fn wants_return(&self) -> bool {
+        matches!(self.target, Target::Function { .. })
+            && (self.latency || self.print || self.hist == Some(Drawn::Ret))
     }
-    Ok(Target::Function {
-        object,
-        name: name.to_string(),
-    })
 }
 
-/// Parses a `-u` item: `[object:]provider:name[(type,...)]` with types
-/// `int` and `str`.
-pub fn parse_usdt(text: &str) -> Result<Target, String> {
-    let (head, types) = match text.split_once('(') {
-        Some((h, rest)) => {
+/// How the report names function `name` of `object`.
+#[must_use]
+pub fn function_label(object: Option<&str>, name: &str) -> String {
+    match object {
+        Some(o) => format!("{o}:{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// Whether `name` is a pattern (has `*` or `?`).
+#[must_use]
+pub fn is_pattern(name: &str) -> bool {
+    name.contains(['*', '?'])
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of
+/// characters and `?` for one, as in the shell.
+#[must_use]
+pub fn glob(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // The classic two-pointer match, backtracking to the last `*`.
+    let (mut i, mut j) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while j < n.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == n[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some((i, j));
+            i += 1;
+        } else if let Some((si, sj)) = star {
+            i = si + 1;
+            j = sj + 1;
+            star = Some((si, sj + 1));
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == '*')
+}
+
+/// Splits `text` into its head and the types in parentheses after it.
+fn split_types(text: &str) -> Result<(&str, Vec<ArgType>), String> {
+    match text.split_once('(') {
+        Some((head, rest)) => {
             let inner = rest
                 .strip_suffix(')')
                 .ok_or_else(|| format!("{text:?}: unclosed argument types"))?;
-            let types = inner
-                .split(',')
-                .map(|t| match t.trim() {
-                    "int" => Ok(ArgType::Int),
-                    "str" => Ok(ArgType::Str),
-                    other => Err(format!(
-                        "{text:?}: argument type {other:?} is not int or str"
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            (h, types)
+            let types = if inner.trim().is_empty() {
+                Vec::new()
+            } else {
+                inner
+                    .split(',')
+                    .map(|t| ArgType::parse(t.trim()).map_err(|e| format!("{text:?}: {e}")))
+                    .collect::<Result<_, _>>()?
+            };
+            Ok((head, types))
         }
-        None => (text, Vec::new()),
+        None => Ok((text, Vec::new())),
+    }
+}
+
+/// Parses a `-f` item: `[object:]name[(type,...)]`, the name maybe a
+/// pattern. Returns the target and the argument types.
+pub fn parse_function(text: &str) -> Result<(Target, Vec<ArgType>), String> {
+    let (head, types) = split_types(text)?;
+    let (object, name) = match head.rsplit_once(':') {
+        Some((o, n)) => (Some(o.to_string()), n),
+        None => (None, head),
     };
+    if name.is_empty() || name.contains(char::is_whitespace) || object.as_deref() == Some("") {
+        return Err(format!("{text:?}: not a function name"));
+    }
+    Ok((
+        Target::Function {
+            object,
+            name: name.to_string(),
+        },
+        types,
+    ))
+}
+
+/// Parses a `-u` item: `[object:]provider:name[(type,...)]`.
+pub fn parse_usdt(text: &str) -> Result<(Target, Vec<ArgType>), String> {
+    let (head, types) = split_types(text)?;
     let parts: Vec<&str> = head.rsplitn(3, ':').collect();
     let (object, provider, name) = match parts.as_slice() {
         [name, provider] => (None, *provider, *name),
@@ -116,138 +274,259 @@ pub fn parse_usdt(text: &str) -> Result<Target, String> {
     if provider.is_empty() || name.is_empty() {
         return Err(format!("{text:?}: not provider:name"));
     }
-    Ok(Target::Usdt {
-        object,
-        provider: provider.to_string(),
-        name: name.to_string(),
+    Ok((
+        Target::Usdt {
+            object,
+            provider: provider.to_string(),
+            name: name.to_string(),
+        },
         types,
-    })
+    ))
 }
 
-/// Separates fields and probes in the environment encoding (ASCII unit and
-/// record separators: never in a name).
+/// Parses a `--hist` item: `[object:]function:argN` or
+/// `[object:]function:ret`.
+pub fn parse_hist(text: &str) -> Result<(Target, Drawn), String> {
+    let (function, what) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text:?}: not function:argN or function:ret"))?;
+    let drawn = match what {
+        "ret" | "retval" => Drawn::Ret,
+        _ => match what.strip_prefix("arg").map(str::parse::<u8>) {
+            Some(Ok(n)) if n < 6 => Drawn::Arg(n),
+            _ => {
+                return Err(format!(
+                    "{text:?}: {what:?} is not arg0..arg5 or ret (function:argN, function:ret)"
+                ));
+            }
+        },
+    };
+    let (target, types) = parse_function(function)?;
+    if !types.is_empty() || target.is_pattern() {
+        return Err(format!(
+            "{text:?}: a histogram is of one function, named without types"
+        ));
+    }
+    Ok((target, drawn))
+}
+
+/// What the agent is asked to do: the probes, and the names patterns
+/// leave out (`-x`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// The probes; probe `i` owns the report's slot `i`.
+    pub probes: Vec<ProbeSpec>,
+    /// Patterns of function names no pattern probe attaches to.
+    pub exclude: Vec<String>,
+}
+
+impl Plan {
+    /// Whether pattern probes leave function `name` out.
+    #[must_use]
+    pub fn excludes(&self, name: &str) -> bool {
+        self.exclude.iter().any(|x| glob(x, name))
+    }
+}
+
+/// Separates fields and records in the encoding (ASCII unit and record
+/// separators: never in a name).
 const FIELD: char = '\u{1f}';
 const RECORD: char = '\u{1e}';
 
-/// The probes, for the agent's environment.
+/// The plan, as one string (for the agent's environment, or a file).
 #[must_use]
-pub fn encode(probes: &[ProbeSpec]) -> String {
+pub fn encode(plan: &Plan) -> String {
     let flags = |p: &ProbeSpec| {
-        format!(
-            "{}{}",
-            if p.latency { "l" } else { "" },
-            if p.print { "p" } else { "" }
-        )
+        let mut f = String::new();
+        if p.latency {
+            f.push('l');
+        }
+        if p.print {
+            f.push('p');
+        }
+        match p.hist {
+            Some(Drawn::Ret) => f.push('r'),
+            Some(Drawn::Arg(n)) => {
+                f.push('a');
+                f.push(char::from(b'0' + n));
+            }
+            None => {}
+        }
+        f
     };
-    probes
+    let types = |p: &ProbeSpec| p.args.iter().map(|t| t.code()).collect::<String>();
+    plan.probes
         .iter()
         .map(|p| match &p.target {
-            Target::Function { object, name } => {
-                format!(
-                    "f{FIELD}{}{FIELD}{name}{FIELD}{}",
-                    object.as_deref().unwrap_or(""),
-                    flags(p)
-                )
-            }
+            Target::Function { object, name } => format!(
+                "f{FIELD}{}{FIELD}{name}{FIELD}{}{FIELD}{}",
+                object.as_deref().unwrap_or(""),
+                types(p),
+                flags(p)
+            ),
             Target::Usdt {
                 object,
                 provider,
                 name,
-                types,
-            } => {
-                let types: String = types
-                    .iter()
-                    .map(|t| if *t == ArgType::Str { 's' } else { 'i' })
-                    .collect();
-                format!(
-                    "u{FIELD}{}{FIELD}{provider}{FIELD}{name}{FIELD}{types}{FIELD}{}",
-                    object.as_deref().unwrap_or(""),
-                    flags(p)
-                )
-            }
+            } => format!(
+                "u{FIELD}{}{FIELD}{provider}{FIELD}{name}{FIELD}{}{FIELD}{}",
+                object.as_deref().unwrap_or(""),
+                types(p),
+                flags(p)
+            ),
         })
+        .chain(plan.exclude.iter().map(|x| format!("x{FIELD}{x}")))
         .collect::<Vec<_>>()
         .join(&RECORD.to_string())
 }
 
-/// The probes the tool encoded.
-pub fn decode(text: &str) -> Result<Vec<ProbeSpec>, String> {
+/// The plan [`encode`] wrote.
+pub fn decode(text: &str) -> Result<Plan, String> {
+    let mut plan = Plan::default();
     if text.is_empty() {
-        return Ok(Vec::new());
+        return Ok(plan);
     }
-    text.split(RECORD)
-        .map(|record| {
-            let f: Vec<&str> = record.split(FIELD).collect();
-            let object = |o: &str| (!o.is_empty()).then(|| o.to_string());
-            let (target, flags) = match f.as_slice() {
-                ["f", o, name, flags] => (
-                    Target::Function {
-                        object: object(o),
-                        name: (*name).to_string(),
-                    },
-                    *flags,
-                ),
-                ["u", o, provider, name, types, flags] => (
-                    Target::Usdt {
-                        object: object(o),
-                        provider: (*provider).to_string(),
-                        name: (*name).to_string(),
-                        types: types
-                            .chars()
-                            .map(|c| if c == 's' { ArgType::Str } else { ArgType::Int })
-                            .collect(),
-                    },
-                    *flags,
-                ),
-                _ => return Err(format!("a probe the agent cannot read: {record:?}")),
-            };
-            Ok(ProbeSpec {
-                target,
-                latency: flags.contains('l'),
-                print: flags.contains('p'),
-            })
-        })
-        .collect()
+    for record in text.split(RECORD) {
+        let f: Vec<&str> = record.split(FIELD).collect();
+        let object = |o: &str| (!o.is_empty()).then(|| o.to_string());
+        let bad = || format!("a probe the agent cannot read: {record:?}");
+        let (target, types, flags) = match f.as_slice() {
+            ["x", pattern] => {
+                plan.exclude.push((*pattern).to_string());
+                continue;
+            }
+            ["f", o, name, types, flags] => (
+                Target::Function {
+                    object: object(o),
+                    name: (*name).to_string(),
+                },
+                *types,
+                *flags,
+            ),
+            ["u", o, provider, name, types, flags] => (
+                Target::Usdt {
+                    object: object(o),
+                    provider: (*provider).to_string(),
+                    name: (*name).to_string(),
+                },
+                *types,
+                *flags,
+            ),
+            _ => return Err(bad()),
+        };
+        let args = types
+            .chars()
+            .map(ArgType::from_code)
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad)?;
+        let hist = if flags.contains('r') {
+            Some(Drawn::Ret)
+        } else if let Some((_, n)) = flags.split_once('a') {
+            Some(Drawn::Arg(n.parse().map_err(|_| bad())?))
+        } else {
+            None
+        };
+        plan.probes.push(ProbeSpec {
+            target,
+            args,
+            latency: flags.contains('l'),
+            print: flags.contains('p'),
+            hist,
+        });
+    }
+    Ok(plan)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn function(text: &str) -> ProbeSpec {
+        let (target, args) = parse_function(text).unwrap();
+        ProbeSpec {
+            args,
+            ..ProbeSpec::counting(target)
+        }
+    }
+
     #[test]
-    fn specs_round_trip_through_the_environment() {
-        let probes = vec![
-            ProbeSpec {
-                target: parse_function("malloc").unwrap(),
-                latency: true,
-                print: false,
-            },
-            ProbeSpec {
-                target: parse_function("libz.so.1:deflate").unwrap(),
-                latency: false,
-                print: true,
-            },
-            ProbeSpec {
-                target: parse_usdt("python:function__entry(str,str,int)").unwrap(),
-                latency: false,
-                print: true,
-            },
-            ProbeSpec {
-                target: parse_usdt("libstdc++.so.6:libstdcxx:throw").unwrap(),
-                latency: false,
-                print: false,
-            },
-        ];
-        assert_eq!(decode(&encode(&probes)).unwrap(), probes);
-        assert_eq!(probes[1].label(), "libz.so.1:deflate");
-        assert_eq!(probes[3].label(), "libstdc++.so.6:libstdcxx:throw");
+    fn plans_round_trip() {
+        let mut usdt = ProbeSpec::counting(parse_usdt("python:function__entry").unwrap().0);
+        usdt.args = parse_usdt("p:n(str,str,int)").unwrap().1;
+        usdt.print = true;
+        let plan = Plan {
+            probes: vec![
+                ProbeSpec {
+                    latency: true,
+                    ..function("malloc(size_t)")
+                },
+                ProbeSpec {
+                    print: true,
+                    ..function("libz.so.1:deflate(ptr,int)")
+                },
+                ProbeSpec {
+                    hist: Some(Drawn::Arg(2)),
+                    ..function("libsqlite3.so.0:sqlite3_*")
+                },
+                ProbeSpec {
+                    hist: Some(Drawn::Ret),
+                    ..function("read(int,void *,size_t)")
+                },
+                usdt,
+                ProbeSpec::counting(parse_usdt("libstdc++.so.6:libstdcxx:throw").unwrap().0),
+            ],
+            exclude: vec!["sqlite3_str*".into(), "*_v2".into()],
+        };
+        assert_eq!(decode(&encode(&plan)).unwrap(), plan);
+        assert_eq!(plan.probes[1].label(), "libz.so.1:deflate");
+        assert_eq!(
+            plan.probes[3].args,
+            [ArgType::I32, ArgType::Hex, ArgType::U64]
+        );
+        assert_eq!(plan.probes[5].label(), "libstdc++.so.6:libstdcxx:throw");
+        assert!(plan.probes[2].target.is_pattern());
+        assert!(plan.excludes("sqlite3_str_new") && !plan.excludes("sqlite3_open"));
+        assert!(plan.probes[3].wants_return() && !plan.probes[2].wants_return());
+    }
+
+    #[test]
+    fn globs_match_as_the_shell_does() {
+        assert!(glob("str*", "strlen") && glob("str*", "str"));
+        assert!(!glob("str*", "memstr"));
+        assert!(glob("*cpy", "memcpy") && glob("*", ""));
+        assert!(glob("s?r*n", "strlen") && !glob("s?r", "strlen"));
+        assert!(glob("*_*_*", "a_b_c") && !glob("*_*_*", "a_b"));
+        assert!(glob("sqlite3_*_v2", "sqlite3_prepare_v2"));
+    }
+
+    #[test]
+    fn values_as_their_types_read_them() {
+        assert_eq!(ArgType::I32.value(0xffff_ffff), Value::Signed(-1));
+        assert_eq!(ArgType::I64.value(u64::MAX), Value::Signed(-1));
+        assert_eq!(ArgType::U32.value(0x1_0000_0005), Value::Unsigned(5));
+        assert_eq!(ArgType::parse("const char *").unwrap(), ArgType::Str);
+        assert_eq!(ArgType::parse("struct stat *").unwrap(), ArgType::Hex);
     }
 
     #[test]
     fn bad_specs_say_why() {
         assert!(parse_function("").is_err());
+        assert!(parse_function(":malloc").is_err());
         assert!(parse_usdt("justaname").is_err());
         assert!(parse_usdt("p:n(float)").unwrap_err().contains("float"));
         assert!(parse_usdt("p:n(int").is_err());
+        assert!(parse_hist("malloc").is_err());
+        assert!(parse_hist("malloc:arg9").unwrap_err().contains("arg9"));
+        assert!(parse_hist("str*:ret").is_err());
+        assert_eq!(
+            parse_hist("libc.so.6:read:ret").unwrap(),
+            (
+                Target::Function {
+                    object: Some("libc.so.6".into()),
+                    name: "read".into()
+                },
+                Drawn::Ret
+            )
+        );
     }
 }

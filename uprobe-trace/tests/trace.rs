@@ -151,7 +151,7 @@ fn latency_histograms_and_print_lines() {
     assert_eq!(calls(&report, "malloc"), Some(2000), "{report}");
     assert!(report.contains("latency (ns), 2000 returns"), "{report}");
     assert!(report.contains('@'), "{report}");
-    let (_, report) = run_workload(&["-p", "-f", "malloc"], "plain", 3);
+    let (_, report) = run_workload(&["--print", "-f", "malloc"], "plain", 3);
     let lines = report.lines().filter(|l| l.contains(" malloc 0x")).count();
     assert_eq!(lines, 3, "{report}");
 }
@@ -168,7 +168,7 @@ fn usdt_probes_with_their_arguments() {
         println!("skipped: the workload was built without <sys/sdt.h>");
         return;
     }
-    let (out, report) = run_workload(&["-p", "-u", "workload:tick(int,str)"], "usdt", 5);
+    let (out, report) = run_workload(&["--print", "-u", "workload:tick(int,str)"], "usdt", 5);
     assert!(out.status.success(), "{report}");
     assert_eq!(calls(&report, "workload:tick"), Some(5), "{report}");
     assert!(report.contains("workload:tick 4 \"tick\""), "{report}");
@@ -328,4 +328,336 @@ fn counts_equal_bpftraces() {
         "bpftrace: {text}\nuprobe-trace: {report}"
     );
     println!("malloc {m}, free {f}: bpftrace and uprobe-trace agree");
+}
+
+/// A workload running in the background (`--pid` targets), killed when
+/// dropped.
+#[cfg(target_arch = "x86_64")]
+struct Running(std::process::Child);
+
+#[cfg(target_arch = "x86_64")]
+impl Running {
+    /// Starts `workload MODE N` and waits for its "ready"; `None` (reason
+    /// printed) where the tests cannot build it, or ptrace is reserved to
+    /// root (`kernel.yama.ptrace_scope` 2 or 3; at 1 the workload allows
+    /// any process of its user).
+    fn start(mode: &str, n: u64) -> Option<Self> {
+        use std::io::BufRead as _;
+        let w = workload()?;
+        let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        // SAFETY: geteuid has no preconditions.
+        if scope >= 3 || (scope == 2 && unsafe { libc::geteuid() } != 0) {
+            println!("skipped: kernel.yama.ptrace_scope is {scope}");
+            return None;
+        }
+        let mut child = Command::new(w)
+            .args([mode, &n.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the workload");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        Some(Self(child))
+    }
+
+    fn pid(&self) -> String {
+        self.0.id().to_string()
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.0.try_wait().unwrap().is_none()
+    }
+
+    /// The bytes of every executable mapping of its libc.
+    fn libc_code(&self) -> Vec<u8> {
+        use std::os::unix::fs::FileExt as _;
+        let pid = self.0.id();
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+        let mut code = Vec::new();
+        for line in maps
+            .lines()
+            .filter(|l| l.contains("libc.so") && l.contains("r-xp"))
+        {
+            let range = line.split_whitespace().next().unwrap();
+            let (start, end) = range.split_once('-').unwrap();
+            let start = u64::from_str_radix(start, 16).unwrap();
+            let end = u64::from_str_radix(end, 16).unwrap();
+            let mut buf = vec![0u8; (end - start) as usize];
+            mem.read_exact_at(&mut buf, start).unwrap();
+            code.extend(buf);
+        }
+        assert!(!code.is_empty(), "no libc code in {maps}");
+        code
+    }
+
+    /// Its threads' names.
+    fn threads(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", self.0.id()))
+            .unwrap()
+            .flatten()
+            .map(|t| std::fs::read_to_string(t.path().join("comm")).unwrap_or_default())
+            .map(|c| c.trim().to_string())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A multi-threaded program under load is traced while it runs and left
+/// as it was: every byte of libc's code back, no thread of the agent's
+/// left, and it runs on; tracing it again works (the agent already
+/// loaded is reused).
+#[test]
+#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
+fn attaches_to_a_running_process_and_leaves_it_as_it_was() {
+    let Some(mut target) = Running::start("loop", 3) else {
+        return;
+    };
+    let (code, threads) = (target.libc_code(), target.threads());
+    for round in 0..2 {
+        let out = trace(&["-p", &target.pid(), "-f", "malloc,free", "-d", "1"]);
+        let report = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "round {round}: {report}");
+        assert!(report.contains("stopped after --duration"), "{report}");
+        assert!(calls(&report, "malloc").is_some_and(|n| n > 0), "{report}");
+        assert!(calls(&report, "free").is_some_and(|n| n > 0), "{report}");
+        assert!(target.is_running(), "round {round}: {report}");
+        assert!(
+            target.libc_code() == code,
+            "round {round}: libc's code changed"
+        );
+        assert_eq!(target.threads(), threads, "round {round}");
+    }
+}
+
+/// Latency probes in a running process: their returns are counted, and
+/// the detach leaves no handler armed (the program runs on).
+#[test]
+#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
+fn latency_of_a_running_process() {
+    let Some(mut target) = Running::start("loop", 2) else {
+        return;
+    };
+    let code = target.libc_code();
+    let out = trace(&["-p", &target.pid(), "-l", "-f", "malloc", "-d", "1"]);
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains("latency (ns)"), "{report}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(target.is_running(), "{report}");
+    assert!(target.libc_code() == code, "libc's code changed");
+}
+
+/// A program that exits while traced: the report comes when it exits.
+#[test]
+#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
+fn a_running_process_that_exits_while_traced() {
+    let Some(target) = Running::start("briefly", 1500) else {
+        return;
+    };
+    let out = trace(&["-p", &target.pid(), "-f", "malloc"]);
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains("until the program exited"), "{report}");
+    assert!(calls(&report, "malloc").is_some_and(|n| n > 0), "{report}");
+}
+
+/// A program that forks while traced: its children count into the report
+/// while they live (they keep the probes: only the process the agent was
+/// loaded into is detached), and the parent is left as it was.
+#[test]
+#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
+fn a_running_process_that_forks_while_traced() {
+    let Some(mut target) = Running::start("forkloop", 0) else {
+        return;
+    };
+    let code = target.libc_code();
+    let out = trace(&["-p", &target.pid(), "-f", "malloc", "-d", "1"]);
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{report}");
+    // Each child makes 1000 pairs; the parent at least as many between
+    // forks.
+    assert!(
+        calls(&report, "malloc").is_some_and(|n| n > 1000),
+        "{report}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(target.is_running(), "{report}");
+    assert!(target.libc_code() == code, "libc's code changed");
+}
+
+#[test]
+fn pid_errors_say_what_to_do() {
+    if emulated() {
+        println!("skipped: under an emulator, the tool cannot be run from a test");
+        return;
+    }
+    let out = trace(&["-p", "999999999", "-f", "malloc"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no process"));
+    // Where `--pid` is not implemented, it says so.
+    if cfg!(not(target_arch = "x86_64")) {
+        let me = std::process::id().to_string();
+        let out = trace(&["-p", &me, "-f", "malloc"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("x86-64 only"));
+    }
+    // A process and a program at once.
+    assert_eq!(
+        trace(&["-p", "1", "-f", "malloc", "--", "/bin/true"])
+            .status
+            .code(),
+        Some(2)
+    );
+}
+
+/// The agent has static TLS (uprobe-core's anchor: an initial-exec
+/// relocation, which the dynamic linker resolves by placing the library's
+/// TLS block in every thread's static TLS): loaded into a running process,
+/// none of its thread-locals is allocated at a probe hit.
+#[test]
+fn the_agent_has_static_tls() {
+    use object::{Object as _, RelocationFlags};
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_uprobe-trace"));
+    let agent = [
+        exe.with_file_name("libuprobe_trace.so"),
+        exe.with_file_name("deps").join("libuprobe_trace.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("the agent is built with the tool");
+    let data = std::fs::read(&agent).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let initial_exec = file
+        .dynamic_relocations()
+        .into_iter()
+        .flatten()
+        .any(|(_, r)| match r.flags() {
+            RelocationFlags::Elf { r_type } => {
+                r_type == object::elf::R_X86_64_TPOFF64
+                    || r_type == object::elf::R_AARCH64_TLS_TPREL
+            }
+            _ => false,
+        });
+    assert!(
+        initial_exec,
+        "no initial-exec TLS relocation in {}",
+        agent.display()
+    );
+}
+
+/// Patterns with exclusions, argument types, values and return values,
+/// a histogram of an argument, and the JSON report.
+#[test]
+fn patterns_arguments_histograms_and_json() {
+    if workload().is_none() {
+        return;
+    }
+    let (out, report) = run_workload(&["-f", "libc.so.6:mall*", "-x", "malloc_*"], "plain", 1000);
+    assert!(out.status.success(), "{report}");
+    let line = |label: &str| {
+        report
+            .lines()
+            .find_map(|l| l.trim_start().strip_prefix(&format!("{label}: ")))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        line("libc.so.6:malloc").and_then(|l| l.split(' ').next()?.parse::<u64>().ok()),
+        Some(1000),
+        "{report}"
+    );
+    assert!(line("libc.so.6:malloc_stats").is_none(), "{report}");
+    assert!(line("libc.so.6:mall*").is_some(), "{report}");
+
+    let (_, report) = run_workload(&["--print", "-f", "malloc(size_t)"], "plain", 3);
+    for size in 16..19 {
+        assert!(report.contains(&format!(" malloc({size})")), "{report}");
+    }
+    assert_eq!(report.matches(" malloc = 0x").count(), 3, "{report}");
+
+    let json = std::env::temp_dir().join(format!("uprobe-trace-json-{}", std::process::id()));
+    let (out, report) = run_workload(
+        &["--hist", "malloc:arg0", "--json", json.to_str().unwrap()],
+        "plain",
+        1000,
+    );
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains("arg0:"), "{report}");
+    let text = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["probes"][0]["probe"], "malloc");
+    assert_eq!(v["probes"][0]["calls"], 1000);
+    let buckets = v["probes"][0]["hist"]["buckets"].as_array().unwrap();
+    let total: u64 = buckets.iter().map(|b| b["count"].as_u64().unwrap()).sum();
+    assert_eq!(total, 1000, "{text}");
+    // Sizes 16..80: buckets [16, 32), [32, 64), [64, 128).
+    assert_eq!(buckets[0]["from"], 16, "{text}");
+}
+
+/// Ctrl-C (SIGINT) and SIGTERM end tracing a running process with the
+/// report, and the process is left as it was.
+#[test]
+#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
+fn a_signal_ends_tracing_with_the_report() {
+    let Some(mut target) = Running::start("loop", 1) else {
+        return;
+    };
+    let code = target.libc_code();
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let mut tool = Command::new(env!("CARGO_BIN_EXE_uprobe-trace"))
+            .args(["-p", &target.pid(), "-f", "malloc"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run uprobe-trace");
+        // Once it traces (its first line), stop it.
+        let mut err = std::io::BufReader::new(tool.stderr.take().unwrap());
+        let mut first = String::new();
+        std::io::BufRead::read_line(&mut err, &mut first).unwrap();
+        assert!(first.contains("tracing process"), "{first}");
+        // SAFETY: signalling the tool we started.
+        unsafe { libc::kill(tool.id() as i32, sig) };
+        let mut report = String::new();
+        std::io::Read::read_to_string(&mut err, &mut report).unwrap();
+        assert!(tool.wait().unwrap().success(), "{report}");
+        assert!(
+            report.contains(&format!("stopped by signal {sig}")),
+            "{report}"
+        );
+        assert!(calls(&report, "malloc").is_some_and(|n| n > 0), "{report}");
+        assert!(target.is_running(), "{report}");
+        assert!(target.libc_code() == code, "libc's code changed");
+    }
+}
+
+/// A process that exits while the agent is being loaded, or right after:
+/// the tool says so, or reports what it counted, and never hangs.
+#[test]
+#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
+fn a_process_that_exits_mid_attach() {
+    for ms in [1, 5, 20, 50] {
+        let Some(target) = Running::start("briefly", ms) else {
+            return;
+        };
+        let out = trace(&["-p", &target.pid(), "-f", "malloc,free", "-d", "5"]);
+        let report = String::from_utf8_lossy(&out.stderr).into_owned();
+        let exited_first = out.status.code() == Some(1) && report.contains("exited");
+        let traced = out.status.success() && report.contains("until the program exited");
+        assert!(exited_first || traced, "{ms} ms: {report}");
+    }
 }

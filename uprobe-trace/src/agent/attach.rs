@@ -1,0 +1,291 @@
+//! Attaching: each probe asked for, the functions a pattern matches
+//! (each in a slot of its own), and what waits for an object the program
+//! loads later.
+
+use std::collections::HashSet;
+use std::sync::PoisonError;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+
+use uprobe_core::{AttachError, Probe, Uprobe};
+
+use super::Agent;
+use super::threads::{AGENT_THREADS, gettid};
+use crate::shared::Slot;
+use crate::spec::{self, ProbeSpec, Target};
+
+/// Why a probe is not attached, and whether it may be once more objects
+/// are loaded.
+type NotYet = (String, bool);
+
+impl Agent {
+    fn slot(&'static self, i: usize) -> &'static Slot {
+        self.report.slot(i).expect("the tool made a slot per probe")
+    }
+
+    /// Attaches every probe not attached yet; returns whether some are
+    /// still waiting for an object to load.
+    pub(super) fn attach_pending(&'static self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.stopping.load(Relaxed) {
+            return false;
+        }
+        let mut waiting = false;
+        for (i, spec) in self.plan.probes.iter().enumerate() {
+            let (attached, done) = &mut state[i];
+            if *done {
+                continue;
+            }
+            match self.attach(i, spec, attached) {
+                Ok(()) => {
+                    self.slot(i).set_error("");
+                    // A function is one site; a USDT probe, or a pattern
+                    // over every object, may gain sites in objects loaded
+                    // later.
+                    *done = match &spec.target {
+                        Target::Function { object, .. } => {
+                            !spec.target.is_pattern() || object.is_some()
+                        }
+                        Target::Usdt { .. } => false,
+                    };
+                    waiting |= !*done;
+                }
+                Err((why, later)) => {
+                    self.slot(i).set_error(&why);
+                    *done = !later;
+                    waiting |= later;
+                }
+            }
+        }
+        waiting
+    }
+
+    /// After the program loaded an object: attach what waits for one, on
+    /// the program's thread (not counted meanwhile).
+    pub(super) fn after_dlopen(&'static self) {
+        if !self.ready.load(Acquire) {
+            return; // the first round (the watcher catches up after it)
+        }
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.iter().all(|(_, done)| *done) {
+            return;
+        }
+        drop(state);
+        let _serial = self.dlopens.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.stopping.load(Relaxed) {
+            return;
+        }
+        AGENT_THREADS[2].store(gettid(), Relaxed);
+        self.attach_pending();
+        AGENT_THREADS[2].store(0, Relaxed);
+    }
+
+    /// The agent's thread, after the first round: attaches waiting probes
+    /// whenever the set of loaded objects changes; returns when the
+    /// session is asked to stop.
+    pub(super) fn watch(&'static self) {
+        let mut seen = loaded_objects();
+        let mut waiting = true;
+        while !self.stop_asked() {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let now = loaded_objects();
+            if now != seen && waiting {
+                seen = now;
+                waiting = self.attach_pending();
+            }
+        }
+    }
+
+    /// Attaches probe `i`.
+    fn attach(
+        &'static self,
+        i: usize,
+        spec: &ProbeSpec,
+        attached: &mut HashSet<usize>,
+    ) -> Result<(), NotYet> {
+        let later = |e: &AttachError| {
+            matches!(
+                e,
+                AttachError::NoSuchObject { .. }
+                    | AttachError::SymbolNotFound { .. }
+                    | AttachError::UsdtNotFound { .. }
+            )
+        };
+        let builders: Vec<Uprobe> = match &spec.target {
+            Target::Function { object, name } if spec::is_pattern(name) => {
+                return self.attach_pattern(i, spec, object.as_deref(), name, attached);
+            }
+            Target::Function { object, name } => {
+                let found = match object {
+                    Some(o) => Uprobe::in_object(o, name),
+                    None => Uprobe::function(name),
+                };
+                vec![found.map_err(|e| (e.to_string(), later(&e)))?]
+            }
+            Target::Usdt {
+                object,
+                provider,
+                name,
+            } => {
+                let sites = match object {
+                    Some(o) => {
+                        uprobe_core::usdt::probes(o).map_err(|e| (e.to_string(), later(&e)))?
+                    }
+                    None => uprobe_core::usdt::loaded_probes(),
+                };
+                let sites: Vec<_> = sites
+                    .into_iter()
+                    .filter(|p| &p.provider == provider && &p.name == name)
+                    .filter(|p| !attached.contains(&p.addr))
+                    .collect();
+                if sites.is_empty() && attached.is_empty() {
+                    return Err((
+                        format!("no USDT probe {provider}:{name} in the loaded objects"),
+                        true,
+                    ));
+                }
+                sites
+                    .iter()
+                    .map(uprobe_core::usdt::UsdtProbe::uprobe)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| (e.to_string(), false))?
+            }
+        };
+        let slot = self.slot(i);
+        for builder in builders {
+            let addr = builder.addr();
+            let probe = self.attach_one(slot, spec, builder)?;
+            attached.insert(addr);
+            self.keep(slot, probe);
+        }
+        Ok(())
+    }
+
+    /// Attaches the functions pattern `name` matches (in `object`, or in
+    /// every loaded object) that are not attached yet, each counted in a
+    /// slot of its own; the pattern's slot counts the functions attached.
+    /// A function that cannot be probed says why in its slot.
+    fn attach_pattern(
+        &'static self,
+        i: usize,
+        spec: &ProbeSpec,
+        object: Option<&str>,
+        name: &str,
+        attached: &mut HashSet<usize>,
+    ) -> Result<(), NotYet> {
+        let found = uprobe_core::functions::matching(object, |f| {
+            spec::glob(name, f) && !self.plan.excludes(f)
+        })
+        .map_err(|e| {
+            let later = matches!(e, AttachError::NoSuchObject { .. });
+            (e.to_string(), later)
+        })?;
+        let fresh: Vec<_> = found
+            .into_iter()
+            .filter(|f| self.own_object.as_ref() != Some(&f.object))
+            .filter(|f| !attached.contains(&f.addr))
+            .collect();
+        if fresh.is_empty() && attached.is_empty() {
+            return Err((
+                format!("no function matches {name:?} in the loaded objects"),
+                true,
+            ));
+        }
+        let pattern = self.slot(i);
+        for f in fresh {
+            attached.insert(f.addr);
+            let file = f.object.file_name().unwrap_or(f.object.as_os_str());
+            let label = spec::function_label(Some(&file.to_string_lossy()), &f.name);
+            let Some(slot) = self.report.claim(i, &label) else {
+                continue; // counted as lost
+            };
+            match self.attach_one(slot, spec, f.uprobe()) {
+                Ok(probe) => {
+                    pattern.sites.fetch_add(1, Relaxed);
+                    self.keep(slot, probe);
+                }
+                Err((why, _)) => slot.set_error(&why),
+            }
+        }
+        Ok(())
+    }
+
+    /// Attaches one probe counting into `slot`.
+    fn attach_one(
+        &'static self,
+        slot: &'static Slot,
+        spec: &ProbeSpec,
+        builder: Uprobe,
+    ) -> Result<Probe, NotYet> {
+        let addr = builder.addr();
+        match self.with_handlers(slot, spec, builder).attach() {
+            Err(AttachError::SignalsBlocked { .. }) => self.attach_blocked(slot, spec, addr),
+            other => other.map_err(|e| (e.to_string(), false)),
+        }
+    }
+
+    /// A function glibc runs with every signal blocked (`free`) where the
+    /// engine's one-byte jump does not fit: safe to probe only through a
+    /// jump over whole instructions (a breakpoint there kills the process
+    /// at the next thread exit or spawn), written behind a breakpoint.
+    /// Preloaded, the attach happens before `main`, while no other thread
+    /// runs that path; loaded into a running process, it is refused.
+    fn attach_blocked(
+        &'static self,
+        slot: &'static Slot,
+        spec: &ProbeSpec,
+        addr: usize,
+    ) -> Result<Probe, NotYet> {
+        if self.tool.is_some() {
+            return Err((
+                "glibc runs it with every signal blocked and its jump does not fit in one byte: in a running program, a breakpoint there could kill it".into(),
+                false,
+            ));
+        }
+        let builder = Uprobe::at(addr).map_err(|e| (e.to_string(), false))?;
+        let probe = self
+            .with_handlers(slot, spec, builder.allow_blocked_signal_paths())
+            .attach()
+            .map_err(|e| (e.to_string(), false))?;
+        match probe.mode() {
+            uprobe_core::Mode::Jump(_) => Ok(probe),
+            uprobe_core::Mode::Trap(why) => {
+                drop(probe);
+                Err((
+                    format!(
+                        "glibc runs it with every signal blocked, and it cannot take a jump ({why}): a breakpoint there would kill the program"
+                    ),
+                    false,
+                ))
+            }
+        }
+    }
+
+    /// Counts an attached site in `slot` and keeps its probe.
+    fn keep(&self, slot: &Slot, probe: Probe) {
+        slot.sites.fetch_add(1, Relaxed);
+        if !probe.mode().is_jump() {
+            slot.trap_sites.fetch_add(1, Relaxed);
+        }
+        self.probes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(probe);
+    }
+}
+
+/// The number of loaded objects (changes when one is loaded or unloaded).
+fn loaded_objects() -> usize {
+    unsafe extern "C" fn count(
+        _info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the counter passed below.
+        unsafe { *data.cast::<usize>() += 1 };
+        0
+    }
+    let mut n = 0usize;
+    // SAFETY: the callback only counts.
+    unsafe { libc::dl_iterate_phdr(Some(count), (&raw mut n).cast()) };
+    n
+}

@@ -1,0 +1,193 @@
+//! What a hit does: count into the probe's slot, take the time for
+//! `--latency`, draw a value for `--hist`, write a line for `--print`.
+//! Every handler is async-signal-safe.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use uprobe_core::{EntryContext, ReturnContext, Uprobe};
+
+use super::threads::is_agent;
+use super::{Agent, now};
+use crate::shared::Slot;
+use crate::spec::{ArgType, Drawn, ProbeSpec, Target, Value};
+
+impl Agent {
+    /// `builder` with the handlers `spec` needs, counting into `slot`.
+    pub(super) fn with_handlers(
+        &'static self,
+        slot: &'static Slot,
+        spec: &ProbeSpec,
+        builder: Uprobe,
+    ) -> Uprobe {
+        let (latency, print, hist) = (spec.latency, spec.print, spec.hist);
+        let usdt = matches!(spec.target, Target::Usdt { .. });
+        let types: &'static [ArgType] = Box::leak(spec.args.clone().into_boxed_slice());
+        let label: &'static str = Box::leak(slot.label().into_boxed_str());
+        let builder = builder.on_entry(move |cx| {
+            if is_agent(cx.tid()) {
+                cx.skip_return();
+                return;
+            }
+            slot.hits.fetch_add(1, Relaxed);
+            if latency {
+                cx.set_cookie(now());
+            }
+            if let Some(Drawn::Arg(n)) = hist {
+                let n = usize::from(n);
+                let ty = types.get(n).copied().unwrap_or(ArgType::I64);
+                let raw = if usdt {
+                    cx.usdt_arg(n).map(|v| v as u64)
+                } else {
+                    cx.arg(n)
+                };
+                slot.record_value(ty.value(raw.unwrap_or(0)));
+            }
+            if print {
+                self.print_entry(label, cx, types);
+            }
+        });
+        if !spec.wants_return() {
+            return builder;
+        }
+        builder.on_return(move |cx| {
+            if latency {
+                slot.record_latency(now().wrapping_sub(cx.cookie()));
+            }
+            if hist == Some(Drawn::Ret) {
+                slot.record_value(Value::Signed(cx.return_value() as i64));
+            }
+            if print {
+                self.print_return(label, cx);
+            }
+        })
+    }
+
+    /// `--print`: the line for a hit (the arguments, as their types say,
+    /// or the first three registers in hexadecimal where none are given).
+    fn print_entry(&self, label: &str, cx: &EntryContext<'_>, types: &[ArgType]) {
+        use core::fmt::Write as _;
+        let mut line = Line::default();
+        let _ = write!(line, "{} {label}", cx.tid());
+        if cx.usdt_arg_count() > 0 {
+            for n in 0..cx.usdt_arg_count() {
+                let value = cx.usdt_arg(n).unwrap_or(0) as u64;
+                let _ = line.write_str(" ");
+                line.value(types.get(n).copied().unwrap_or(ArgType::I64), value);
+            }
+        } else if types.is_empty() {
+            for n in 0..3 {
+                let _ = write!(line, " {:#x}", cx.arg(n).unwrap_or(0));
+            }
+        } else {
+            let _ = line.write_str("(");
+            for (n, &ty) in types.iter().enumerate() {
+                if n > 0 {
+                    let _ = line.write_str(", ");
+                }
+                line.value(ty, cx.arg(n).unwrap_or(0));
+            }
+            let _ = line.write_str(")");
+        }
+        self.send(&mut line);
+    }
+
+    /// `--print`: the line for a return (`= value`: in decimal when it
+    /// reads as a small signed number, else in hexadecimal).
+    fn print_return(&self, label: &str, cx: &ReturnContext<'_>) {
+        use core::fmt::Write as _;
+        let mut line = Line::default();
+        let value = cx.return_value();
+        let _ = if i32::try_from(value as i64).is_ok() {
+            write!(line, "{} {label} = {}", cx.tid(), value as i64)
+        } else {
+            write!(line, "{} {label} = {value:#x}", cx.tid())
+        };
+        self.send(&mut line);
+    }
+
+    /// Writes a line to the tool.
+    fn send(&self, line: &mut Line) {
+        let Some(fd) = self.print_fd else { return };
+        let _ = core::fmt::Write::write_str(line, "\n");
+        // SAFETY: writing our buffer to the tool's pipe.
+        let written = unsafe { libc::write(fd, line.buf.as_ptr().cast(), line.len) };
+        if written != line.len as isize {
+            self.report.header().lost_lines.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// A line formatted on the stack (no allocation: usable in a handler).
+struct Line {
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl Default for Line {
+    fn default() -> Self {
+        Self {
+            buf: [0; 512],
+            len: 0,
+        }
+    }
+}
+
+impl core::fmt::Write for Line {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let room = self.buf.len() - 1 - self.len;
+        let n = s.len().min(room);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+impl Line {
+    /// Appends an argument as its type shows it.
+    fn value(&mut self, ty: ArgType, raw: u64) {
+        use core::fmt::Write as _;
+        let _ = match (ty, ty.value(raw)) {
+            (ArgType::Str, _) => {
+                let _ = self.write_str("\"");
+                self.c_string(raw as usize);
+                self.write_str("\"")
+            }
+            (ArgType::Hex, _) => write!(self, "{raw:#x}"),
+            (_, Value::Signed(v)) => write!(self, "{v}"),
+            (_, Value::Unsigned(v)) => write!(self, "{v}"),
+        };
+    }
+
+    /// Appends the C string at `addr` (at most 128 bytes), read with
+    /// `process_vm_readv` so that a bad pointer is an error, not a crash.
+    fn c_string(&mut self, addr: usize) {
+        let mut text = [0u8; 128];
+        let local = libc::iovec {
+            iov_base: text.as_mut_ptr().cast(),
+            iov_len: text.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: text.len(),
+        };
+        // SAFETY: reading our own memory into our buffer; a bad address
+        // fails with EFAULT. (A string near the end of a mapping reads
+        // short: read again byte by byte is not worth it here.)
+        let n = unsafe {
+            libc::process_vm_readv(libc::getpid(), &raw const local, 1, &raw const remote, 1, 0)
+        };
+        let n = usize::try_from(n).unwrap_or(0);
+        let end = text[..n].iter().position(|&b| b == 0).unwrap_or(n);
+        for &b in &text[..end] {
+            let c = if b.is_ascii_graphic() || b == b' ' {
+                b
+            } else {
+                b'?'
+            };
+            if self.len < self.buf.len() - 1 {
+                self.buf[self.len] = c;
+                self.len += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! The report: the shared file the agents count into, read back as rows
+//! (a probe asked for, with the functions its pattern matched under it),
+//! printed as text in `bpftrace`'s style and written as JSON.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+
+use serde_json::{Value as Json, json};
+use uprobe_trace::shared::{BUCKETS, MAX_SLOTS, Report, Slot, bucket_bounds};
+use uprobe_trace::spec::{Drawn, Plan, ProbeSpec};
+
+use crate::{Args, End, Failure};
+
+/// A report file and its path.
+pub struct Session {
+    pub report: Report,
+    pub path: PathBuf,
+}
+
+impl Session {
+    /// A fresh report for `plan`, in the temporary directory.
+    pub fn create(plan: &Plan) -> Result<Self, Failure> {
+        let path = std::env::temp_dir().join(format!(
+            "uprobe-trace-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        let labels: Vec<String> = plan.probes.iter().map(ProbeSpec::label).collect();
+        let report = Report::create(&path, &labels, MAX_SLOTS)
+            .map_err(|e| Failure::Run(format!("cannot create {}: {e}", path.display())))?;
+        Ok(Self { report, path })
+    }
+
+    /// Removes the file (the mappings stay).
+    pub fn remove(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+
+    /// Prints the report to standard error.
+    pub fn print(&self, plan: &Plan, end: Option<End>) {
+        eprint!("{}", text(&self.report, plan, end));
+    }
+
+    /// The final report: printed, and written as JSON where asked.
+    pub fn finish(&self, args: &Args, plan: &Plan, end: Option<End>) -> Result<(), Failure> {
+        self.print(plan, end);
+        let Some(path) = &args.json else {
+            return Ok(());
+        };
+        let text = serde_json::to_string_pretty(&json(&self.report, plan))
+            .map_err(|e| Failure::Run(format!("json: {e}")))?;
+        if path.as_os_str() == "-" {
+            println!("{text}");
+            Ok(())
+        } else {
+            std::fs::write(path, text + "\n")
+                .map_err(|e| Failure::Run(format!("cannot write {}: {e}", path.display())))
+        }
+    }
+}
+
+/// One probe asked for, or one function its pattern matched, summed over
+/// every slot (every process) that counted it.
+#[derive(Default)]
+struct Row {
+    label: String,
+    sites: u64,
+    trap_sites: u64,
+    hits: u64,
+    returns: u64,
+    latency: Vec<u64>,
+    values: Vec<u64>,
+    negative: u64,
+    error: Option<String>,
+    /// The functions a pattern matched, by label.
+    matched: BTreeMap<String, Row>,
+}
+
+impl Row {
+    fn add(&mut self, slot: &Slot) {
+        self.sites += slot.sites.load(Relaxed);
+        self.trap_sites += slot.trap_sites.load(Relaxed);
+        self.hits += slot.hits.load(Relaxed);
+        self.returns += slot.returns.load(Relaxed);
+        self.negative += slot.negative.load(Relaxed);
+        let add = |into: &mut Vec<u64>, from: &[std::sync::atomic::AtomicU64; BUCKETS]| {
+            into.resize(BUCKETS, 0);
+            for (a, b) in into.iter_mut().zip(from) {
+                *a += b.load(Relaxed);
+            }
+        };
+        add(&mut self.latency, &slot.histogram);
+        add(&mut self.values, &slot.values);
+        // An error from one process, unless another attached it.
+        match slot.error() {
+            Some(e) if self.error.is_none() && self.sites == 0 => self.error = Some(e),
+            None if self.sites > 0 => self.error = None,
+            _ => {}
+        }
+    }
+}
+
+/// The rows of the report, one per probe asked for.
+fn rows(report: &Report, plan: &Plan) -> Vec<Row> {
+    let mut rows: Vec<Row> = plan
+        .probes
+        .iter()
+        .map(|p| Row {
+            label: p.label(),
+            ..Row::default()
+        })
+        .collect();
+    for (i, slot) in report.slots() {
+        let probe = slot.probe.load(Relaxed) as usize;
+        let Some(row) = rows.get_mut(probe) else {
+            continue;
+        };
+        if i == probe {
+            row.add(slot);
+        } else {
+            row.matched
+                .entry(slot.label())
+                .or_insert_with(|| Row {
+                    label: slot.label(),
+                    ..Row::default()
+                })
+                .add(slot);
+        }
+    }
+    rows
+}
+
+/// The report as text.
+fn text(report: &Report, plan: &Plan, end: Option<End>) -> String {
+    let header = report.header();
+    let mut out = String::new();
+    let agents = header.agents.load(Relaxed);
+    let _ = write!(
+        out,
+        "uprobe-trace: {agents} process{} traced",
+        if agents == 1 { "" } else { "es" }
+    );
+    match end {
+        Some(End::Signal(sig)) => {
+            let _ = write!(out, ", stopped by signal {sig}");
+        }
+        Some(End::Duration) => out.push_str(", stopped after --duration"),
+        Some(End::Exited) => out.push_str(", until the program exited"),
+        None => {}
+    }
+    out.push('\n');
+    if agents == 0 {
+        out.push_str("  the agent never started (is the program dynamically linked?)\n");
+    }
+    if let Some(e) = header.error() {
+        let _ = writeln!(out, "  error: {e}");
+    }
+    for (row, spec) in rows(report, plan).iter().zip(&plan.probes) {
+        if spec.target.is_pattern() {
+            pattern_text(&mut out, row, spec);
+        } else {
+            row_text(&mut out, row, spec, "");
+        }
+    }
+    let lost = header.lost_lines.load(Relaxed);
+    if lost > 0 {
+        let _ = writeln!(out, "{lost} --print lines lost");
+    }
+    let lost = header.lost_slots.load(Relaxed);
+    if lost > 0 {
+        let _ = writeln!(
+            out,
+            "{lost} matched functions not traced: the report holds {MAX_SLOTS} probes"
+        );
+    }
+    out
+}
+
+fn row_text(out: &mut String, row: &Row, spec: &ProbeSpec, indent: &str) {
+    let _ = write!(out, "{indent}{}: {} calls", row.label, row.hits);
+    if row.sites > 1 || row.trap_sites > 0 {
+        let _ = write!(
+            out,
+            " ({} sites, {} on breakpoints)",
+            row.sites, row.trap_sites
+        );
+    }
+    out.push('\n');
+    if let Some(e) = &row.error {
+        let _ = writeln!(out, "{indent}  not attached: {e}");
+        return;
+    }
+    if spec.latency {
+        out.push_str(&histogram(
+            &row.latency,
+            0,
+            &format!("{indent}  latency (ns), {} returns", row.returns),
+            indent,
+        ));
+    }
+    if let Some(drawn) = spec.hist {
+        let what = match drawn {
+            Drawn::Arg(n) => format!("arg{n}"),
+            Drawn::Ret => "ret".into(),
+        };
+        out.push_str(&histogram(
+            &row.values,
+            row.negative,
+            &format!("{indent}  {what}"),
+            indent,
+        ));
+    }
+}
+
+fn pattern_text(out: &mut String, row: &Row, spec: &ProbeSpec) {
+    let attached = row.matched.values().filter(|r| r.error.is_none()).count();
+    let _ = writeln!(
+        out,
+        "{}: {} functions matched, {attached} attached, {} calls",
+        row.label,
+        row.matched.len(),
+        row.matched.values().map(|r| r.hits).sum::<u64>()
+    );
+    if let Some(e) = &row.error {
+        let _ = writeln!(out, "  not attached: {e}");
+    }
+    let mut matched: Vec<&Row> = row.matched.values().collect();
+    matched.sort_by(|a, b| b.hits.cmp(&a.hits).then(a.label.cmp(&b.label)));
+    for r in matched {
+        row_text(out, r, spec, "  ");
+    }
+}
+
+/// A log2 histogram in `bpftrace`'s `hist()` style.
+fn histogram(counts: &[u64], negative: u64, title: &str, indent: &str) -> String {
+    let Some(first) = counts.iter().position(|&c| c > 0) else {
+        return if negative > 0 {
+            format!("{title}:\n{indent}  (..., 0) {negative:>12}\n")
+        } else {
+            format!("{title}: none seen\n")
+        };
+    };
+    let last = counts.iter().rposition(|&c| c > 0).unwrap_or(first);
+    let max = counts
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .max(negative)
+        .max(1);
+    let bar = |c: u64| "@".repeat(usize::try_from(c * 50 / max).unwrap_or(50));
+    let mut lines: Vec<(String, u64)> = Vec::new();
+    if negative > 0 {
+        lines.push(("(..., 0)".into(), negative));
+    }
+    for (k, &c) in counts.iter().enumerate().take(last + 1).skip(first) {
+        let (lo, hi) = bucket_bounds(k);
+        lines.push((format!("[{}, {})", short(lo), short(hi)), c));
+    }
+    let width = lines.iter().map(|(r, _)| r.len()).max().unwrap_or(0);
+    let mut out = format!("{title}:\n");
+    for (range, c) in lines {
+        let _ = writeln!(out, "{indent}  {range:<width$} {c:>10} |{:<50}|", bar(c));
+    }
+    out
+}
+
+/// A power of two as `bpftrace` writes bucket bounds: `512`, `1K`, `4M`.
+fn short(v: u64) -> String {
+    const UNITS: [(u64, &str); 6] = [
+        (1 << 60, "E"),
+        (1 << 50, "P"),
+        (1 << 40, "T"),
+        (1 << 30, "G"),
+        (1 << 20, "M"),
+        (1 << 10, "K"),
+    ];
+    UNITS
+        .iter()
+        .find(|(unit, _)| v >= *unit && v.is_multiple_of(*unit))
+        .map_or_else(
+            || v.to_string(),
+            |(unit, name)| format!("{}{name}", v / unit),
+        )
+}
+
+/// The report as JSON.
+fn json(report: &Report, plan: &Plan) -> Json {
+    let header = report.header();
+    let probes: Vec<Json> = rows(report, plan)
+        .iter()
+        .zip(&plan.probes)
+        .map(|(row, spec)| {
+            let mut v = row_json(row, spec);
+            if spec.target.is_pattern() {
+                v["functions"] = row.matched.values().map(|r| row_json(r, spec)).collect();
+            }
+            v
+        })
+        .collect();
+    json!({
+        "processes": header.agents.load(Relaxed),
+        "error": header.error(),
+        "lost_print_lines": header.lost_lines.load(Relaxed),
+        "lost_functions": header.lost_slots.load(Relaxed),
+        "probes": probes,
+    })
+}
+
+fn row_json(row: &Row, spec: &ProbeSpec) -> Json {
+    let buckets = |counts: &[u64]| -> Json {
+        counts
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c > 0)
+            .map(|(k, c)| {
+                let (lo, hi) = bucket_bounds(k);
+                json!({ "from": lo, "below": hi, "count": c })
+            })
+            .collect()
+    };
+    let mut v = json!({
+        "probe": row.label,
+        "calls": row.hits,
+        "sites": row.sites,
+        "trap_sites": row.trap_sites,
+        "not_attached": row.error,
+    });
+    if spec.latency {
+        v["latency_ns"] = json!({ "returns": row.returns, "buckets": buckets(&row.latency) });
+    }
+    if let Some(drawn) = spec.hist {
+        let of = match drawn {
+            Drawn::Arg(n) => format!("arg{n}"),
+            Drawn::Ret => "ret".into(),
+        };
+        v["hist"] = json!({ "of": of, "negative": row.negative, "buckets": buckets(&row.values) });
+    }
+    v
+}
