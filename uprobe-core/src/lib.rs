@@ -226,6 +226,12 @@
 //! all of them) whose names a filter accepts, as `bpftrace`'s
 //! `uprobe:libc:str*` does; [`functions::Function::uprobe`] probes one.
 //!
+//! # Stacks
+//! [`EntryContext::user_stack`] walks the calling frames of a hit with
+//! the objects' call-frame information (no frame pointers needed), through
+//! the engine's trampolines and return stubs, without allocating: see
+//! [`unwind`].
+//!
 //! # USDT probes
 //! The [`usdt`] module lists the statically defined tracepoints of a
 //! loaded object (`.note.stapsdt`, as `<sys/sdt.h>` declares them);
@@ -430,6 +436,8 @@ mod site;
 mod table;
 #[cfg(uprobe_engine)]
 mod thread;
+#[cfg(uprobe_engine)]
+pub mod unwind;
 #[cfg(uprobe_engine)]
 pub mod usdt;
 #[cfg(uprobe_arch = "x86_64")]

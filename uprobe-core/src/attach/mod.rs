@@ -44,6 +44,7 @@ use writer::writer;
 fn init() -> Result<(), AttachError> {
     static ONCE: Once = Once::new();
     crate::thread::static_tls_anchor();
+    crate::unwind::keep_current();
     ONCE.call_once(|| {
         DOMAIN.prepare();
         writer::hold_across_fork();

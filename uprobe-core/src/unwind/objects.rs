@@ -1,0 +1,206 @@
+//! The loaded objects' unwind sections, for the walk: a table made in
+//! ordinary context and published for hits to read without a lock.
+//!
+//! Each object's `.eh_frame_hdr` (found through its `PT_GNU_EH_FRAME`
+//! program header) and `.eh_frame` are **copied** when the object first
+//! appears, into memory that is never freed: an object unloaded after the
+//! table was made leaves the walk stale data to read (wrong frames at
+//! worst), never an unmapped page. Tables are never freed either (a hit
+//! may still read the one it loaded); a new one is made only when the
+//! dynamic linker's load counts changed.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use gimli::{BaseAddresses, EhFrameHdr, NativeEndian, Pointer};
+
+/// One object's code range and unwind sections.
+pub(super) struct Object {
+    /// Its mapped range (every `PT_LOAD`).
+    start: usize,
+    end: usize,
+    /// Where `.eh_frame_hdr` and `.eh_frame` are mapped (their addresses,
+    /// which their encoded pointers are relative to).
+    pub(super) eh_frame_hdr: usize,
+    pub(super) eh_frame: usize,
+    /// The copies.
+    hdr_copy: &'static [u8],
+    eh_frame_copy: &'static [u8],
+}
+
+impl Object {
+    /// The copies of `.eh_frame_hdr` and `.eh_frame`.
+    pub(super) fn sections(&self) -> (&'static [u8], &'static [u8]) {
+        (self.hdr_copy, self.eh_frame_copy)
+    }
+}
+
+/// The objects at one moment, sorted by start.
+pub(super) struct Table {
+    generation: Option<(u64, u64)>,
+    objects: Vec<Object>,
+}
+
+impl Table {
+    /// The object whose range holds `pc`. Async-signal-safe.
+    pub(super) fn find(&self, pc: usize) -> Option<&Object> {
+        let after = self.objects.partition_point(|o| o.start <= pc);
+        let o = self.objects.get(after.checked_sub(1)?)?;
+        (pc < o.end).then_some(o)
+    }
+}
+
+static CURRENT: AtomicPtr<Table> = AtomicPtr::new(core::ptr::null_mut());
+
+/// [`refresh`], where a table was made before (someone unwinds).
+pub(crate) fn keep_current() {
+    if current().is_some() {
+        refresh();
+    }
+}
+
+/// The table hits read (`None` before the first [`refresh`]).
+/// Async-signal-safe.
+pub(super) fn current() -> Option<&'static Table> {
+    // SAFETY: tables are leaked once published.
+    unsafe { CURRENT.load(Ordering::Acquire).as_ref() }
+}
+
+/// Copies of each object's sections, by path and load bias.
+type Copies = HashMap<(PathBuf, usize), (&'static [u8], &'static [u8], usize, usize)>;
+
+/// Makes the table of the objects loaded now, if they changed since the
+/// last one. Call it once before attaching probes whose handlers call
+/// [`EntryContext::user_stack`](crate::EntryContext::user_stack) (before
+/// the first call, stacks are empty); from then on every attach calls it
+/// too, and so should a tool after the program loads a library whose
+/// frames stacks should cross. Not async-signal-safe.
+pub fn refresh() {
+    static BUILD: Mutex<Option<Copies>> = Mutex::new(None);
+    let mut copies = BUILD.lock().unwrap_or_else(PoisonError::into_inner);
+    let generation = crate::process::symbols::load_generation();
+    if generation.is_some()
+        && let Some(t) = current()
+        && t.generation == generation
+    {
+        return;
+    }
+    let copies = copies.get_or_insert_with(HashMap::new);
+    let mut objects: Vec<Object> = loaded()
+        .into_iter()
+        .filter_map(|l| {
+            let key = (l.path.clone(), l.bias);
+            let &mut (hdr_copy, eh_frame_copy, eh_frame_hdr, eh_frame) = match copies.entry(key) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(copy(&l)?),
+            };
+            Some(Object {
+                start: l.start,
+                end: l.end,
+                eh_frame_hdr,
+                eh_frame,
+                hdr_copy,
+                eh_frame_copy,
+            })
+        })
+        .collect();
+    objects.sort_by_key(|o| o.start);
+    let table = Box::into_raw(Box::new(Table {
+        generation,
+        objects,
+    }));
+    CURRENT.store(table, Ordering::Release);
+}
+
+/// What `dl_iterate_phdr` says of one object.
+struct Loaded {
+    path: PathBuf,
+    bias: usize,
+    start: usize,
+    end: usize,
+    /// `PT_GNU_EH_FRAME`: address and size.
+    hdr: Option<(usize, usize)>,
+    /// Every `PT_LOAD`: start and end.
+    loads: Vec<(usize, usize)>,
+}
+
+fn loaded() -> Vec<Loaded> {
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the vector passed below; `info` and its program
+        // headers are valid for the call.
+        unsafe {
+            let out = &mut *data.cast::<Vec<Loaded>>();
+            let info = &*info;
+            let bias = info.dlpi_addr as usize;
+            let phdrs = core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum));
+            let mut loads = Vec::new();
+            let mut hdr = None;
+            for p in phdrs {
+                let at = bias.wrapping_add(p.p_vaddr as usize);
+                match p.p_type {
+                    libc::PT_LOAD => loads.push((at, at + p.p_memsz as usize)),
+                    libc::PT_GNU_EH_FRAME => hdr = Some((at, p.p_memsz as usize)),
+                    _ => {}
+                }
+            }
+            let name = if info.dlpi_name.is_null() {
+                String::new()
+            } else {
+                core::ffi::CStr::from_ptr(info.dlpi_name)
+                    .to_string_lossy()
+                    .into_owned()
+            };
+            if let (Some(start), Some(end)) = (
+                loads.iter().map(|l| l.0).min(),
+                loads.iter().map(|l| l.1).max(),
+            ) {
+                out.push(Loaded {
+                    path: PathBuf::from(name),
+                    bias,
+                    start,
+                    end,
+                    hdr,
+                    loads,
+                });
+            }
+        }
+        0
+    }
+    let mut out: Vec<Loaded> = Vec::new();
+    // SAFETY: the callback only appends to `out`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut out).cast()) };
+    out
+}
+
+/// Copies an object's `.eh_frame_hdr` and `.eh_frame` (from its header to
+/// the end of the segment it lies in): `(hdr, eh_frame, hdr address,
+/// eh_frame address)`. `None` without them.
+fn copy(l: &Loaded) -> Option<(&'static [u8], &'static [u8], usize, usize)> {
+    let (hdr_at, hdr_len) = l.hdr?;
+    // SAFETY: the dynamic linker mapped the header where its program
+    // header says, for as long as the object is loaded (now).
+    let hdr = unsafe { core::slice::from_raw_parts(hdr_at as *const u8, hdr_len) };
+    let bases = BaseAddresses::default().set_eh_frame_hdr(hdr_at as u64);
+    let parsed = EhFrameHdr::new(hdr, NativeEndian).parse(&bases, 8).ok()?;
+    let Pointer::Direct(eh_frame_at) = parsed.eh_frame_ptr() else {
+        return None;
+    };
+    let eh_frame_at = eh_frame_at as usize;
+    let (_, segment_end) = l
+        .loads
+        .iter()
+        .find(|(s, e)| (*s..*e).contains(&eh_frame_at))?;
+    // SAFETY: inside a loaded segment, mapped readable (the unwinder of
+    // the C++ runtime reads it the same way).
+    let eh_frame =
+        unsafe { core::slice::from_raw_parts(eh_frame_at as *const u8, segment_end - eh_frame_at) };
+    let hdr: &'static [u8] = Box::leak(hdr.to_vec().into_boxed_slice());
+    let eh_frame: &'static [u8] = Box::leak(eh_frame.to_vec().into_boxed_slice());
+    Some((hdr, eh_frame, hdr_at, eh_frame_at))
+}
