@@ -22,7 +22,10 @@
 //! `--hist FUNCTION:argN` or `:ret` a log2 histogram of the value, as
 //! `bpftrace`'s `hist()` draws them; `--print` adds a line per hit with
 //! its arguments (typed: `malloc(size_t)`, `open(str,int)`) and one per
-//! return with the value; `--json FILE` writes the report as JSON.
+//! return with the value; `--json FILE` writes the report as JSON;
+//! `--stacks FILE` counts the user stack of each hit (unwound with the
+//! objects' call-frame information, no frame pointers needed) and writes
+//! them symbolized and folded, for flame graphs.
 //! Function names may be patterns (`str*`, `libc.so.6:*alloc*`), with
 //! `-x` to leave names out: each matched function is counted on its own,
 //! or says why it is not attached.

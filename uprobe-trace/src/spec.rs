@@ -141,6 +141,8 @@ pub struct ProbeSpec {
     pub print: bool,
     /// A histogram of an argument or the return value.
     pub hist: Option<Drawn>,
+    /// The user stack of each hit, counted (`--stacks`).
+    pub stacks: bool,
 }
 
 impl ProbeSpec {
@@ -153,6 +155,7 @@ impl ProbeSpec {
             latency: false,
             print: false,
             hist: None,
+            stacks: false,
         }
     }
 
@@ -344,6 +347,9 @@ pub fn encode(plan: &Plan) -> String {
         if p.print {
             f.push('p');
         }
+        if p.stacks {
+            f.push('k');
+        }
         match p.hist {
             Some(Drawn::Ret) => f.push('r'),
             Some(Drawn::Arg(n)) => {
@@ -432,6 +438,7 @@ pub fn decode(text: &str) -> Result<Plan, String> {
             latency: flags.contains('l'),
             print: flags.contains('p'),
             hist,
+            stacks: flags.contains('k'),
         });
     }
     Ok(plan)
@@ -462,6 +469,7 @@ mod tests {
                 },
                 ProbeSpec {
                     print: true,
+                    stacks: true,
                     ..function("libz.so.1:deflate(ptr,int)")
                 },
                 ProbeSpec {

@@ -661,3 +661,32 @@ fn a_process_that_exits_mid_attach() {
         assert!(exited_first || traced, "{ms} ms: {report}");
     }
 }
+
+/// `--stacks`: the user stack of every hit, unwound with the objects'
+/// call-frame information (the workload is built without frame
+/// pointers), symbolized and folded.
+#[test]
+fn stacks_are_folded_for_flame_graphs() {
+    if workload().is_none() {
+        return;
+    }
+    let folded = std::env::temp_dir().join(format!("uprobe-trace-stacks-{}", std::process::id()));
+    let (out, report) = run_workload(
+        &["-f", "malloc", "--stacks", folded.to_str().unwrap()],
+        "plain",
+        1000,
+    );
+    assert!(out.status.success(), "{report}");
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let _ = std::fs::remove_file(&folded);
+    // Every hit in one stack: from the program's start through `main`
+    // to `malloc`.
+    let (stack, count) = text
+        .lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .find(|(s, _)| s.contains(";main;"))
+        .unwrap_or_else(|| panic!("no stack through main: {text}"));
+    assert_eq!(count, "1000", "{text}");
+    assert!(stack.starts_with("_start;"), "{text}");
+    assert!(stack.ends_with(";malloc"), "{text}");
+}

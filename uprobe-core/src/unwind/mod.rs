@@ -152,6 +152,14 @@ fn step(
         };
         next.set(register.0, value);
     }
+    // A register without a rule keeps its value (the clone above), but a
+    // return address column without one ends the walk where the
+    // architecture says so (x86-64's outermost frames undefine it).
+    if !regs::RA_WITHOUT_RULE_IS_KEPT
+        && matches!(row.register(Register(RA)), RegisterRule::Undefined)
+    {
+        return None;
+    }
     let ra = next.get(RA).map(regs::strip_return_address)?;
     let ra = crate::code::return_stubs::target_of(ra).unwrap_or(ra);
     next.set(SP, Some(cfa));

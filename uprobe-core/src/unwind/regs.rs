@@ -23,6 +23,15 @@ pub(super) const RA: u16 = 16;
 #[cfg(uprobe_arch = "aarch64")]
 pub(super) const RA: u16 = 30;
 
+/// Whether a return address column without a rule means the register
+/// still holds it: aarch64's link register at a function's entry (its
+/// outermost frames set it to 0); on x86-64 the column is virtual, and a
+/// frame without a rule for it (`_start`, a thread's start) is the last.
+#[cfg(uprobe_arch = "x86_64")]
+pub(super) const RA_WITHOUT_RULE_IS_KEPT: bool = false;
+#[cfg(uprobe_arch = "aarch64")]
+pub(super) const RA_WITHOUT_RULE_IS_KEPT: bool = true;
+
 /// Register values of one frame (`None`: not known).
 #[derive(Clone)]
 pub(super) struct Regs([Option<usize>; COUNT]);

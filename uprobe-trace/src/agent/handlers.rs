@@ -8,7 +8,7 @@ use uprobe_core::{EntryContext, ReturnContext, Uprobe};
 
 use super::threads::is_agent;
 use super::{Agent, now};
-use crate::shared::Slot;
+use crate::shared::{MAX_FRAMES, Slot};
 use crate::spec::{ArgType, Drawn, ProbeSpec, Target, Value};
 
 impl Agent {
@@ -19,7 +19,8 @@ impl Agent {
         spec: &ProbeSpec,
         builder: Uprobe,
     ) -> Uprobe {
-        let (latency, print, hist) = (spec.latency, spec.print, spec.hist);
+        let (latency, print, hist, stacks) = (spec.latency, spec.print, spec.hist, spec.stacks);
+        let index = self.report.index_of(slot) as u32;
         let usdt = matches!(spec.target, Target::Usdt { .. });
         let types: &'static [ArgType] = Box::leak(spec.args.clone().into_boxed_slice());
         let label: &'static str = Box::leak(slot.label().into_boxed_str());
@@ -44,6 +45,11 @@ impl Agent {
             }
             if print {
                 self.print_entry(label, cx, types);
+            }
+            if stacks {
+                let mut frames = [0usize; MAX_FRAMES];
+                let n = cx.user_stack(&mut frames);
+                self.report.record_stack(index, self.id, &frames[..n]);
             }
         });
         if !spec.wants_return() {

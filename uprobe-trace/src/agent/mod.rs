@@ -71,6 +71,12 @@ struct Agent {
     tool: Option<Tool>,
     /// The agent's own file: patterns never probe the agent.
     own_object: Option<PathBuf>,
+    /// This agent's number in the report (its objects and stacks).
+    id: u32,
+    /// Whether some probe counts stacks.
+    stacks: bool,
+    /// The objects listed in the report so far (path, bias).
+    listed: Mutex<HashSet<(String, u64)>>,
 }
 
 /// The tool's process, watched by an agent loaded into a running one.
@@ -215,7 +221,7 @@ fn begin(
     tool: Option<Tool>,
 ) -> Option<&'static Agent> {
     SESSION.store(true, Relaxed);
-    report.header().agents.fetch_add(1, Relaxed);
+    let id = report.header().agents.fetch_add(1, Relaxed) as u32 + 1;
     let plan = match crate::spec::decode(plan) {
         Ok(plan) => plan,
         Err(e) => {
@@ -224,6 +230,7 @@ fn begin(
             return None;
         }
     };
+    let stacks = plan.probes.iter().any(|p| p.stacks);
     let agent: &'static Agent = Box::leak(Box::new(Agent {
         state: Mutex::new(vec![(HashSet::new(), false); plan.probes.len()]),
         report,
@@ -235,6 +242,9 @@ fn begin(
         dlopens: Mutex::new(()),
         tool,
         own_object: own_object(),
+        id,
+        stacks,
+        listed: Mutex::new(HashSet::new()),
     }));
     AGENT.store(core::ptr::from_ref(agent).cast_mut(), Release);
     // A plain pthread: `std::thread` would set up thread-local state on
@@ -269,6 +279,10 @@ extern "C" fn agent_thread(agent: *mut libc::c_void) -> *mut libc::c_void {
     // SAFETY: the leaked agent `begin` passes.
     let agent: &'static Agent = unsafe { &*agent.cast::<Agent>() };
     AGENT_THREADS[1].store(gettid(), Relaxed);
+    if agent.stacks {
+        uprobe_core::unwind::refresh();
+        agent.list_objects();
+    }
     agent.attach_pending();
     threads::watch_forks();
     threads::adopt_engine_threads();

@@ -5,6 +5,7 @@
 //! - [`launch`]: `uprobe-trace [...] -- PROGRAM`;
 //! - [`pid`] and [`inject`]: `uprobe-trace --pid PID`;
 //! - [`report`]: the report, as text and as JSON;
+//! - [`stacks`]: `--stacks`, symbolized and folded;
 //! - [`program`]: finding the program and the agent, and what cannot be
 //!   preloaded.
 
@@ -14,6 +15,7 @@ mod launch;
 mod pid;
 mod program;
 mod report;
+mod stacks;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,6 +74,10 @@ struct Args {
     /// Also write the final report as JSON to FILE (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Count the user stack of every hit and write them folded to FILE
+    /// (`-`: standard output), for `flamegraph.pl` or `inferno`.
+    #[arg(long, value_name = "FILE")]
+    stacks: Option<PathBuf>,
     /// Do not trace the programs the traced program runs.
     #[arg(long)]
     no_follow: bool,
@@ -127,6 +133,7 @@ fn plan(args: &Args) -> Result<Plan, String> {
                 args: types,
                 latency: args.latency,
                 print: args.print,
+                stacks: args.stacks.is_some(),
                 ..ProbeSpec::counting(target)
             });
         }
@@ -136,6 +143,7 @@ fn plan(args: &Args) -> Result<Plan, String> {
         plan.probes.push(ProbeSpec {
             args: types,
             print: args.print,
+            stacks: args.stacks.is_some(),
             ..ProbeSpec::counting(target)
         });
     }

@@ -48,6 +48,9 @@ impl Session {
     /// The final report: printed, and written as JSON where asked.
     pub fn finish(&self, args: &Args, plan: &Plan, end: Option<End>) -> Result<(), Failure> {
         self.print(plan, end);
+        if let Some(path) = &args.stacks {
+            crate::stacks::write(&self.report, path)?;
+        }
         let Some(path) = &args.json else {
             return Ok(());
         };

@@ -6,6 +6,10 @@
 //! agent travels in the environment), and every count is in it the
 //! moment it happens, so even `_exit` loses nothing.
 
+mod stacks;
+
+pub use stacks::{MAX_FRAMES, ObjectEntry, StackEntry};
+
 use std::fs::OpenOptions;
 use std::io;
 use std::path::Path;
@@ -47,6 +51,10 @@ pub struct Header {
     pub lost_lines: AtomicU64,
     /// Functions patterns matched that found no slot (a full report).
     pub lost_slots: AtomicU64,
+    /// Stacks (`--stacks`) that found no entry (a full table).
+    pub lost_stacks: AtomicU64,
+    /// Object entries handed out (may pass their capacity).
+    pub objects_used: AtomicU64,
     /// An agent's error that concerns no single probe (length, text).
     pub error_len: AtomicU32,
     _pad: u32,
@@ -129,6 +137,13 @@ impl core::fmt::Debug for Report {
 
 impl Report {
     fn size(slots: usize) -> usize {
+        Self::stacks_at(slots)
+            + stacks::STACKS * size_of::<StackEntry>()
+            + stacks::OBJECTS * size_of::<ObjectEntry>()
+    }
+
+    /// Where the stack table starts, after `slots` slots.
+    fn stacks_at(slots: usize) -> usize {
         size_of::<Header>() + slots * size_of::<Slot>()
     }
 
@@ -223,14 +238,21 @@ impl Report {
     /// `label`; `None` when the report is full. Not async-signal-safe
     /// only in that it may be slow (it writes the label byte by byte).
     #[must_use]
-    pub fn claim(&self, probe: usize, label: &str) -> Option<&Slot> {
+    pub fn claim(&self, probe: usize, label: &str) -> Option<(usize, &Slot)> {
         let i = self.header().used.fetch_add(1, Ordering::Relaxed) as usize;
         let Some(slot) = self.slot(i) else {
             self.header().lost_slots.fetch_add(1, Ordering::Relaxed);
             return None;
         };
         slot.fill(probe, label);
-        Some(slot)
+        Some((i, slot))
+    }
+
+    /// The index of `slot`, one of this report's.
+    #[must_use]
+    pub fn index_of(&self, slot: &Slot) -> usize {
+        let at = core::ptr::from_ref(slot) as usize - self.base as usize;
+        (at - size_of::<Header>()) / size_of::<Slot>()
     }
 
     /// The slots filled in so far, with their indexes.
