@@ -25,7 +25,9 @@
 //! return with the value; `--json FILE` writes the report as JSON;
 //! `--stacks FILE` counts the user stack of each hit (unwound with the
 //! objects' call-frame information, no frame pointers needed) and writes
-//! them symbolized and folded, for flame graphs.
+//! them symbolized and folded, for flame graphs; `--metrics ADDR` serves
+//! the live counts and histograms in the `OpenMetrics` text format, for
+//! Prometheus to scrape.
 //! Function names may be patterns (`str*`, `libc.so.6:*alloc*`), with
 //! `-x` to leave names out: each matched function is counted on its own,
 //! or says why it is not attached.

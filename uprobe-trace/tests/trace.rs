@@ -690,3 +690,55 @@ fn stacks_are_folded_for_flame_graphs() {
     assert!(stack.starts_with("_start;"), "{text}");
     assert!(stack.ends_with(";malloc"), "{text}");
 }
+
+/// `--metrics`: the live counts in the `OpenMetrics` text format, over
+/// HTTP, while tracing runs.
+#[test]
+#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
+fn metrics_are_served_while_tracing() {
+    use std::io::{BufRead as _, Read as _, Write as _};
+    let Some(target) = Running::start("loop", 1) else {
+        return;
+    };
+    let mut tool = Command::new(env!("CARGO_BIN_EXE_uprobe-trace"))
+        .args(["-p", &target.pid(), "-f", "malloc", "-l"])
+        .args(["--metrics", "127.0.0.1:0"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run uprobe-trace");
+    let mut err = std::io::BufReader::new(tool.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("uprobe-trace: metrics at http://")
+        .and_then(|a| a.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    line.clear();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("tracing process"), "{line}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    // SAFETY: signalling the tool we started.
+    unsafe { libc::kill(tool.id() as i32, libc::SIGINT) };
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(tool.wait().unwrap().success(), "{rest}");
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(answer.contains("application/openmetrics-text"), "{answer}");
+    let calls = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("uprobe_trace_calls_total{probe=\"malloc\"} "))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(calls.is_some_and(|n| n > 0), "{answer}");
+    assert!(
+        answer.contains("uprobe_trace_latency_seconds_bucket{probe=\"malloc\",le=\"+Inf\"}"),
+        "{answer}"
+    );
+    assert!(answer.trim_end().ends_with("# EOF"), "{answer}");
+}

@@ -60,6 +60,9 @@ fn run(
     } else {
         None
     };
+    if let Some(addr) = &args.metrics {
+        crate::metrics::serve(addr, &session.path, plan)?;
+    }
     crate::catch_stop_signals();
     let mut child = command
         .spawn()

@@ -6,12 +6,14 @@
 //! - [`pid`] and [`inject`]: `uprobe-trace --pid PID`;
 //! - [`report`]: the report, as text and as JSON;
 //! - [`stacks`]: `--stacks`, symbolized and folded;
+//! - [`metrics`]: `--metrics`, the live report for Prometheus;
 //! - [`program`]: finding the program and the agent, and what cannot be
 //!   preloaded.
 
 #[cfg(target_arch = "x86_64")]
 mod inject;
 mod launch;
+mod metrics;
 mod pid;
 mod program;
 mod report;
@@ -74,6 +76,10 @@ struct Args {
     /// Also write the final report as JSON to FILE (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Serve the live counts and histograms at ADDR (`127.0.0.1:9464`)
+    /// in the `OpenMetrics` text format, for Prometheus to scrape.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// Count the user stack of every hit and write them folded to FILE
     /// (`-`: standard output), for `flamegraph.pl` or `inferno`.
     #[arg(long, value_name = "FILE")]

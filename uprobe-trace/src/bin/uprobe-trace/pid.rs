@@ -46,6 +46,9 @@ fn run(
         spec::encode(plan),
     ]
     .join(&uprobe_trace::ATTACH_FIELD.to_string());
+    if let Some(addr) = &args.metrics {
+        crate::metrics::serve(addr, &session.path, plan)?;
+    }
     crate::catch_stop_signals();
     load(pid, agent, &settings)?;
     let printer = lines.map(|fd| std::thread::spawn(move || crate::launch::forward_lines(fd)));
