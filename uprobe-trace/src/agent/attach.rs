@@ -280,7 +280,8 @@ impl Agent {
     /// Counts an attached site in `slot` and keeps its probe.
     fn keep(&self, slot: &Slot, probe: Probe) {
         slot.sites.fetch_add(1, Relaxed);
-        if !probe.mode().is_jump() {
+        if let uprobe_core::Mode::Trap(why) = probe.mode() {
+            slot.set_trap_why(&why.to_string());
             slot.trap_sites.fetch_add(1, Relaxed);
         }
         self.probes

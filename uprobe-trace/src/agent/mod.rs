@@ -142,8 +142,17 @@ fn preloaded() {
     let Some(path) = std::env::var_os(crate::env::REPORT) else {
         return;
     };
-    let Ok(report) = Report::open(Path::new(&path)) else {
-        return;
+    let report = match Report::open(Path::new(&path)) {
+        Ok(report) => report,
+        Err(e) => {
+            // The tool's report cannot say it: the program's standard
+            // error does.
+            eprintln!(
+                "uprobe-trace agent: cannot use the report {}: {e}",
+                Path::new(&path).display()
+            );
+            return;
+        }
     };
     let plan = std::env::var(crate::env::PROBES).unwrap_or_default();
     let print_fd = std::env::var(crate::env::PRINT_FD)
@@ -167,8 +176,8 @@ fn preloaded() {
 /// empty; `PLAN` as [`spec::encode`](crate::spec::encode) writes it).
 /// Returns at once (the attaches run on the agent's thread): 0, or
 /// `EBUSY` while another session runs, `EINVAL` for settings it cannot
-/// read, `ENOENT` when the report cannot be opened, or `pthread_create`'s
-/// error.
+/// read, `ENOENT` when the report cannot be opened, `EPROTO` when another
+/// build of the tool made it, or `pthread_create`'s error.
 ///
 /// # Safety
 /// `settings` is a NUL-terminated string.
@@ -186,8 +195,10 @@ pub unsafe extern "C" fn uprobe_trace_attach(settings: *const libc::c_char) -> l
     let Ok(tool) = tool.parse::<i32>() else {
         return libc::EINVAL;
     };
-    let Ok(report) = Report::open(Path::new(report)) else {
-        return libc::ENOENT;
+    let report = match Report::open(Path::new(report)) {
+        Ok(report) => report,
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => return libc::EPROTO,
+        Err(_) => return libc::ENOENT,
     };
     if SESSION.swap(true, Acquire) {
         return libc::EBUSY;

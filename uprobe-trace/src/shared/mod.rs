@@ -35,6 +35,10 @@ pub struct Header {
     pub magic: AtomicU64,
     /// Slots the file has room for.
     pub capacity: AtomicU64,
+    /// The size of a slot, of a stack entry and of an object entry, as
+    /// the tool that made the report lays them out (an agent of another
+    /// build refuses a report it would misread).
+    pub layout: AtomicU64,
     /// Slots handed out (the probes asked for first, then the functions
     /// patterns matched); may pass `capacity` when the report is full.
     pub used: AtomicU64,
@@ -98,10 +102,16 @@ pub struct Slot {
     pub negative: AtomicU64,
     /// Why the probe is not attached (length, text); 0 once attached.
     pub error_len: AtomicU32,
-    _pad: u32,
+    /// Why the last site on a breakpoint did not take a jump (length).
+    pub trap_why_len: AtomicU32,
     /// See `error_len`.
     pub error: [AtomicU8; ERROR_LEN],
+    /// See `trap_why_len`.
+    pub trap_why: [AtomicU8; TRAP_WHY_LEN],
 }
+
+/// Bytes of a slot's reason for a breakpoint.
+const TRAP_WHY_LEN: usize = 240;
 
 impl core::fmt::Debug for Slot {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -166,6 +176,7 @@ impl Report {
         let report = Self::map(&file, Self::size(capacity))?;
         let header = report.header();
         header.capacity.store(capacity as u64, Ordering::Relaxed);
+        header.layout.store(layout(), Ordering::Relaxed);
         header.used.store(labels.len() as u64, Ordering::Relaxed);
         for (i, label) in labels.iter().enumerate() {
             if let Some(slot) = report.slot(i) {
@@ -187,6 +198,12 @@ impl Report {
         let capacity = report.header().capacity.load(Ordering::Relaxed) as usize;
         if report.header().magic.load(Ordering::Acquire) != MAGIC || len < Self::size(capacity) {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "not a report"));
+        }
+        if report.header().layout.load(Ordering::Relaxed) != layout() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a report laid out by another build of uprobe-trace",
+            ));
         }
         Ok(report)
     }
@@ -271,6 +288,14 @@ impl Drop for Report {
     }
 }
 
+/// The sizes of the report's records, in one word.
+fn layout() -> u64 {
+    ((size_of::<Header>() as u64) << 48)
+        | ((size_of::<Slot>() as u64) << 32)
+        | ((size_of::<StackEntry>() as u64) << 16)
+        | size_of::<ObjectEntry>() as u64
+}
+
 /// Writes a text into a header's or slot's field (bytes, then the length
 /// that publishes them). Async-signal-safe.
 fn set_text<const N: usize>(len: &AtomicU32, field: &[AtomicU8; N], text: &str) {
@@ -313,6 +338,17 @@ impl Slot {
             &self.label,
             if label.is_empty() { "?" } else { label },
         );
+    }
+
+    /// Records why a site stays on a breakpoint.
+    pub fn set_trap_why(&self, text: &str) {
+        set_text(&self.trap_why_len, &self.trap_why, text);
+    }
+
+    /// Why the last site on a breakpoint did not take a jump.
+    #[must_use]
+    pub fn trap_why(&self) -> Option<String> {
+        get_text(&self.trap_why_len, &self.trap_why)
     }
 
     /// How the report names the slot.

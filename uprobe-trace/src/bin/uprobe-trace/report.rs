@@ -79,6 +79,8 @@ struct Row {
     values: Vec<u64>,
     negative: u64,
     error: Option<String>,
+    /// Why a site stays on a breakpoint.
+    trap_why: Option<String>,
     /// The functions a pattern matched, by label.
     matched: BTreeMap<String, Row>,
 }
@@ -98,6 +100,9 @@ impl Row {
         };
         add(&mut self.latency, &slot.histogram);
         add(&mut self.values, &slot.values);
+        if let Some(why) = slot.trap_why() {
+            self.trap_why = Some(why);
+        }
         // An error from one process, unless another attached it.
         match slot.error() {
             Some(e) if self.error.is_none() && self.sites == 0 => self.error = Some(e),
@@ -188,9 +193,13 @@ fn row_text(out: &mut String, row: &Row, spec: &ProbeSpec, indent: &str) {
     if row.sites > 1 || row.trap_sites > 0 {
         let _ = write!(
             out,
-            " ({} sites, {} on breakpoints)",
+            " ({} sites, {} on breakpoints",
             row.sites, row.trap_sites
         );
+        if let Some(why) = row.trap_why.as_ref().filter(|_| row.trap_sites > 0) {
+            let _ = write!(out, ": {why}");
+        }
+        out.push(')');
     }
     out.push('\n');
     if let Some(e) = &row.error {
@@ -331,6 +340,7 @@ fn row_json(row: &Row, spec: &ProbeSpec) -> Json {
         "calls": row.hits,
         "sites": row.sites,
         "trap_sites": row.trap_sites,
+        "trap_why": row.trap_why,
         "not_attached": row.error,
     });
     if spec.latency {

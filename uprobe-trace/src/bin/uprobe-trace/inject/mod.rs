@@ -104,6 +104,10 @@ fn load(pid: i32, agent: &Path, settings: &str) -> Result<(), Error> {
             libc::EBUSY => Err(Error::Other(format!(
                 "process {pid} is already traced by another uprobe-trace"
             ))),
+            libc::EPROTO => Err(Error::Other(format!(
+                "the agent {} loaded in process {pid} is another build than this tool (rebuild both, or give --agent)",
+                agent.display()
+            ))),
             libc::ENOENT => Err(Error::Other(format!(
                 "process {pid} cannot open the report in {} (a private /tmp, another user?): set TMPDIR to a directory both can reach",
                 std::env::temp_dir().display()
