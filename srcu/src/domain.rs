@@ -656,7 +656,9 @@ impl Srcu {
     /// run on the calling thread instead, after their grace periods,
     /// before `call` returns: nothing is lost, at the price of a wait. A
     /// callback that panics is caught (see
-    /// [`on_callback_panic`](Self::on_callback_panic)).
+    /// [`on_callback_panic`](Self::on_callback_panic)). The reclaimer
+    /// thread ends after a second with nothing to do; the next callback
+    /// starts another.
     pub fn call(&self, f: impl FnOnce() + Send + 'static) {
         self.defer(Box::new(f), 1);
     }

@@ -66,6 +66,10 @@ const CONSUMED: u64 = 4;
 /// The kernel's lease timeout (uprobes: `RI_TIMER_PERIOD`, 100 ms).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// Ticks a parked expiry thread waits with nothing to do before it ends.
+#[cfg_attr(pcpu_loom, allow(dead_code))]
+const PARKED_IDLE_TICKS: u32 = 8;
+
 /// How many expiry ticks make one timeout: a lease expires between
 /// `timeout` and `timeout * (1 + 1/TICKS)` after it was taken.
 #[cfg_attr(pcpu_loom, allow(dead_code))]
@@ -128,11 +132,13 @@ struct Shared<T> {
     period: Duration,
 }
 
-/// Whether the set is being dropped, and its expiry thread with the fork
-/// generation it was started in (a fork child starts its own).
+/// Whether the set is being dropped, whether its expiry thread may end
+/// once no lease is held ([`LeaseSet::park_expiry`]), and the thread with
+/// the fork generation it was started in (a fork child starts its own).
 #[derive(Default)]
 struct Ctl {
     stopped: bool,
+    parked: bool,
     thread: Option<(u64, JoinHandle<()>)>,
 }
 
@@ -173,7 +179,10 @@ impl<T: Send + Sync + 'static> crate::fork::ForkHooks for Shared<T> {
         {
             let mut ctl = self.ctl.0.lock().unwrap_or_else(PoisonError::into_inner);
             let generation = crate::fork::generation();
-            if ctl.stopped || ctl.thread.as_ref().is_some_and(|(g, _)| *g == generation) {
+            if ctl.stopped
+                || ctl.parked
+                || ctl.thread.as_ref().is_some_and(|(g, _)| *g == generation)
+            {
                 return;
             }
             if let Some((_, inherited)) = ctl.thread.take() {
@@ -229,6 +238,24 @@ impl<T> Shared<T> {
         self.domain.read_unlock(bank);
         self.expired.fetch_add(n, Ordering::Relaxed);
         n
+    }
+
+    /// Whether some slot holds a lease not consumed yet (a read section,
+    /// or the reference it expired into: its release hands that to the
+    /// expiry thread).
+    fn any_held(&self) -> bool {
+        self.blocks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|slots| {
+                slots.iter().any(|slot| {
+                    matches!(
+                        state_of(slot.word.load(Ordering::Acquire)),
+                        LEASED | STABLE | GONE
+                    )
+                })
+            })
     }
 
     fn expire_slot(&self, slot: &Slot<T>, now: u64, min_age: u64) -> bool {
@@ -448,6 +475,66 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
         crate::deferred_drop::drain(&self.shared.owing)
     }
 
+    /// Lets the expiry thread end once no lease is held (nor the reference
+    /// an expired one became) and nothing is left to drop, for two
+    /// timeouts in a row: for a program done taking leases for a while (a
+    /// tracer that detached its return probes), so that no thread of the
+    /// set stays behind. A lease taken while parked is not expired (a
+    /// grace period waits for it like for a read section) until
+    /// [`resume_expiry`](Self::resume_expiry). Not async-signal-safe.
+    pub fn park_expiry(&self) {
+        let (ctl, cv) = &self.shared.ctl;
+        ctl.lock().unwrap_or_else(PoisonError::into_inner).parked = true;
+        cv.notify_all();
+    }
+
+    /// Undoes [`park_expiry`](Self::park_expiry): the expiry thread runs
+    /// again (started anew if it ended). Not async-signal-safe.
+    ///
+    /// # Errors
+    /// The error of starting the thread (the process is out of threads or
+    /// memory); the set stays parked then.
+    pub fn resume_expiry(&self) -> std::io::Result<()> {
+        // What was handed over while no thread ran goes now.
+        self.drop_deferred();
+        let mut ctl = self
+            .shared
+            .ctl
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !ctl.parked {
+            return Ok(());
+        }
+        #[cfg(not(pcpu_loom))]
+        {
+            let generation = crate::fork::generation();
+            if ctl.stopped || ctl.thread.as_ref().is_some_and(|(g, _)| *g == generation) {
+                ctl.parked = false;
+                return Ok(());
+            }
+            if let Some((_, inherited)) = ctl.thread.take() {
+                // A parent's thread (we are a fork child): not ours.
+                core::mem::forget(inherited);
+            }
+            ctl.thread = Some((generation, spawn_expiry(&self.shared)?));
+        }
+        ctl.parked = false;
+        Ok(())
+    }
+
+    /// Whether the expiry thread runs now (it may have ended, parked).
+    #[must_use]
+    pub fn expiry_running(&self) -> bool {
+        self.shared
+            .ctl
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .thread
+            .is_some()
+    }
+
     /// How many leases have been expired so far.
     #[must_use]
     pub fn expired(&self) -> u64 {
@@ -492,6 +579,8 @@ impl<T: Send + Sync + 'static> std::fmt::Debug for LeaseSet<'_, T> {
 fn expiry_loop<T>(shared: &Shared<T>, period: Duration) {
     let (ctl, cv) = &shared.ctl;
     let mut guard = ctl.lock().unwrap_or_else(PoisonError::into_inner);
+    // Parked: consecutive ticks with nothing held and nothing to drop.
+    let mut idle = 0;
     loop {
         guard = cv
             .wait_timeout(guard, period)
@@ -503,8 +592,21 @@ fn expiry_loop<T>(shared: &Shared<T>, period: Duration) {
         shared.tick.fetch_add(1, Ordering::Relaxed);
         drop(guard);
         shared.expire(TICKS);
-        crate::deferred_drop::drain(&shared.owing);
+        let dropped = crate::deferred_drop::drain(&shared.owing);
         guard = ctl.lock().unwrap_or_else(PoisonError::into_inner);
+        // Parked, and for a while nothing held and nothing handed over to
+        // drop (a lease consumed just now hands its reference over right
+        // after): this thread ends (its handle is dropped, detaching it);
+        // `resume_expiry` starts another.
+        idle = if guard.parked && dropped == 0 && !shared.any_held() {
+            idle + 1
+        } else {
+            0
+        };
+        if idle >= PARKED_IDLE_TICKS {
+            drop(guard.thread.take());
+            return;
+        }
     }
 }
 

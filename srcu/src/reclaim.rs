@@ -245,13 +245,34 @@ impl Reclaimer {
     }
 }
 
+/// How long a reclaimer thread waits for work before it ends (the next
+/// callback starts another): a program that stopped deferring frees keeps
+/// no thread of the domain.
+const IDLE_EXIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn reclaim_loop<D: Domain>(inner: &D) {
     let r = inner.reclaimer();
     loop {
         {
             let mut st = r.lock();
             while st.queue.is_empty() && !st.shutting_down {
-                st = r.work.wait(st).unwrap_or_else(PoisonError::into_inner);
+                let (next, waited) = r
+                    .work
+                    .wait_timeout(st, IDLE_EXIT)
+                    .unwrap_or_else(PoisonError::into_inner);
+                st = next;
+                if waited.timed_out() && st.queue.is_empty() && !st.shutting_down {
+                    // Idle: end, dropping (detaching) our own handle, under
+                    // the lock `ensure_thread` takes to start the next.
+                    if st
+                        .thread
+                        .as_ref()
+                        .is_some_and(|(_, h)| h.thread().id() == std::thread::current().id())
+                    {
+                        drop(st.thread.take());
+                    }
+                    return;
+                }
             }
             if st.queue.is_empty() {
                 return; // shutting down, nothing left

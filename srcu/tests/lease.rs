@@ -221,3 +221,48 @@ fn leases_in_reused_slots_expire() {
     );
     assert!(lease.is_expired());
 }
+
+/// Waits (at most 10 s) until `f` holds.
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !f() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+/// A parked set's expiry thread ends once no lease is held, not before
+/// (a lease taken earlier still expires, and its reference is still
+/// dropped); resumed, it runs again and expires what was taken meanwhile.
+#[test]
+fn a_parked_expiry_thread_ends_once_no_lease_is_held() {
+    let domain = Srcu::new();
+    let cell = SrcuCell::new(&domain, Some(Value(3)));
+    let set = LeaseSet::with_timeout(&domain, Duration::from_millis(40));
+    assert!(set.expiry_running());
+    let block = set.block(2);
+    let early = block.lease(&cell).unwrap();
+    set.park_expiry();
+    // The lease held keeps the thread: it expires it, and waits for the
+    // reference it became to be released.
+    assert!(
+        eventually(|| early.is_expired()),
+        "the early lease never expired"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(set.expiry_running(), "the thread ended under a held lease");
+    drop(early);
+    assert!(
+        eventually(|| !set.expiry_running()),
+        "the thread did not end"
+    );
+    // Resumed: a lease taken now expires again.
+    set.resume_expiry().unwrap();
+    assert!(set.expiry_running());
+    let late = block.lease(&cell).unwrap();
+    assert!(domain.synchronize_timeout(Duration::from_secs(30)));
+    assert!(late.is_expired());
+}
