@@ -279,7 +279,12 @@
 //!   quarter of the stacks are free (up to 65,280 threads). A thread that
 //!   finds the pool empty in a burst of new threads has that return
 //!   counted as missed. A fork child keeps the forking thread's pending
-//!   returns.
+//!   returns. The service thread, the lease set's expiry thread and the
+//!   return domain's reclaimer run only while return probes are attached
+//!   (and leases are left to expire): a program that detached every
+//!   return probe keeps no thread of the engine's; the next return probe
+//!   starts them again (the stacks of threads that died meanwhile are
+//!   released then).
 //! - **Refused**: a return handler on a probe that is not at a function's
 //!   first instruction ([`AttachError::ReturnProbeNotAtEntry`]), and any
 //!   return probe while the thread runs with an x86 shadow stack or an

@@ -96,9 +96,28 @@ pub(crate) unsafe fn attach_many(
     items: &[(usize, Arc<Consumer>)],
 ) -> Result<(), (usize, AttachError)> {
     init().map_err(|e| (0, e))?;
-    if items.iter().any(|(_, c)| c.ret.is_some()) {
-        returns::init(crate::arch::return_entry::trampoline()).map_err(|e| (0, e))?;
+    // Counted before the service threads are asked for, uncounted below
+    // for the items that do not end up attached.
+    let with_returns =
+        |items: &[(usize, Arc<Consumer>)]| items.iter().filter(|(_, c)| c.ret.is_some()).count();
+    returns::consumers_attached(with_returns(items));
+    if with_returns(items) > 0
+        && let Err(e) = returns::init(crate::arch::return_entry::trampoline())
+    {
+        returns::consumers_detached(with_returns(items));
+        return Err((0, e));
     }
+    let result = attach_batch(items);
+    let attached = match &result {
+        Ok(()) => items.len(),
+        Err((i, _)) => *i,
+    };
+    returns::consumers_detached(with_returns(&items[attached..]));
+    result
+}
+
+/// [`attach_many`]'s work, once return probes are ready.
+fn attach_batch(items: &[(usize, Arc<Consumer>)]) -> Result<(), (usize, AttachError)> {
     let _w = writer();
     check_trap_handler().map_err(|e| (0, e))?;
     let mut garbage = Vec::new();
@@ -357,8 +376,11 @@ pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), Attach
         .filter_map(|(addr, consumer)| detach_one(*addr, consumer, &mut garbage))
         .collect();
     let result = unpublish(&last, &Snapshot::read(), &mut garbage);
-    let returns_detached = items.iter().any(|(_, c)| c.ret.is_some());
-    collect(garbage, &table, returns_detached);
+    let with_returns = items.iter().filter(|(_, c)| c.ret.is_some()).count();
+    collect(garbage, &table, with_returns > 0);
+    // Past the grace period no hit of these consumers takes a lease: with
+    // the last return consumer gone, the service threads may end.
+    returns::consumers_detached(with_returns);
     // A fork child gets its service thread back here (it inherits none).
     let _ = returns::ensure_service();
     result

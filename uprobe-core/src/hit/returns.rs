@@ -494,23 +494,70 @@ pub(crate) fn stacks() -> usize {
     THREADS.get().map_or(0, Threads::capacity)
 }
 
-/// The process the service thread runs in (0: none yet).
+/// The process the service thread runs in (0: none).
 static SERVICE_PID: Mutex<i32> = Mutex::new(0);
 
+/// The process that started the first service thread (a fork child
+/// inherits the number, and is not it).
+static FIRST_SERVICE: AtomicI32 = AtomicI32::new(0);
+
+/// Consumers with a return handler attached now. While there are none, the
+/// service thread and the lease expiry thread end (see
+/// [`consumers_detached`]); the next attach starts them again.
+static RETURN_CONSUMERS: AtomicUsize = AtomicUsize::new(0);
+
+/// `n` consumers with a return handler are (about to be) attached.
+pub(crate) fn consumers_attached(n: usize) {
+    RETURN_CONSUMERS.fetch_add(n, Ordering::Relaxed);
+}
+
+/// `n` consumers with a return handler were detached (after the grace
+/// period past which none of their hits takes a lease). With none left,
+/// the lease set's expiry thread ends once no lease is held, and the
+/// service thread at its next round: a program that detached every
+/// return probe keeps no thread of the engine's.
+pub(crate) fn consumers_detached(n: usize) {
+    if n == 0 {
+        return;
+    }
+    let before = RETURN_CONSUMERS
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+            Some(c.saturating_sub(n))
+        })
+        .unwrap_or(0);
+    if before <= n
+        && let Some(leases) = LEASES.get()
+    {
+        leases.park_expiry();
+    }
+}
+
 /// Starts the service thread in this process if it has none (a fork child
-/// inherits none). Not async-signal-safe.
+/// inherits none) and return consumers are attached. Not
+/// async-signal-safe.
 pub(crate) fn ensure_service() -> Result<(), AttachError> {
     let Some(threads) = THREADS.get() else {
         return Ok(());
     };
+    if RETURN_CONSUMERS.load(Ordering::Relaxed) == 0 {
+        return Ok(());
+    }
+    if let Some(leases) = LEASES.get() {
+        leases.resume_expiry().map_err(|e| AttachError::Os {
+            what: "spawn the lease expiry thread of return probes",
+            errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+        })?;
+    }
     let mut pid = SERVICE_PID.lock().unwrap_or_else(PoisonError::into_inner);
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
     if *pid == me {
         return Ok(());
     }
-    let forked = *pid != 0;
-    if !forked {
+    let first = FIRST_SERVICE.load(Ordering::Relaxed);
+    let forked = first != 0 && first != me;
+    if first == 0 {
+        FIRST_SERVICE.store(me, Ordering::Relaxed);
         // SAFETY: registering a plain function; the handler only stores.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     }
@@ -543,6 +590,16 @@ fn service(threads: &'static Threads, forked: bool) {
     loop {
         std::thread::sleep(SERVICE_PERIOD);
         reap(threads);
+        // No return consumer left: end (under the lock `ensure_service`
+        // takes, so an attach either sees this thread or starts another).
+        // Stacks of threads that die meanwhile are reaped by the next one.
+        {
+            let mut pid = SERVICE_PID.lock().unwrap_or_else(PoisonError::into_inner);
+            if RETURN_CONSUMERS.load(Ordering::Relaxed) == 0 {
+                *pid = 0;
+                return;
+            }
+        }
         if let Some(leases) = LEASES.get() {
             threads.keep_spare(leases);
         }
