@@ -129,6 +129,7 @@ impl Target {
 
 /// One probe to attach.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(clippy::struct_excessive_bools)] // independent switches of the command line
 pub struct ProbeSpec {
     /// Where.
     pub target: Target,
@@ -143,6 +144,8 @@ pub struct ProbeSpec {
     pub hist: Option<Drawn>,
     /// The user stack of each hit, counted (`--stacks`).
     pub stacks: bool,
+    /// On breakpoints only, never jumps (`--breakpoints`).
+    pub trap_only: bool,
 }
 
 impl ProbeSpec {
@@ -156,6 +159,7 @@ impl ProbeSpec {
             print: false,
             hist: None,
             stacks: false,
+            trap_only: false,
         }
     }
 
@@ -350,6 +354,9 @@ pub fn encode(plan: &Plan) -> String {
         if p.stacks {
             f.push('k');
         }
+        if p.trap_only {
+            f.push('b');
+        }
         match p.hist {
             Some(Drawn::Ret) => f.push('r'),
             Some(Drawn::Arg(n)) => {
@@ -439,6 +446,7 @@ pub fn decode(text: &str) -> Result<Plan, String> {
             print: flags.contains('p'),
             hist,
             stacks: flags.contains('k'),
+            trap_only: flags.contains('b'),
         });
     }
     Ok(plan)
@@ -478,6 +486,7 @@ mod tests {
                 },
                 ProbeSpec {
                     hist: Some(Drawn::Ret),
+                    trap_only: true,
                     ..function("read(int,void *,size_t)")
                 },
                 usdt,

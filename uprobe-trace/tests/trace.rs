@@ -188,8 +188,9 @@ fn what_cannot_be_traced_is_said() {
         "1",
     ]);
     let report = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{report}");
+    assert_eq!(out.status.code(), Some(1), "{report}");
     assert!(report.contains("not attached: no function"), "{report}");
+    assert!(report.contains("not one probe attached"), "{report}");
     // Nothing to trace, no program: usage errors.
     assert_eq!(trace(&["--", "/bin/true"]).status.code(), Some(2));
     assert_eq!(
@@ -454,19 +455,24 @@ fn attaches_to_a_running_process_and_leaves_it_as_it_was() {
 }
 
 /// Latency probes in a running process: their returns are counted, and
-/// the detach leaves no handler armed (the program runs on).
+/// the detach leaves no handler armed (the program runs on) and, once the
+/// last lease is gone, none of the engine's service threads.
 #[test]
 #[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
 fn latency_of_a_running_process() {
     let Some(mut target) = Running::start("loop", 2) else {
         return;
     };
-    let code = target.libc_code();
+    let (code, threads) = (target.libc_code(), target.threads());
     let out = trace(&["-p", &target.pid(), "-l", "-f", "malloc", "-d", "1"]);
     let report = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{report}");
     assert!(report.contains("latency (ns)"), "{report}");
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while target.threads() != threads && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(target.threads(), threads, "{report}");
     assert!(target.is_running(), "{report}");
     assert!(target.libc_code() == code, "libc's code changed");
 }
@@ -749,4 +755,191 @@ fn metrics_are_served_while_tracing() {
         "{answer}"
     );
     assert!(answer.trim_end().ends_with("# EOF"), "{answer}");
+}
+
+/// A site left on a breakpoint (`--breakpoints`) hit by a thread that
+/// blocks every signal: the agent keeps SIGTRAP out of the masks the
+/// program sets, so the thread is counted instead of killed.
+#[test]
+fn a_thread_that_blocks_every_signal_survives_a_breakpoint() {
+    if workload().is_none() {
+        return;
+    }
+    let (out, report) = run_workload(&["--breakpoints", "-f", "tick"], "blocked", 1000);
+    assert!(out.status.success(), "{report}");
+    assert_eq!(calls(&report, "tick"), Some(1000), "{report}");
+    assert!(report.contains("1 on breakpoints"), "{report}");
+}
+
+/// xz's worker threads block every signal: with its CRC on a breakpoint
+/// it runs to the end, and writes what it writes untraced.
+#[test]
+fn xz_with_breakpoints_in_its_workers() {
+    if emulated() || Command::new("xz").arg("--version").output().is_err() {
+        println!("skipped: no xz (or under an emulator)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uprobe-trace-xz-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("input");
+    // Incompressible bytes, enough for blocks on both workers.
+    let bytes: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&input, bytes).unwrap();
+    let script = format!(
+        "xz -T2 -6 --block-size=500000 -c {} | md5sum",
+        input.display()
+    );
+    let plain = Command::new("sh").args(["-c", &script]).output().unwrap();
+    let out = trace(&[
+        "--breakpoints",
+        "-f",
+        "liblzma.so.5:lzma_crc64",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{report}");
+    assert_eq!(out.stdout, plain.stdout, "{report}");
+    assert!(
+        calls(&report, "liblzma.so.5:lzma_crc64").is_some_and(|n| n > 0),
+        "{report}"
+    );
+}
+
+/// Folded stacks of three known paths to one function, with exact counts,
+/// in a program built at `-O2 -fomit-frame-pointer`: through a jump,
+/// through breakpoints, and through return probes' stubs (the paths'
+/// own return addresses hijacked by `-l`).
+#[test]
+fn stacks_of_three_paths() {
+    let Some(w) = workload() else { return };
+    let dir = w.parent().unwrap().join("o2");
+    std::fs::create_dir_all(&dir).unwrap();
+    let o2 = dir.join("workload");
+    let built = Command::new("cc")
+        .args(["-O2", "-fomit-frame-pointer", "-o"])
+        .arg(&o2)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/workload.c"
+        ))
+        .arg("-ldl")
+        .status()
+        .unwrap();
+    assert!(built.success());
+    for extra in [
+        &[][..],
+        &["--breakpoints"],
+        &["-l", "-f", "path_a,path_b,path_c"],
+    ] {
+        let folded = dir.join("folded");
+        let mut args: Vec<&str> = vec!["-f", "leaf", "--stacks", folded.to_str().unwrap()];
+        args.extend(extra);
+        args.extend(["--", o2.to_str().unwrap(), "paths", "100"]);
+        let out = trace(&args);
+        let report = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{extra:?}: {report}");
+        let text = std::fs::read_to_string(&folded).unwrap();
+        for (path, n) in [("path_a", 100), ("path_b", 200), ("path_c", 300)] {
+            let line = format!(";main;{path};leaf {n}");
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with("_start;") && l.ends_with(&line)),
+                "{extra:?}: no {line:?} in\n{text}"
+            );
+        }
+    }
+}
+
+/// Exact counts over a window the test controls, in a running process:
+/// the program calls `tick` as many times as asked, while traced.
+#[test]
+#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
+fn exact_counts_in_a_running_process() {
+    use std::io::{BufRead as _, Write as _};
+    let Some(w) = workload() else { return };
+    let mut target = Command::new(w)
+        .args(["oncue", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = target.stdin.take().unwrap();
+    let mut output = std::io::BufReader::new(target.stdout.take().unwrap());
+    let mut line = String::new();
+    output.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    // Calls before the trace are not counted.
+    writeln!(input, "500").unwrap();
+    line.clear();
+    output.read_line(&mut line).unwrap();
+    let mut tool = Command::new(env!("CARGO_BIN_EXE_uprobe-trace"))
+        .args([
+            "-p",
+            &target.id().to_string(),
+            "--print",
+            "-f",
+            "tick(long)",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(tool.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    assert!(first.contains("tracing process"), "{first}");
+    for k in [1000, 234] {
+        writeln!(input, "{k}").unwrap();
+        line.clear();
+        output.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), format!("done {k}"));
+    }
+    // SAFETY: signalling the tool we started.
+    unsafe { libc::kill(tool.id() as i32, libc::SIGINT) };
+    let mut report = String::new();
+    std::io::Read::read_to_string(&mut err, &mut report).unwrap();
+    assert!(tool.wait().unwrap().success(), "{report}");
+    assert_eq!(calls(&report, "tick"), Some(1234), "{report}");
+    // The arguments and return values the program computed: tick(i)
+    // returns 2i + 1.
+    assert!(report.contains(" tick(999)"), "{report}");
+    assert!(report.contains(" tick = 1999"), "{report}");
+    drop(input);
+    let _ = target.wait();
+}
+
+/// 100 attach/detach cycles on one process: every cycle counts, and at
+/// the end libc's code, the threads and the open descriptors are what
+/// they were.
+#[test]
+#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
+fn a_hundred_attach_detach_cycles() {
+    let Some(mut target) = Running::start("loop", 2) else {
+        return;
+    };
+    let pid = target.0.id();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let (code, threads, open) = (target.libc_code(), target.threads(), fds());
+    for cycle in 0..100 {
+        let out = trace(&["-p", &target.pid(), "-f", "malloc", "-d", "0.05"]);
+        let report = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "cycle {cycle}: {report}");
+        assert!(
+            calls(&report, "malloc").is_some_and(|n| n > 0),
+            "cycle {cycle}: {report}"
+        );
+    }
+    assert!(target.is_running());
+    assert!(target.libc_code() == code, "libc's code changed");
+    assert_eq!(target.threads(), threads);
+    assert_eq!(fds(), open);
 }

@@ -226,7 +226,9 @@ impl Agent {
         Ok(())
     }
 
-    /// Attaches one probe counting into `slot`.
+    /// Attaches one probe counting into `slot`. Loaded into a running
+    /// process, a site that stays on a breakpoint is detached again (see
+    /// [`super::signals`]).
     fn attach_one(
         &'static self,
         slot: &'static Slot,
@@ -234,10 +236,27 @@ impl Agent {
         builder: Uprobe,
     ) -> Result<Probe, NotYet> {
         let addr = builder.addr();
-        match self.with_handlers(slot, spec, builder).attach() {
-            Err(AttachError::SignalsBlocked { .. }) => self.attach_blocked(slot, spec, addr),
-            other => other.map_err(|e| (e.to_string(), false)),
+        let builder = if spec.trap_only {
+            builder.trap_only()
+        } else {
+            builder
+        };
+        let probe = match self.with_handlers(slot, spec, builder).attach() {
+            Err(AttachError::SignalsBlocked { .. }) => self.attach_blocked(slot, spec, addr)?,
+            other => other.map_err(|e| (e.to_string(), false))?,
+        };
+        if self.tool.is_some()
+            && let uprobe_core::Mode::Trap(why) = probe.mode()
+        {
+            drop(probe);
+            return Err((
+                format!(
+                    "it stays on a breakpoint ({why}), and in a running process the agent cannot keep SIGTRAP deliverable: a thread that blocks it would die there"
+                ),
+                false,
+            ));
         }
+        Ok(probe)
     }
 
     /// A function glibc runs with every signal blocked (`free`) where the

@@ -18,10 +18,12 @@
 //! - [`threads`]: which threads are the agent's (their calls are not the
 //!   program's), and the `dlopen` and `pthread_create` it interposes;
 //! - [`attach`]: attaching probes, patterns and objects loaded later;
-//! - [`handlers`]: what a hit does.
+//! - [`handlers`]: what a hit does;
+//! - [`signals`]: SIGTRAP kept deliverable in every thread (preloaded).
 
 mod attach;
 mod handlers;
+mod signals;
 mod threads;
 
 use std::collections::HashSet;
@@ -142,6 +144,7 @@ fn preloaded() {
     let Some(path) = std::env::var_os(crate::env::REPORT) else {
         return;
     };
+    signals::prepare();
     let report = match Report::open(Path::new(&path)) {
         Ok(report) => report,
         Err(e) => {

@@ -12,6 +12,7 @@ pub use stacks::{MAX_FRAMES, ObjectEntry, StackEntry};
 
 use std::fs::OpenOptions;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
@@ -157,7 +158,8 @@ impl Report {
         size_of::<Header>() + slots * size_of::<Slot>()
     }
 
-    /// Creates the report file at `path` with a slot for each label (probe
+    /// Creates the report file at `path` (readable and writable by its
+    /// owner only) with a slot for each label (probe
     /// `i` is slot `i`) and room for `capacity` slots in all, and maps it.
     /// The file is sparse: slots never used take no memory.
     pub fn create(path: &Path, labels: &[String], capacity: usize) -> io::Result<Self> {
@@ -171,6 +173,7 @@ impl Report {
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(path)?;
         file.set_len(Self::size(capacity) as u64)?;
         let report = Self::map(&file, Self::size(capacity))?;

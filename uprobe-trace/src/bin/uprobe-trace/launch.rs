@@ -99,6 +99,12 @@ fn run(
     if end == End::Exited {
         session.finish(args, plan, None)?;
     }
+    // A run that traced nothing says so, unless the program's own failure
+    // says more.
+    if session.nothing_attached(plan) && status.success() {
+        eprintln!("uprobe-trace: not one probe attached");
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         (None, Some(sig)) => {

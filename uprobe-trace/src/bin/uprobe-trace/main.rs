@@ -38,6 +38,7 @@ use uprobe_trace::spec::{self, Plan, ProbeSpec};
 /// program's exit). The report goes to standard error.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
+#[allow(clippy::struct_excessive_bools)] // command-line switches
 struct Args {
     /// Functions to count, comma-separated: `malloc,free`; with their
     /// object: `libz.so.1:deflate`; patterns: `libsqlite3.so.0:sqlite3_*`,
@@ -67,9 +68,10 @@ struct Args {
     /// Trace the running process PID instead of starting a program.
     #[arg(short = 'p', long = "pid", value_name = "PID", conflicts_with_all = ["command", "no_follow"])]
     pid: Option<i32>,
-    /// Stop tracing after this many seconds (and report).
-    #[arg(short = 'd', long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
-    duration: Option<u64>,
+    /// Stop tracing after this many seconds (and report); fractions
+    /// allowed (`0.5`).
+    #[arg(short = 'd', long, value_name = "SECONDS", value_parser = positive_seconds)]
+    duration: Option<f64>,
     /// Print the report every this many seconds too.
     #[arg(short = 'i', long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     interval: Option<u64>,
@@ -84,6 +86,10 @@ struct Args {
     /// (`-`: standard output), for `flamegraph.pl` or `inferno`.
     #[arg(long, value_name = "FILE")]
     stacks: Option<PathBuf>,
+    /// Probe with breakpoints only, never jumps (slower: to compare, or
+    /// to rule the jumps out).
+    #[arg(long)]
+    breakpoints: bool,
     /// Do not trace the programs the traced program runs.
     #[arg(long)]
     no_follow: bool,
@@ -140,6 +146,7 @@ fn plan(args: &Args) -> Result<Plan, String> {
                 latency: args.latency,
                 print: args.print,
                 stacks: args.stacks.is_some(),
+                trap_only: args.breakpoints,
                 ..ProbeSpec::counting(target)
             });
         }
@@ -150,6 +157,7 @@ fn plan(args: &Args) -> Result<Plan, String> {
             args: types,
             print: args.print,
             stacks: args.stacks.is_some(),
+            trap_only: args.breakpoints,
             ..ProbeSpec::counting(target)
         });
     }
@@ -164,6 +172,7 @@ fn plan(args: &Args) -> Result<Plan, String> {
             Some(p) => p.hist = Some(drawn),
             None => plan.probes.push(ProbeSpec {
                 hist: Some(drawn),
+                trap_only: args.breakpoints,
                 ..ProbeSpec::counting(target)
             }),
         }
@@ -185,6 +194,14 @@ fn plan(args: &Args) -> Result<Plan, String> {
         ));
     }
     Ok(plan)
+}
+
+/// A positive number of seconds, for `--duration`.
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() && s < 1e9 => Ok(s),
+        _ => Err(format!("{text:?} is not a positive number of seconds")),
+    }
 }
 
 /// The items of a comma-separated list, where commas inside parentheses
@@ -251,7 +268,7 @@ fn wait_for_end(args: &Args, mut exited: impl FnMut() -> bool, mut tick: impl Fn
         }
         if args
             .duration
-            .is_some_and(|d| start.elapsed() >= Duration::from_secs(d))
+            .is_some_and(|d| start.elapsed() >= Duration::from_secs_f64(d))
         {
             return End::Duration;
         }

@@ -21,12 +21,9 @@ pub fn trace(args: &Args, plan: &Plan, agent: &Path, pid: i32) -> Result<ExitCod
         return Err(Failure::Usage("uprobe-trace cannot trace itself".into()));
     }
     let session = Session::create(plan)?;
-    let fifo = args.print.then(|| session.path.with_extension("lines"));
+    let fifo = args.print.then(|| session.dir.join("lines"));
     let result = run(args, plan, agent, pid, &session, fifo.as_deref());
     session.remove();
-    if let Some(f) = &fifo {
-        let _ = std::fs::remove_file(f);
-    }
     result
 }
 
@@ -39,6 +36,13 @@ fn run(
     fifo: Option<&Path>,
 ) -> Result<ExitCode, Failure> {
     let lines = fifo.map(open_fifo).transpose()?;
+    // Root tracing another user's process: the agent runs as that user.
+    if let Some(uid) = owner(pid)
+        // SAFETY: geteuid has no preconditions.
+        && uid != unsafe { libc::geteuid() }
+    {
+        session.give_to(uid)?;
+    }
     let settings = [
         session.path.display().to_string(),
         std::process::id().to_string(),
@@ -74,6 +78,9 @@ fn run(
     }
     drop(printer); // it ends with the process's last writer, or with us
     session.finish(args, plan, Some(end))?;
+    if session.nothing_attached(plan) {
+        return Err(Failure::Run("not one probe attached".into()));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -83,6 +90,7 @@ fn load(pid: i32, agent: &Path, settings: &str) -> Result<(), Failure> {
     {
         crate::inject::load_agent(pid, agent, settings).map_err(|e| match e {
             crate::inject::Error::Gone => Failure::Run(format!("process {pid} exited")),
+            e @ crate::inject::Error::NotPermitted(_) => Failure::Usage(e.to_string()),
             other => Failure::Run(other.to_string()),
         })
     }
@@ -93,6 +101,18 @@ fn load(pid: i32, agent: &Path, settings: &str) -> Result<(), Failure> {
             "--pid is implemented on x86-64 only so far; start the program under uprobe-trace instead (-- PROGRAM) to trace process {pid}'s program"
         )))
     }
+}
+
+/// The user process `pid` opens files as (its file-system uid).
+fn owner(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
 }
 
 /// Whether process `pid` is a zombie (exited, not yet reaped).

@@ -68,12 +68,15 @@ pub fn agent_path(given: Option<&Path>) -> Result<PathBuf, String> {
     } else {
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
         let next_to = exe.with_file_name("libuprobe_trace.so");
-        // A build of the tests only leaves it among the dependencies.
+        // A build of the tests only leaves it among the dependencies (and
+        // leaves the one next to the tool as an earlier build made it):
+        // the newer of the two.
         let in_deps = exe.with_file_name("deps").join("libuprobe_trace.so");
-        if !next_to.is_file() && in_deps.is_file() {
-            in_deps
-        } else {
-            next_to
+        let modified = |p: &Path| p.metadata().and_then(|m| m.modified()).ok();
+        match (modified(&next_to), modified(&in_deps)) {
+            (Some(a), Some(b)) if b > a => in_deps,
+            (None, Some(_)) => in_deps,
+            _ => next_to,
         }
     };
     if !path.is_file() {

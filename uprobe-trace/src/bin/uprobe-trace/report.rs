@@ -13,36 +13,60 @@ use uprobe_trace::spec::{Drawn, Plan, ProbeSpec};
 
 use crate::{Args, End, Failure};
 
-/// A report file and its path.
+/// A report file and its path, in a directory of the session's own.
 pub struct Session {
     pub report: Report,
     pub path: PathBuf,
+    /// The session's directory (mode 0700: no other user reaches the
+    /// report or the `--print` FIFO in it).
+    pub dir: PathBuf,
 }
 
 impl Session {
-    /// A fresh report for `plan`, in the temporary directory.
+    /// A fresh report for `plan`, in a new private directory of the
+    /// temporary directory.
     pub fn create(plan: &Plan) -> Result<Self, Failure> {
-        let path = std::env::temp_dir().join(format!(
-            "uprobe-trace-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
-        ));
+        let dir = private_dir()?;
+        let path = dir.join("report");
         let labels: Vec<String> = plan.probes.iter().map(ProbeSpec::label).collect();
-        let report = Report::create(&path, &labels, MAX_SLOTS)
-            .map_err(|e| Failure::Run(format!("cannot create {}: {e}", path.display())))?;
-        Ok(Self { report, path })
+        let report = Report::create(&path, &labels, MAX_SLOTS).map_err(|e| {
+            let _ = std::fs::remove_dir(&dir);
+            Failure::Run(format!("cannot create {}: {e}", path.display()))
+        })?;
+        Ok(Self { report, path, dir })
     }
 
-    /// Removes the file (the mappings stay).
+    /// Hands the directory and what is in it to user `uid` (a process of
+    /// another user traced by root must open them).
+    pub fn give_to(&self, uid: u32) -> Result<(), Failure> {
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| Failure::Run(format!("{}: {e}", self.dir.display())))?;
+        for p in entries
+            .flatten()
+            .map(|e| e.path())
+            .chain([self.dir.clone()])
+        {
+            std::os::unix::fs::chown(&p, Some(uid), None)
+                .map_err(|e| Failure::Run(format!("chown {}: {e}", p.display())))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the directory and what is in it (the mappings stay).
     pub fn remove(&self) {
-        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 
     /// Prints the report to standard error.
     pub fn print(&self, plan: &Plan, end: Option<End>) {
         eprint!("{}", text(&self.report, plan, end));
+    }
+
+    /// Whether not one probe attached a site, in any process.
+    pub fn nothing_attached(&self, plan: &Plan) -> bool {
+        rows(&self.report, plan)
+            .iter()
+            .all(|r| r.sites == 0 && r.matched.values().all(|m| m.sites == 0))
     }
 
     /// The final report: printed, and written as JSON where asked.
@@ -64,6 +88,29 @@ impl Session {
                 .map_err(|e| Failure::Run(format!("cannot write {}: {e}", path.display())))
         }
     }
+}
+
+/// A new directory `uprobe-trace-XXXXXX` of the temporary directory, mode
+/// 0700, its name chosen by `mkdtemp`.
+fn private_dir() -> Result<PathBuf, Failure> {
+    let template = std::env::temp_dir().join("uprobe-trace-XXXXXX");
+    let mut bytes = template.into_os_string().into_encoded_bytes();
+    bytes.push(0);
+    // SAFETY: a NUL-terminated template that mkdtemp rewrites in place.
+    let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
+    if made.is_null() {
+        return Err(Failure::Run(format!(
+            "cannot make a directory in {}: {}",
+            std::env::temp_dir().display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    bytes.pop();
+    // SAFETY: the bytes came from an OsString and mkdtemp only replaced
+    // the X's with ASCII.
+    Ok(PathBuf::from(unsafe {
+        std::ffi::OsString::from_encoded_bytes_unchecked(bytes)
+    }))
 }
 
 /// One probe asked for, or one function its pattern matched, summed over
@@ -193,8 +240,10 @@ fn row_text(out: &mut String, row: &Row, spec: &ProbeSpec, indent: &str) {
     if row.sites > 1 || row.trap_sites > 0 {
         let _ = write!(
             out,
-            " ({} sites, {} on breakpoints",
-            row.sites, row.trap_sites
+            " ({} site{}, {} on breakpoints",
+            row.sites,
+            if row.sites == 1 { "" } else { "s" },
+            row.trap_sites
         );
         if let Some(why) = row.trap_why.as_ref().filter(|_| row.trap_sites > 0) {
             let _ = write!(out, ": {why}");
