@@ -12,15 +12,46 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pcpu::PerCpu;
-use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use crate::fork::{self, LeaseSets};
-use crate::readers::{Readers, Slot, Ticket};
+use crate::readers::{self, Readers, Slot, Ticket};
 use crate::reclaim::{self, Reclaimer};
 
 /// Words of a CPU's counts: `LOCK + bank`, `UNLOCK + bank`.
 const LOCK: usize = 0;
 const UNLOCK: usize = 2;
+
+/// Where a guard section is counted: in this thread's slot (the ticket
+/// says where), or per CPU on a bank (the thread found no free slot).
+/// A pair rather than an enum: the ticket's niche is the tag, and a slot
+/// section sets no bank (fewer instructions on the read side).
+#[derive(Clone, Copy)]
+pub(crate) struct Section {
+    ticket: Option<Ticket>,
+    bank: usize,
+}
+
+impl Section {
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn slot(ticket: Ticket) -> Self {
+        Self {
+            ticket: Some(ticket),
+            bank: 0,
+        }
+    }
+
+    fn per_cpu(bank: usize) -> Self {
+        Self { ticket: None, bank }
+    }
+
+    /// The bank the section is counted on (a slot's: the one its
+    /// outermost open section began on).
+    fn bank(self) -> usize {
+        self.ticket.map_or(self.bank, Ticket::bank)
+    }
+}
 
 /// One domain's state. Guard sections are counted in per-thread slots
 /// (`readers`, see `crate::readers`); sections that may end on another
@@ -36,9 +67,10 @@ pub(crate) struct Inner {
     counts: PerCpu<[AtomicU64; 4]>,
     /// Grace periods started; the active bank is `completed & 1`.
     completed: AtomicU64,
-    /// `completed & 1`, stored at each flip for the guard path (which then
-    /// indexes with it as it is).
-    active_bank: AtomicUsize,
+    /// `readers.hot(completed & 1)`, stored at each flip: what the guard
+    /// path checks its cached slot against and stores there for an
+    /// outermost section.
+    hot: AtomicU64,
     /// Serialises grace periods (ordinary context only).
     gp_lock: GpLock,
     /// Set when the `Srcu` is dropped: no guard can exist any more and raw
@@ -99,14 +131,14 @@ impl Drop for GpGuard<'_> {
 impl Inner {
     fn new() -> Self {
         let light_is_compiler = pcpu::fence::light_is_compiler_only();
-        Self {
+        let this = Self {
             fast: pcpu::rseq::Adder::get().filter(|_| light_is_compiler),
             // Slots rely on membarrier (their fence is a compiler fence);
             // loom models them with full fences.
             readers: Readers::new(light_is_compiler || cfg!(pcpu_loom)),
             counts: PerCpu::default(),
             completed: AtomicU64::new(0),
-            active_bank: AtomicUsize::new(0),
+            hot: AtomicU64::new(0),
             gp_lock: GpLock {
                 owner: AtomicU64::new(0),
             },
@@ -114,17 +146,19 @@ impl Inner {
             reclaimer: Reclaimer::default(),
             lease_sets: LeaseSets::default(),
             helpers_gen: AtomicU64::new(0),
-        }
+        };
+        this.hot.store(this.readers.hot(0), Ordering::Relaxed);
+        this
     }
 
     /// Begins a guard section (one that ends on this thread): counted in
-    /// this thread's slot (its ticket is returned, with the bank), or per
-    /// CPU (no ticket) if no slot is free.
+    /// this thread's slot, or per CPU if no slot is free.
     #[allow(clippy::inline_always)] // the read side must inline
     #[inline(always)]
-    pub(crate) fn guard_lock(&self) -> (Option<Ticket>, usize) {
-        match self.readers.cached() {
-            Some(slot) => self.enter(slot),
+    pub(crate) fn guard_lock(&self) -> Section {
+        let hot = self.hot.load(Ordering::Relaxed);
+        match self.readers.cached(hot) {
+            Some(slot) => self.enter(slot, hot),
             None => self.guard_lock_uncached(),
         }
     }
@@ -132,23 +166,34 @@ impl Inner {
     /// Counts a guard section in `slot`, this thread's.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn enter(&self, slot: &Slot) -> (Option<Ticket>, usize) {
-        let bank = self.active_bank.load(Ordering::Relaxed);
-        let ticket = slot.enter(bank);
-        // B: the section's loads come after the count; pairs with the
-        // heavy fences in `drained`.
-        slot_fence();
-        (Some(ticket), bank)
+    fn enter(&self, slot: &Slot, hot: u64) -> Section {
+        match slot.enter(hot) {
+            Some(ticket) => {
+                // B: the section's loads come after the count; pairs with
+                // the heavy fences in `drained`.
+                slot_fence();
+                Section::slot(ticket)
+            }
+            None => self.guard_lock_deep(),
+        }
+    }
+
+    /// A guard section nested too deep for the thread's slot: counted
+    /// per CPU.
+    #[cold]
+    #[inline(never)]
+    fn guard_lock_deep(&self) -> Section {
+        Section::per_cpu(self.guard_lock_per_cpu())
     }
 
     /// A guard section of a thread whose slot is not cached: claims one,
-    /// or counts per CPU (no ticket) if none is free.
+    /// or counts per CPU if none is free.
     #[cold]
     #[inline(never)]
-    fn guard_lock_uncached(&self) -> (Option<Ticket>, usize) {
+    fn guard_lock_uncached(&self) -> Section {
         match self.readers.claim() {
-            Some(slot) => self.enter(slot),
-            None => (None, self.guard_lock_per_cpu()),
+            Some(slot) => self.enter(slot, self.hot.load(Ordering::Relaxed)),
+            None => Section::per_cpu(self.guard_lock_per_cpu()),
         }
     }
 
@@ -156,14 +201,14 @@ impl Inner {
     /// thread that began it.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    pub(crate) fn guard_unlock(&self, ticket: Option<Ticket>, bank: usize) {
-        match ticket {
+    pub(crate) fn guard_unlock(&self, section: Section) {
+        match section.ticket {
             Some(ticket) => {
                 // C: the section's loads are done before the count.
                 slot_fence();
-                crate::readers::leave(ticket);
+                readers::leave(ticket);
             }
-            None => self.guard_unlock_per_cpu(bank),
+            None => self.guard_unlock_per_cpu(section.bank),
         }
     }
 
@@ -235,18 +280,18 @@ impl Inner {
             .fold(0u64, |s, c| s.wrapping_add(c[word].load(Ordering::Relaxed)))
     }
 
-    /// Whether every read section that began on `bank` has ended. Unlocks
-    /// are summed before locks, with a heavy fence between (A): a section
-    /// whose unlock is counted also has its lock counted, so an unbalanced
-    /// sum can only overestimate the readers. The threads' slots hold the
-    /// same two counts, summed in the same order.
+    /// Whether every read section that began on `bank` has ended. Per
+    /// CPU, unlocks are summed before locks, with a heavy fence between
+    /// (A): a section whose unlock is counted also has its lock counted,
+    /// so an unbalanced sum can only overestimate the readers. The
+    /// threads' slots are read after the fence: each is one word that
+    /// only its owner writes, open on `bank` while its outermost guard
+    /// section that began there lasts.
     fn drained(&self, bank: usize) -> bool {
-        let unlocks = self
-            .sum(UNLOCK + bank)
-            .wrapping_add(self.readers.unlocks(bank));
+        let unlocks = self.sum(UNLOCK + bank);
         pcpu::fence::heavy();
-        let locks = self.sum(LOCK + bank).wrapping_add(self.readers.locks(bank));
-        locks == unlocks
+        let locks = self.sum(LOCK + bank);
+        locks == unlocks && !self.readers.open_on(bank)
     }
 
     /// Waits until `bank` drains: polls, then yields, then sleeps with a
@@ -289,8 +334,10 @@ impl Inner {
         }
         // Flip: new readers use the other bank.
         let started = self.completed.fetch_add(1, Ordering::Relaxed);
-        self.active_bank
-            .store(((started + 1) & 1) as usize, Ordering::Relaxed);
+        self.hot.store(
+            self.readers.hot(((started + 1) & 1) as usize),
+            Ordering::Relaxed,
+        );
         pcpu::fence::heavy();
         // Every reader of the bank that was active when we started.
         if !self.wait_drained(active, expedited, deadline) {
@@ -387,13 +434,15 @@ fn backoff(_round: u32, _expedited: bool) {
 ///
 /// # Costs
 /// A guard section ([`read_lock`](Self::read_lock),
-/// [`SrcuCell::read`](crate::SrcuCell::read)) adds 1 to two counts in
-/// the calling thread's *slot* of the domain, with a compiler fence: what
-/// liburcu's read side costs. A thread claims its slot on its first
-/// section, without registering, and keeps its address in a small
-/// thread-local cache (four domains used in turn by one thread stay
-/// cached; more cost a scan of the domain's slots per miss); the slot of
-/// a thread that exited is taken over by the next thread that needs one.
+/// [`SrcuCell::read`](crate::SrcuCell::read)) stores a word in the
+/// calling thread's *slot* of the domain (or adds 1 to it when nested)
+/// and takes 1 away at the end, with compiler fences: what liburcu's
+/// read side costs. A thread claims its slot on its first section,
+/// without registering, and keeps its address in a small thread-local
+/// cache: the domain it used last is the fast path (one compare), and
+/// four domains used in turn stay cached (a compare more); more cost a
+/// scan of the domain's slots per miss. The slot of a thread that exited
+/// is taken over by the next thread that needs one.
 /// A slot is 128 bytes; a domain's table reserves 1024 of them (virtual
 /// memory, touched as claimed; a dropped domain's table is kept for the
 /// next new domain, never unmapped); threads beyond that, and every
@@ -407,7 +456,7 @@ fn backoff(_round: u32, _expedited: bool) {
 /// # Async-signal safety
 /// | operation | from a signal handler |
 /// |---|---|
-/// | [`read_lock`](Self::read_lock), [`read_lock_raw`](Self::read_lock_raw), unlocking | yes (after [`prepare`](Self::prepare)): a count in the thread's slot or per CPU, and a compiler fence; a thread's first section of a domain claims its slot without locks or allocation |
+/// | [`read_lock`](Self::read_lock), [`read_lock_raw`](Self::read_lock_raw), unlocking | yes (after [`prepare`](Self::prepare)): a word in the thread's slot or a count per CPU, and a compiler fence; a thread's first section of a domain claims its slot without locks or allocation; a guard a handler takes is dropped before the handler returns |
 /// | [`synchronize`](Self::synchronize) and its variants, [`call`](Self::call), [`barrier`](Self::barrier) | no (they block, lock mutexes or allocate) |
 ///
 /// # Fork
@@ -544,10 +593,14 @@ impl Srcu {
 
     /// Begins a read section, ended when the guard drops (on this thread:
     /// guards are not `Send`). Never blocks, never allocates after
-    /// [`prepare`](Self::prepare); the read side adds 1 to a count in
-    /// this thread's slot and issues a compiler fence (see *Costs* above).
-    /// **Async-signal-safe**, also as a thread's first section of the
-    /// domain, and nested in a section the interrupted code holds.
+    /// [`prepare`](Self::prepare); the read side stores a word in this
+    /// thread's slot (adds 1 to it when nested) and issues a compiler
+    /// fence (see *Costs* above). **Async-signal-safe**, also as a
+    /// thread's first section of the domain, and nested in a section the
+    /// interrupted code holds, begins or ends; a guard taken in a signal
+    /// handler must be dropped before the handler returns (moved out of
+    /// it, into a thread-local, it could go uncounted if the handler
+    /// interrupted this thread's outermost `read_lock` of the domain).
     #[allow(clippy::inline_always)]
     #[inline(always)]
     #[must_use = "the read section ends when the guard is dropped"]
@@ -559,12 +612,10 @@ impl Srcu {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn read_lock_in<'a>(&'a self, inner: &'a Inner) -> ReadGuard<'a> {
-        let (ticket, bank) = inner.guard_lock();
         ReadGuard {
             srcu: self,
             inner,
-            ticket,
-            bank,
+            section: inner.guard_lock(),
         }
     }
 
@@ -770,11 +821,9 @@ impl Drop for Srcu {
 pub struct ReadGuard<'a> {
     srcu: &'a Srcu,
     inner: &'a Inner,
-    /// Where the section is counted in this thread's slot (`None`:
-    /// counted per CPU). Neither `Send` nor `Sync`, nor is the guard: the
-    /// section ends on the thread that began it.
-    ticket: Option<Ticket>,
-    bank: usize,
+    /// Where the section is counted. Neither `Send` nor `Sync`, nor is
+    /// the guard: the section ends on the thread that began it.
+    section: Section,
 }
 
 impl ReadGuard<'_> {
@@ -789,14 +838,14 @@ impl Drop for ReadGuard<'_> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn drop(&mut self) {
-        self.inner.guard_unlock(self.ticket, self.bank);
+        self.inner.guard_unlock(self.section);
     }
 }
 
 impl std::fmt::Debug for ReadGuard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadGuard")
-            .field("bank", &self.bank)
+            .field("bank", &self.section.bank())
             .finish()
     }
 }

@@ -29,20 +29,24 @@
 //! Sections are counted in two banks, in two ways:
 //!
 //! - **Guard sections** (they end on the thread that began them): per
-//!   thread (in the thread's *slot* of the domain) and per bank, two
-//!   counts, `lock` and `unlock`, that only grow, written only by that
-//!   thread with one indivisible add each.
+//!   thread, in one word of the thread's *slot* of the domain, liburcu's
+//!   reader word: the nesting depth of the thread's open guard sections
+//!   and the bank the outermost one began on, written only by that
+//!   thread.
 //! - **Sections that may end elsewhere** (raw sections, leases): per CPU
-//!   and per bank, the same two counts, added to by rseq sections (or
-//!   atomics).
+//!   and per bank, two counts, `lock` and `unlock`, that only grow, added
+//!   to by rseq sections (or atomics).
 //!
-//! A reader reads the active bank index, adds 1 to `lock[bank]` and
-//! issues a light fence (B); on unlock, a light fence (C) and adds 1 to
-//! `unlock[bank]`. A grace period sums `unlock[bank]` over CPUs and slots,
-//! issues a heavy fence (A), sums `lock[bank]`: equal sums mean the bank
-//! has drained, because a section whose unlock was counted had its lock
-//! counted too, so a mismatch can only overestimate (a slot claimed
-//! between the two sums adds locks only).
+//! A guard section's reader reads the domain's word for the active bank;
+//! if its slot is at depth 0 it stores that word (depth 1 on the bank),
+//! else it adds 1 to the depth; then a light fence (B). On unlock, a
+//! light fence (C) and 1 off the depth. A per-CPU reader reads the active
+//! bank index, adds 1 to `lock[bank]` and issues B; on unlock, C and adds
+//! 1 to `unlock[bank]`. A grace period sums `unlock[bank]` over CPUs,
+//! issues a heavy fence (A), sums `lock[bank]` and reads every slot: the
+//! bank has drained when the sums are equal (a section whose unlock was
+//! counted had its lock counted too, so a mismatch can only
+//! overestimate) and no slot is open on the bank.
 //!
 //! The light/heavy pairs are [`pcpu::fence`]'s asymmetric fences:
 //! `membarrier()` on the writer's side makes every reader's compiler fence
@@ -54,13 +58,15 @@
 //! late, (ii) flips the index, (iii) waits for the bank that was active,
 //! and (iv) fences (D) so the readers' loads are done before the caller
 //! frees. The heavy fence (A) of the first check also separates the
-//! caller's updates from every read of a count that a section raised: a reader whose
-//! increment the grace period misses therefore sees those updates. A
-//! reader that read the index before the flip but increments after step
-//! (i) began after this grace period started; it is not waited for, and
-//! it sees the caller's updates.
+//! caller's updates from every read of a count or slot that a section
+//! raised: a reader whose increment (or outermost store) the grace
+//! period misses therefore sees those updates. A reader that read the
+//! index before the flip but increments after step (i) began after this
+//! grace period started; it is not waited for, and it sees the caller's
+//! updates.
 //!
-//! Counts are 64-bit and wrap; the sums are compared, not subtracted.
+//! Per-CPU counts are 64-bit and wrap; the sums are compared, not
+//! subtracted.
 //!
 //! # Why per-thread slots
 //! The kernel's 2025 answer, SRCU-fast, keeps per-CPU counters and drops
@@ -68,12 +74,17 @@
 //! critical section, and a read section needs two of them, about twice
 //! liburcu's thread-local read side. A thread's own slot needs no rseq
 //! (only its thread writes it), which is what makes guard sections cost
-//! what liburcu's do. The price: 128 bytes per thread per domain table
+//! what liburcu's do; a slot is liburcu's reader word (a depth and a
+//! bank), not two counts that only grow, because each add to such a
+//! count waits for the previous one's result (store-to-load forwarding
+//! from section to section), where the outermost store of a fixed word
+//! waits for nothing. The price: 128 bytes per thread per domain table
 //! (tables are reused, never freed; see [`Srcu`]'s *Costs*), and a grace
 //! period reads every claimed slot as well as every CPU. The loom models
 //! (`tests/loom.rs`, `RUSTFLAGS="--cfg pcpu_loom"`) check guard sections
 //! on several threads claiming slots across grace periods, nested guards
-//! on both banks, raw sections ended elsewhere and the leases.
+//! on both banks (an inner one outliving its outer one across two grace
+//! periods), raw sections ended elsewhere and the leases.
 //!
 //! # Fork
 //! A child discounts the read sections of the threads that do not exist
@@ -83,8 +94,12 @@
 //! # Async-signal safety
 //! Read sections, [`SrcuCell::load`], taking and consuming a lease,
 //! [`LeaseSet::release`] and [`LeaseSet::drop_later`] are
-//! async-signal-safe (after [`Srcu::prepare`]). Grace periods, callbacks,
-//! creating cells, sets and blocks are not.
+//! async-signal-safe (after [`Srcu::prepare`]): a handler may begin a
+//! thread's first section of a domain, and nest sections in one the
+//! interrupted code holds or is beginning or ending. A read section that
+//! a handler begins ends before the handler returns (as liburcu requires
+//! of its readers too). Grace periods, callbacks, creating cells, sets
+//! and blocks are not.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod cell;

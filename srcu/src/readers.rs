@@ -2,46 +2,73 @@
 //! ([`ReadGuard`](crate::ReadGuard), and so [`SrcuCell::read`](crate::SrcuCell::read))
 //! of each thread.
 //!
-//! # Why per thread
-//! A guard ends on the thread that began it, so its section can be
-//! counted in words only that thread writes: per bank, a count of
-//! sections begun and one of sections ended, both only growing, as the
-//! per-CPU counts. `read_lock` adds 1 to the first, the guard's drop to
-//! the second, with the light fence in between. No `lock`-prefixed
-//! instruction and no restartable sequence: on x86-64 each add is one
-//! `inc` on memory, which a signal handler cannot split (an interrupted
-//! load-add-store could lose a handler's add), elsewhere a relaxed atomic
-//! add. The read side costs what liburcu's does (a thread-local word and
-//! a compiler barrier), where two per-CPU rseq adds cost about twice that.
-//! (Two growing counts rather than one count of open sections: the next
-//! section's add does not wait for the last one's to be forwarded.)
+//! # Why per thread, and why one word
+//! A guard ends on the thread that began it, so its sections can be
+//! counted in a word only that thread writes: liburcu's reader word. A
+//! slot's word holds the thread's open guard sections of the domain as a
+//! nesting depth and the bank the outermost one began on. `read_lock`
+//! reads the word: at depth 0 (the usual case) it stores the domain's
+//! [`hot`](Readers::hot) word (depth 1 on the active bank), else it adds
+//! 1; the guard's drop takes 1 away. The light fence comes after the
+//! store and before the drop's. A grace period waiting for bank `b`
+//! waits while a slot is open on `b`. A section nested in an open one is
+//! counted on the outermost one's bank: it ends before the slot's depth
+//! is 0 again, and a grace period that must wait for it must wait for
+//! the outermost one, which began earlier, so waits for the same bank.
+//!
+//! No `lock`-prefixed instruction and no restartable sequence, and above
+//! all no chain of dependent memory operations from one section to the
+//! next: the outermost store writes a value loaded from the domain, not
+//! one computed from the word, so a section does not wait for the last
+//! one's store to be forwarded (counts that only grow, which this
+//! replaced, did: every add read the last add's result, about 7 cycles
+//! a section on the bench machine, where liburcu takes about 4).
+//!
+//! **Signal handlers.** The add, the drop's subtraction and the
+//! outermost store are each one instruction that a handler cannot split
+//! (on x86-64 `inc`/`dec` on memory, which no other thread writes, so no
+//! `lock` prefix; elsewhere relaxed atomic read-modify-writes). Between
+//! reading the word at depth 0 and storing the hot word a handler may
+//! run read sections of its own: they end before it returns (guards are
+//! scoped, not `Send`, and a handler's must not outlive it, as liburcu's
+//! and this crate's per-thread per-CPU bookkeeping (`fork::held_add`)
+//! assume too), so the word is at depth 0 again when the store writes
+//! depth 1.
 //!
 //! Sections that may end on another thread (raw sections, leases) stay on
 //! the per-CPU counts, whose lock and unlock counts only grow; a grace
-//! period waits for both kinds.
+//! period waits for both kinds. A thread's sections nested deeper than
+//! [`NEST`] in one domain are counted per CPU too.
 //!
 //! # Slots, tables, claims and thread exit
 //! A domain's slots are a *table* of [`CAPACITY`] slots of one
 //! cache-line pair each (virtual memory only; a page is touched when a
-//! slot on it is first claimed). A thread claims a slot on its first
+//! slot on it is first claimed), aligned to its size rounded up to a
+//! power of two ([`TABLE_ALIGN`]). A thread claims a slot on its first
 //! guard section of the domain and remembers the slot's address in a
-//! small thread-local cache. Claiming is a scan and a compare-and-swap,
-//! with no lock and no allocation, so a first section in a signal handler
-//! is fine.
+//! small thread-local cache: one entry per way, and the slot it used
+//! last. Claiming is a scan and a compare-and-swap, with no lock and no
+//! allocation, so a first section in a signal handler is fine.
 //!
 //! Tables are never unmapped: a dropped domain's table goes back to a
 //! process-wide list and the next new domain takes it, **with its
 //! owners**. So a cached address is right whenever it lies inside the
 //! domain's table: a thread caches only slots it owns, and it owns them
-//! in whichever domain holds the table. The read side checks the range
-//! with the table's base address; there is no domain id to compare, and
-//! an address from a dropped domain never points at freed memory.
+//! in whichever domain holds the table. There is no domain id to compare
+//! (an id or an `Inner` address can be reused with another table: a
+//! table's address cannot), and an address from a dropped domain never
+//! points at freed memory. The read side's check of the slot used last
+//! is one exclusive or: the domain's hot word carries the table's base
+//! above bit `TABLE_ALIGN.trailing_zeros()` (its bank and depth below),
+//! so it agrees with a slot address there exactly when the slot lies in
+//! the table. The same load gives the word to store, so the fast path
+//! loads one word of the domain, one thread-local word and the slot's.
 //!
 //! There is no registration and nothing runs at thread exit (a
 //! thread-local destructor cannot be registered from a signal handler).
 //! Instead a slot records its owner's kernel thread id, and a thread that
 //! finds no free slot takes over one whose owner has exited
-//! (`tgkill(pid, tid, 0)` fails with `ESRCH`) and whose counts balance
+//! (`tgkill(pid, tid, 0)` fails with `ESRCH`) and whose depth is 0
 //! (every section it began has ended).
 //! A table therefore holds about as many slots as threads that used its
 //! domains at once, and the process as many tables as domains that were
@@ -50,12 +77,15 @@
 //! slower.
 //!
 //! # What a grace period pays
-//! Checking a bank sums the unlock counts of every CPU and every claimed
-//! slot, issues the heavy fence, and sums their lock counts (each slot on
-//! its own cache line): the cost grows with the number of threads that
-//! used the domain's table, where the per-CPU scheme's grew with the
-//! number of CPUs. The ordering argument is the per-CPU counts' (see the
-//! crate's *Memory ordering*).
+//! Checking a bank sums the unlock counts of every CPU, issues the heavy
+//! fence (A), sums their lock counts and reads every claimed slot's word
+//! (each slot on its own cache line): the cost grows with the number of
+//! threads that used the domain's table, where the per-CPU scheme's grew
+//! with the number of CPUs. The slots are read after the fence: a
+//! section whose store the read misses began after it, so (B pairing
+//! with A) sees the caller's updates; one whose drop the read sees had
+//! done its loads (C pairing with the grace period's last heavy fence,
+//! D). See the crate's *Memory ordering*.
 
 use core::cell::Cell;
 use core::sync::atomic::AtomicU64 as IdCounter;
@@ -73,21 +103,39 @@ pub(crate) const CAPACITY: usize = 3;
 /// when `a - base < TABLE_BYTES`.
 const TABLE_BYTES: usize = CAPACITY * core::mem::size_of::<Slot>();
 
+/// Tables are aligned to this power of two (at least their size), so a
+/// slot's address and its table's base agree above bit
+/// `TABLE_ALIGN.trailing_zeros()`; the bits below hold, in the domain's
+/// [`hot`](Readers::hot) word, a bank and a depth.
+const TABLE_ALIGN: usize = TABLE_BYTES.next_power_of_two();
+
+/// Where a slot's word (and a domain's hot word) keeps its bank: the
+/// highest bit below the table's alignment.
+const BANK_SHIFT: u32 = TABLE_ALIGN.trailing_zeros() - 1;
+
+/// The nesting depth in a slot's word: the bits below the bank (up to
+/// 65535 nested guard sections; a deeper one is counted per CPU).
+const NEST: u64 = (1 << BANK_SHIFT) - 1;
+
 /// Domains' cache entries per thread (a thread alternating between more
 /// domains than this takes the claim path's scan for a cache miss).
 const CACHE_WAYS: usize = 4;
 
+/// The cache entry of the slot this thread used last, after the ways.
+const LAST: usize = CACHE_WAYS;
+
+/// Cache entries per thread: the ways and [`LAST`].
+const CACHE_ENTRIES: usize = CACHE_WAYS + 1;
+
 /// One thread's guard sections in one domain.
 #[repr(align(128))] // its own pair of cache lines (adjacent-line prefetch)
 pub(crate) struct Slot {
-    /// Guard sections begun per bank (`LOCK + bank`), and ended
-    /// (`UNLOCK + bank`): counts that only grow, like the per-CPU ones.
-    /// Written by the owner only, each add indivisible (a signal handler
-    /// of the owner cannot split it), read by grace periods. Two counts
-    /// rather than one count of open sections: the next section's add
-    /// does not wait for the last one's to be forwarded from the store
-    /// buffer.
-    counts: [AtomicU64; 4],
+    /// The owner's open guard sections: their nesting depth ([`NEST`])
+    /// and the bank the outermost one began on (bit [`BANK_SHIFT`]);
+    /// the bits above are the table's base, unused. Written by the owner
+    /// only (and by a signal handler of the owner, whose sections end
+    /// before it returns), read by grace periods.
+    word: AtomicU64,
     /// The owning thread's [`thread_id`] (0: free).
     owner: AtomicU64,
     /// The owner's kernel thread id (0: not yet known), for telling an
@@ -99,87 +147,113 @@ impl Slot {
     #[cfg(pcpu_loom)]
     fn new() -> Self {
         Self {
-            counts: core::array::from_fn(|_| AtomicU64::new(0)),
+            word: AtomicU64::new(0),
             owner: AtomicU64::new(0),
             tid: AtomicU64::new(0),
         }
     }
 
-    /// Counts a section begun on `bank` (0 or 1; owner only) and returns
-    /// its ticket for [`leave`]. Async-signal-safe.
+    /// Counts a section begun (owner only; `hot` is the domain's
+    /// [`hot`](Readers::hot) word, depth 1 on its active bank) and
+    /// returns its ticket for [`leave`]; `None` if the thread's sections
+    /// of the domain are nested [`NEST`] deep already (count this one per
+    /// CPU). Async-signal-safe for handlers whose sections end before
+    /// they return (see the module docs).
     #[allow(clippy::inline_always)] // the read side must inline
     #[inline(always)]
-    pub(crate) fn enter(&self, bank: usize) -> Ticket {
-        debug_assert!(bank < 2);
-        // SAFETY: banks are 0 and 1 (the caller's `active_bank`).
-        let word = unsafe { self.counts.get_unchecked(LOCK + bank) };
-        raise(word, 0);
-        Ticket(core::ptr::NonNull::from(word))
+    pub(crate) fn enter(&self, hot: u64) -> Option<Ticket> {
+        if self.word.load(Ordering::Relaxed) & NEST == 0 {
+            // The outermost section: a store of a value that does not
+            // depend on the word's old one (see the module docs).
+            self.word.store(hot, Ordering::Relaxed);
+            return Some(Ticket(core::ptr::NonNull::from(&self.word)));
+        }
+        self.nest()
+    }
+
+    /// A section nested in an open one: one deeper (out of line: the
+    /// outermost store stays on the straight path).
+    #[cold]
+    #[inline(never)]
+    fn nest(&self) -> Option<Ticket> {
+        if self.word.load(Ordering::Relaxed) & NEST == NEST {
+            return None;
+        }
+        step(&self.word, Step::Up);
+        Some(Ticket(core::ptr::NonNull::from(&self.word)))
     }
 
     /// Whether every section counted here has ended.
     fn balanced(&self) -> bool {
-        (0..2).all(|b| {
-            self.counts[LOCK + b].load(Ordering::Relaxed)
-                == self.counts[UNLOCK + b].load(Ordering::Relaxed)
-        })
+        self.word.load(Ordering::Relaxed) & NEST == 0
+    }
+
+    /// Whether a section counted here is open on `bank`.
+    fn open_on(&self, bank: usize) -> bool {
+        let w = self.word.load(Ordering::Relaxed);
+        w & NEST != 0 && (w >> BANK_SHIFT) & 1 == bank as u64 & 1
     }
 
     fn clear_counts(&self) {
-        for word in &self.counts {
-            word.store(0, Ordering::Relaxed);
-        }
+        self.word.store(0, Ordering::Relaxed);
     }
 }
 
-/// Words of a slot's counts: `LOCK + bank`, `UNLOCK + bank`.
-const LOCK: usize = 0;
-const UNLOCK: usize = 2;
-
-/// A guard section counted in a slot: the lock count it raised (its
-/// unlock count lies `UNLOCK - LOCK` words on). A raw pointer, so neither
-/// `Send` nor `Sync`: the section ends on the thread that began it.
+/// A guard section counted in a slot: the slot's word. A raw pointer, so
+/// neither `Send` nor `Sync`: the section ends on the thread that began
+/// it.
 #[derive(Clone, Copy)]
 pub(crate) struct Ticket(core::ptr::NonNull<AtomicU64>);
+
+impl Ticket {
+    /// The bank the slot's outermost open section began on.
+    pub(crate) fn bank(self) -> usize {
+        // SAFETY: a ticket is a slot's word (slots are never freed).
+        let word = unsafe { self.0.as_ref() }.load(Ordering::Relaxed);
+        (word >> BANK_SHIFT) as usize & 1
+    }
+}
 
 /// Counts the section of `ticket` ended (on the thread that began it).
 /// Async-signal-safe.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 pub(crate) fn leave(ticket: Ticket) {
-    // SAFETY: a ticket is a slot's lock count (slots are never freed); its
-    // unlock count is in the same array, `UNLOCK - LOCK` words on.
-    raise(unsafe { ticket.0.as_ref() }, UNLOCK - LOCK);
+    // SAFETY: a ticket is a slot's word (slots are never freed).
+    step(unsafe { ticket.0.as_ref() }, Step::Down);
 }
 
-/// Adds 1 to the count `words` after `word` in a slot's counts (0 or
-/// `UNLOCK - LOCK`), which only this thread writes: in one instruction on
-/// x86-64 (`inc` on memory: no `lock` prefix is needed for a word no
-/// other thread writes, and an instruction is never split by a signal
-/// handler), an atomic add elsewhere. Async-signal-safe.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Up,
+    Down,
+}
+
+/// Adds 1 to (`Up`) or takes 1 from (`Down`) a slot's word, which only
+/// this thread writes: in one instruction on x86-64 (`inc`/`dec` on
+/// memory: no `lock` prefix is needed for a word no other thread writes,
+/// and an instruction is never split by a signal handler), an atomic
+/// add elsewhere. Async-signal-safe.
 #[allow(clippy::inline_always)]
 #[inline(always)]
-fn raise(word: &AtomicU64, words: usize) {
+fn step(word: &AtomicU64, step: Step) {
     #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
-    // SAFETY: an aligned `u64` of this thread's slot (`words` stays in
-    // its counts), written by this thread only; other threads read it
-    // with atomic loads, which see the old or the new value (aligned
-    // 8-byte accesses do not tear).
+    // SAFETY: an aligned `u64` of this thread's slot, written by this
+    // thread only; other threads read it with atomic loads, which see the
+    // old or the new value (aligned 8-byte accesses do not tear).
     unsafe {
-        if words == 0 {
+        if step == Step::Up {
             core::arch::asm!("inc qword ptr [{0}]", in(reg) word.as_ptr(), options(nostack));
         } else {
-            core::arch::asm!(
-                "inc qword ptr [{0} + {d}]",
-                in(reg) word.as_ptr(),
-                d = const (UNLOCK - LOCK) * 8,
-                options(nostack),
-            );
+            core::arch::asm!("dec qword ptr [{0}]", in(reg) word.as_ptr(), options(nostack));
         }
     }
     #[cfg(not(all(target_arch = "x86_64", not(pcpu_loom))))]
-    // SAFETY: as above, within the slot's counts.
-    unsafe { &*core::ptr::from_ref(word).add(words) }.fetch_add(1, Ordering::Relaxed);
+    if step == Step::Up {
+        word.fetch_add(1, Ordering::Relaxed);
+    } else {
+        word.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A domain's slots: the table it holds while it lives.
@@ -200,14 +274,14 @@ std::thread_local! {
     /// destructor, like the cache: usable from signal handlers.
     static THREAD_ID: Cell<u64> = const { Cell::new(0) };
     /// The address of a slot of this thread per way (way: bits of the
-    /// table's address); 0: empty.
-    static CACHE: [Cell<usize>; CACHE_WAYS] = const { [const { Cell::new(0) }; CACHE_WAYS] };
+    /// table's address), then the one it used last ([`LAST`]); 0: empty.
+    static CACHE: [Cell<usize>; CACHE_ENTRIES] = const { [const { Cell::new(0) }; CACHE_ENTRIES] };
 }
 
 #[cfg(pcpu_loom)]
 loom::thread_local! {
     static THREAD_ID: Cell<u64> = Cell::new(0);
-    static CACHE: [Cell<usize>; CACHE_WAYS] = [Cell::new(0), Cell::new(0), Cell::new(0), Cell::new(0)];
+    static CACHE: [Cell<usize>; CACHE_ENTRIES] = [Cell::new(0), Cell::new(0), Cell::new(0), Cell::new(0), Cell::new(0)];
 }
 
 /// The calling thread's id, assigned on first use. Async-signal-safe (a
@@ -239,18 +313,46 @@ impl Readers {
         }
     }
 
-    /// The calling thread's slot if its cache holds it (else
-    /// [`claim`](Self::claim) it). Async-signal-safe.
+    /// The domain's hot word for `bank`: the table's base, `bank` at bit
+    /// [`BANK_SHIFT`], and depth 1. The read side loads it (kept in the
+    /// domain, next to nothing else it writes) both to check the slot
+    /// the thread used last and to store it there as an outermost
+    /// section's word.
+    pub(crate) fn hot(&self, bank: usize) -> u64 {
+        self.base as u64 | ((bank as u64 & 1) << BANK_SHIFT) | 1
+    }
+
+    /// The calling thread's slot if it is the one the thread used last
+    /// (one thread-local load and an exclusive or with the domain's `hot`
+    /// word: the same table when they agree above the table's
+    /// alignment), else [`cached_way`](Self::cached_way).
+    /// Async-signal-safe.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    pub(crate) fn cached(&self) -> Option<&Slot> {
-        let base = self.base;
-        // SAFETY: `way` is below `CACHE_WAYS`.
-        let cached = CACHE.with(|c| unsafe { c.get_unchecked(self.way) }.get());
-        if cached.wrapping_sub(base) < TABLE_BYTES {
+    pub(crate) fn cached(&self, hot: u64) -> Option<&Slot> {
+        // SAFETY: `LAST` is below `CACHE_ENTRIES`.
+        let last = CACHE.with(|c| unsafe { c.get_unchecked(LAST) }.get());
+        if (last ^ hot as usize) < TABLE_ALIGN {
             // SAFETY: inside this domain's table: a slot of this thread
             // (see the module docs), valid as long as the table, forever;
             // so not null either (tables are mapped memory).
+            return Some(unsafe { &*(last as *const Slot) });
+        }
+        self.cached_way()
+    }
+
+    /// The calling thread's slot if its way of the cache holds it (else
+    /// [`claim`](Self::claim) it), made the one used last.
+    /// Async-signal-safe.
+    #[cold]
+    #[inline(never)]
+    fn cached_way(&self) -> Option<&Slot> {
+        let cached = CACHE.with(|c| c[self.way].get());
+        if cached.wrapping_sub(self.base) < TABLE_BYTES {
+            // One store: a signal handler sees the old entry or the new
+            // one, both slots of this thread.
+            CACHE.with(|c| c[LAST].set(cached));
+            // SAFETY: as in `cached`.
             return Some(unsafe { &*(cached as *const Slot) });
         }
         None
@@ -261,8 +363,12 @@ impl Readers {
     /// live thread (count per CPU then). Async-signal-safe.
     pub(crate) fn claim(&self) -> Option<&Slot> {
         let slot = self.table.slot(self.table.claim(thread_id())?);
-        // One store: a signal handler sees the old entry or the new one.
-        CACHE.with(|c| c[self.way].set(core::ptr::from_ref(slot) as usize));
+        // One store each: a signal handler sees the old entry or the new
+        // one.
+        CACHE.with(|c| {
+            c[self.way].set(core::ptr::from_ref(slot) as usize);
+            c[LAST].set(core::ptr::from_ref(slot) as usize);
+        });
         Some(slot)
     }
 
@@ -271,24 +377,10 @@ impl Readers {
         self.table.handed_out()
     }
 
-    /// The sum of the slots' counts of sections ended on `bank` (read
-    /// before the heavy fence, as the per-CPU unlock counts).
-    pub(crate) fn unlocks(&self, bank: usize) -> u64 {
-        self.sum(|slot| &slot.counts[UNLOCK + (bank & 1)])
-    }
-
-    /// The sum of the slots' counts of sections begun on `bank` (read
-    /// after the heavy fence). Slots claimed since
-    /// [`unlocks`](Self::unlocks) add locks without unlocks: an
-    /// overestimate, never an underestimate.
-    pub(crate) fn locks(&self, bank: usize) -> u64 {
-        self.sum(|slot| &slot.counts[LOCK + (bank & 1)])
-    }
-
-    fn sum(&self, word: impl Fn(&Slot) -> &AtomicU64) -> u64 {
-        (0..self.table.handed_out()).fold(0u64, |s, i| {
-            s.wrapping_add(word(self.table.slot(i)).load(Ordering::Relaxed))
-        })
+    /// Whether a slot holds a section open on `bank` (read after the
+    /// heavy fence; see `Inner::drained`).
+    pub(crate) fn open_on(&self, bank: usize) -> bool {
+        (0..self.table.handed_out()).any(|i| self.table.slot(i).open_on(bank))
     }
 }
 
@@ -328,9 +420,9 @@ unsafe impl Send for Table {}
 // SAFETY: as above.
 unsafe impl Sync for Table {}
 
-/// The base address of a table without slots: no cached slot address
-/// lies within `TABLE_BYTES` above it.
-const NO_SLOTS_BASE: usize = usize::MAX.wrapping_sub(TABLE_BYTES - 1);
+/// The base address of a table without slots (aligned as tables are): no
+/// cached slot address lies within `TABLE_ALIGN` above it.
+const NO_SLOTS_BASE: usize = usize::MAX.wrapping_sub(TABLE_ALIGN - 1);
 
 /// The table of a domain without slots (where membarrier is unavailable,
 /// or no memory could be reserved).
@@ -408,8 +500,18 @@ impl Table {
     /// execution, so tables are not kept across them).
     #[cfg(pcpu_loom)]
     fn take() -> &'static Self {
-        let slots: &'static [Slot] = Box::leak((0..CAPACITY).map(|_| Slot::new()).collect());
-        Self::leak(slots.as_ptr(), CAPACITY)
+        let layout =
+            std::alloc::Layout::from_size_align(TABLE_ALIGN, TABLE_ALIGN).expect("a power of two");
+        // SAFETY: a layout of non-zero size.
+        let base = unsafe { std::alloc::alloc(layout) }.cast::<Slot>();
+        assert!(!base.is_null(), "loom table allocation");
+        for i in 0..CAPACITY {
+            // SAFETY: `CAPACITY` slots fit in the allocation (`TABLE_BYTES`
+            // is at most `TABLE_ALIGN`), aligned (`Slot`'s alignment
+            // divides the table's).
+            unsafe { base.add(i).write(Slot::new()) };
+        }
+        Self::leak(base, CAPACITY)
     }
 
     /// Hands the table on to a later domain, its counts cleared.
@@ -496,22 +598,45 @@ impl Table {
 }
 
 /// Reserves a table's zero-filled memory with `mmap` (untouched pages
-/// cost nothing).
+/// cost nothing), aligned to [`TABLE_ALIGN`]: twice that is mapped and
+/// what lies outside the aligned part unmapped again.
 #[cfg(not(pcpu_loom))]
 fn reserve() -> Option<*const Slot> {
+    let span = 2 * TABLE_ALIGN;
     // SAFETY: a fresh private anonymous mapping; no existing memory is
     // affected.
     let p = unsafe {
         libc::mmap(
             core::ptr::null_mut(),
-            TABLE_BYTES,
+            span,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1,
             0,
         )
     };
-    (p != libc::MAP_FAILED && !p.is_null()).then_some(p.cast_const().cast())
+    if p == libc::MAP_FAILED || p.is_null() {
+        return None;
+    }
+    let start = p as usize;
+    let base = start.next_multiple_of(TABLE_ALIGN);
+    let end = start + span;
+    // SAFETY: both ranges lie inside the mapping just made, outside the
+    // aligned table (page-aligned: `TABLE_ALIGN` is a multiple of the
+    // page size, as is `start`); nothing else uses them. A failure leaves
+    // them mapped and unused: harmless.
+    unsafe {
+        if base > start {
+            libc::munmap(p, base - start);
+        }
+        if end > base + TABLE_ALIGN {
+            libc::munmap(
+                (base + TABLE_ALIGN) as *mut libc::c_void,
+                end - base - TABLE_ALIGN,
+            );
+        }
+    }
+    Some(base as *const Slot)
 }
 
 /// In a fork child (only the forking thread exists): frees the slots of
@@ -523,7 +648,7 @@ fn reserve() -> Option<*const Slot> {
 #[cfg(not(pcpu_loom))]
 pub(crate) fn after_fork() {
     let me = THREAD_ID.with(Cell::get);
-    let cached: [usize; CACHE_WAYS] = CACHE.with(|c| core::array::from_fn(|w| c[w].get()));
+    let cached: [usize; CACHE_ENTRIES] = CACHE.with(|c| core::array::from_fn(|w| c[w].get()));
     let tid = current_tid();
     let mut t = TABLES.load(core::sync::atomic::Ordering::Acquire);
     while !t.is_null() {
