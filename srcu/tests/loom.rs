@@ -150,6 +150,46 @@ fn nested_guards_on_both_banks_dropped_out_of_order() {
     });
 }
 
+/// A thread's slot counts its guard sections as one depth on the bank
+/// its outermost section began on: an inner guard begun while a writer
+/// runs two grace periods (so possibly after both flips), that outlives
+/// the outer one, keeps the object it saw alive until it drops, and a
+/// guard begun after the outer one dropped (a new outermost section,
+/// stored on the bank active then) does too.
+#[test]
+fn inner_guard_outliving_its_outer_across_two_grace_periods() {
+    model(|| {
+        let domain = leak(Srcu::new());
+        domain.prepare();
+        let published = leak(AtomicUsize::new(2));
+        let freed = leak(AtomicUsize::new(0));
+        let outer = domain.read_lock();
+        let writer = thread::spawn(move || {
+            for p in [1, 0] {
+                published.store(p, Relaxed);
+                domain.synchronize();
+                freed.store(2 - p, Relaxed);
+            }
+        });
+        let inner = domain.read_lock();
+        let seen = published.load(Relaxed);
+        drop(outer);
+        assert!(
+            freed.load(Relaxed) < 3 - seen,
+            "object freed under the inner section"
+        );
+        drop(inner);
+        let again = domain.read_lock();
+        let seen = published.load(Relaxed);
+        assert!(
+            freed.load(Relaxed) < 3 - seen,
+            "object freed under a later outermost section"
+        );
+        drop(again);
+        writer.join().unwrap();
+    });
+}
+
 struct Canary {
     alive: AtomicBool,
     drops: &'static AtomicUsize,
