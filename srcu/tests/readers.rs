@@ -139,3 +139,77 @@ fn guard_sections_without_membarrier() {
     );
     assert!(test_support::printed(&out, "child: fallback ok"));
 }
+
+/// Whether a grace period of `domain` is held up (it does not end within
+/// a short timeout) by a section this thread holds.
+fn held(domain: &Srcu) -> bool {
+    let done = std::thread::scope(|s| {
+        s.spawn(|| domain.synchronize_timeout(Duration::from_millis(20)))
+            .join()
+            .expect("synchronize")
+    });
+    !done
+}
+
+/// A thread alternates between more domains than its slot cache holds,
+/// with guards of several open at once: each guard holds up its own
+/// domain's grace periods and no other's.
+#[test]
+fn one_thread_alternating_between_many_domains() {
+    let domains: Vec<Srcu> = (0..8).map(|_| Srcu::new()).collect();
+    for round in 0..3 {
+        for (i, d) in domains.iter().enumerate() {
+            let guard = d.read_lock();
+            // A guard of the next domain too: the slot used last changes
+            // while this guard is open.
+            let next = &domains[(i + 1 + round) % domains.len()];
+            let other = next.read_lock();
+            drop(other);
+            assert!(held(d), "domain {i}'s guard did not hold it up");
+            assert!(!held(next), "a dropped guard still held a domain up");
+            drop(guard);
+            assert!(!held(d), "domain {i} held up after its guard dropped");
+        }
+    }
+}
+
+/// A dropped domain's table passes to the next domain made, with this
+/// thread's slot in it, which the thread finds again (from the slot it
+/// used last or its cache); a domain made while that one lives has
+/// another table. Guards of each hold up their own domain only, also
+/// when the thread's cached slot came from the dropped one.
+#[test]
+fn a_dropped_domains_table_is_reused_and_cached_slots_stay_right() {
+    for _ in 0..20 {
+        let first = Srcu::new();
+        drop(first.read_lock()); // caches a slot of its table
+        drop(first);
+        let second = Srcu::new(); // may take the first one's table
+        let third = Srcu::new(); // another table
+        let g2 = second.read_lock();
+        assert!(held(&second));
+        assert!(!held(&third), "a guard of another domain held this one");
+        let g3 = third.read_lock();
+        drop(g2);
+        assert!(!held(&second));
+        assert!(held(&third));
+        drop(g3);
+        assert!(!held(&third));
+    }
+}
+
+/// Guard sections nested deeper than a slot counts (65535) are counted
+/// per CPU: grace periods wait for them too, whatever order the guards
+/// drop in.
+#[test]
+fn guards_nested_deeper_than_a_slot_counts_are_waited_for() {
+    let domain = Srcu::new();
+    let mut guards: Vec<_> = (0..70_000).map(|_| domain.read_lock()).collect();
+    assert!(held(&domain));
+    // The outermost ones first (counted in the slot), then the rest.
+    let deep = guards.split_off(65_535);
+    drop(guards);
+    assert!(held(&domain), "the per-CPU sections were not waited for");
+    drop(deep);
+    assert!(!held(&domain));
+}
