@@ -15,43 +15,12 @@ use pcpu::PerCpu;
 use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use crate::fork::{self, LeaseSets};
-use crate::readers::{self, Readers, Slot, Ticket};
+use crate::readers::{Readers, Section, Slot};
 use crate::reclaim::{self, Reclaimer};
 
 /// Words of a CPU's counts: `LOCK + bank`, `UNLOCK + bank`.
 const LOCK: usize = 0;
 const UNLOCK: usize = 2;
-
-/// Where a guard section is counted: in this thread's slot (the ticket
-/// says where), or per CPU on a bank (the thread found no free slot).
-/// A pair rather than an enum: the ticket's niche is the tag, and a slot
-/// section sets no bank (fewer instructions on the read side).
-#[derive(Clone, Copy)]
-pub(crate) struct Section {
-    ticket: Option<Ticket>,
-    bank: usize,
-}
-
-impl Section {
-    #[allow(clippy::inline_always)]
-    #[inline(always)]
-    fn slot(ticket: Ticket) -> Self {
-        Self {
-            ticket: Some(ticket),
-            bank: 0,
-        }
-    }
-
-    fn per_cpu(bank: usize) -> Self {
-        Self { ticket: None, bank }
-    }
-
-    /// The bank the section is counted on (a slot's: the one its
-    /// outermost open section began on).
-    fn bank(self) -> usize {
-        self.ticket.map_or(self.bank, Ticket::bank)
-    }
-}
 
 /// One domain's state. Guard sections are counted in per-thread slots
 /// (`readers`, see `crate::readers`); sections that may end on another
@@ -158,7 +127,7 @@ impl Inner {
     pub(crate) fn guard_lock(&self) -> Section {
         let hot = self.hot.load(Ordering::Relaxed);
         match self.readers.cached(hot) {
-            Some(slot) => self.enter(slot, hot),
+            Some(slot) => Self::enter(slot, hot),
             None => self.guard_lock_uncached(),
         }
     }
@@ -166,24 +135,12 @@ impl Inner {
     /// Counts a guard section in `slot`, this thread's.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn enter(&self, slot: &Slot, hot: u64) -> Section {
-        match slot.enter(hot) {
-            Some(ticket) => {
-                // B: the section's loads come after the count; pairs with
-                // the heavy fences in `drained`.
-                slot_fence();
-                Section::slot(ticket)
-            }
-            None => self.guard_lock_deep(),
-        }
-    }
-
-    /// A guard section nested too deep for the thread's slot: counted
-    /// per CPU.
-    #[cold]
-    #[inline(never)]
-    fn guard_lock_deep(&self) -> Section {
-        Section::per_cpu(self.guard_lock_per_cpu())
+    fn enter(slot: &Slot, hot: u64) -> Section {
+        let section = slot.enter(hot);
+        // B: the section's loads come after the count; pairs with the
+        // heavy fences in `drained`.
+        slot_fence();
+        section
     }
 
     /// A guard section of a thread whose slot is not cached: claims one,
@@ -192,7 +149,7 @@ impl Inner {
     #[inline(never)]
     fn guard_lock_uncached(&self) -> Section {
         match self.readers.claim() {
-            Some(slot) => self.enter(slot, self.hot.load(Ordering::Relaxed)),
+            Some(slot) => Self::enter(slot, self.hot.load(Ordering::Relaxed)),
             None => Section::per_cpu(self.guard_lock_per_cpu()),
         }
     }
@@ -202,13 +159,25 @@ impl Inner {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn guard_unlock(&self, section: Section) {
-        match section.ticket {
-            Some(ticket) => {
-                // C: the section's loads are done before the count.
-                slot_fence();
-                readers::leave(ticket);
-            }
-            None => self.guard_unlock_per_cpu(section.bank),
+        if section.is_outer() {
+            // C: the section's loads are done before the store.
+            slot_fence();
+            section.leave_outer();
+        } else {
+            self.guard_unlock_other(section);
+        }
+    }
+
+    /// Ends a guard section nested in the slot, or counted per CPU.
+    #[cold]
+    #[inline(never)]
+    fn guard_unlock_other(&self, section: Section) {
+        if let Some(bank) = section.per_cpu_bank() {
+            self.guard_unlock_per_cpu(bank);
+        } else {
+            // C, as above.
+            slot_fence();
+            section.leave_nested();
         }
     }
 
@@ -218,8 +187,6 @@ impl Inner {
         self.read_lock()
     }
 
-    #[cold]
-    #[inline(never)]
     fn guard_unlock_per_cpu(&self, bank: usize) {
         fork::held_add(-1);
         self.read_unlock(bank);
@@ -435,9 +402,9 @@ fn backoff(_round: u32, _expedited: bool) {
 /// # Costs
 /// A guard section ([`read_lock`](Self::read_lock),
 /// [`SrcuCell::read`](crate::SrcuCell::read)) stores a word in the
-/// calling thread's *slot* of the domain (or adds 1 to it when nested)
-/// and takes 1 away at the end, with compiler fences: what liburcu's
-/// read side costs. A thread claims its slot on its first section,
+/// calling thread's *slot* of the domain and 0 at its end (a nested one
+/// adds 1 to a count there and takes it away), with compiler fences:
+/// what liburcu's read side costs. A thread claims its slot on its first section,
 /// without registering, and keeps its address in a small thread-local
 /// cache: the domain it used last is the fast path (one compare), and
 /// four domains used in turn stay cached (a compare more); more cost a
@@ -594,8 +561,8 @@ impl Srcu {
     /// Begins a read section, ended when the guard drops (on this thread:
     /// guards are not `Send`). Never blocks, never allocates after
     /// [`prepare`](Self::prepare); the read side stores a word in this
-    /// thread's slot (adds 1 to it when nested) and issues a compiler
-    /// fence (see *Costs* above). **Async-signal-safe**, also as a
+    /// thread's slot (adds 1 to a count there when nested) and issues a
+    /// compiler fence (see *Costs* above). **Async-signal-safe**, also as a
     /// thread's first section of the domain, and nested in a section the
     /// interrupted code holds, begins or ends; a guard taken in a signal
     /// handler must be dropped before the handler returns (moved out of

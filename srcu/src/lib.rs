@@ -29,18 +29,19 @@
 //! Sections are counted in two banks, in two ways:
 //!
 //! - **Guard sections** (they end on the thread that began them): per
-//!   thread, in one word of the thread's *slot* of the domain, liburcu's
-//!   reader word: the nesting depth of the thread's open guard sections
-//!   and the bank the outermost one began on, written only by that
-//!   thread.
+//!   thread, in the thread's *slot* of the domain, written only by that
+//!   thread: an `outer` word, the bank of the thread's outermost open
+//!   section (0: none), and per bank a count of the sections begun while
+//!   `outer` was taken (nested ones).
 //! - **Sections that may end elsewhere** (raw sections, leases): per CPU
 //!   and per bank, two counts, `lock` and `unlock`, that only grow, added
 //!   to by rseq sections (or atomics).
 //!
 //! A guard section's reader reads the domain's word for the active bank;
-//! if its slot is at depth 0 it stores that word (depth 1 on the bank),
-//! else it adds 1 to the depth; then a light fence (B). On unlock, a
-//! light fence (C) and 1 off the depth. A per-CPU reader reads the active
+//! if its slot's `outer` is 0 it stores that word there, else it adds 1
+//! to `nested[bank]`; then a light fence (B). On unlock, a light fence
+//! (C) and `outer` set to 0 (or 1 off the nested count). A per-CPU reader
+//! reads the active
 //! bank index, adds 1 to `lock[bank]` and issues B; on unlock, C and adds
 //! 1 to `unlock[bank]`. A grace period sums `unlock[bank]` over CPUs,
 //! issues a heavy fence (A), sums `lock[bank]` and reads every slot: the
@@ -74,17 +75,18 @@
 //! critical section, and a read section needs two of them, about twice
 //! liburcu's thread-local read side. A thread's own slot needs no rseq
 //! (only its thread writes it), which is what makes guard sections cost
-//! what liburcu's do; a slot is liburcu's reader word (a depth and a
-//! bank), not two counts that only grow, because each add to such a
-//! count waits for the previous one's result (store-to-load forwarding
-//! from section to section), where the outermost store of a fixed word
-//! waits for nothing. The price: 128 bytes per thread per domain table
+//! what liburcu's do. The usual section stores a word loaded from the
+//! domain into the slot and, at its end, 0, rather than adding to counts
+//! that only grow: each add to such a count waits for the previous one's
+//! result (store-to-load forwarding from section to section), where
+//! those stores wait for nothing. The price: 128 bytes per thread per domain table
 //! (tables are reused, never freed; see [`Srcu`]'s *Costs*), and a grace
 //! period reads every claimed slot as well as every CPU. The loom models
 //! (`tests/loom.rs`, `RUSTFLAGS="--cfg pcpu_loom"`) check guard sections
 //! on several threads claiming slots across grace periods, nested guards
 //! on both banks (an inner one outliving its outer one across two grace
-//! periods), raw sections ended elsewhere and the leases.
+//! periods, a later outermost one), raw sections ended elsewhere and the
+//! leases.
 //!
 //! # Fork
 //! A child discounts the read sections of the threads that do not exist

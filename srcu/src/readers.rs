@@ -2,44 +2,45 @@
 //! ([`ReadGuard`](crate::ReadGuard), and so [`SrcuCell::read`](crate::SrcuCell::read))
 //! of each thread.
 //!
-//! # Why per thread, and why one word
+//! # Why per thread, and why stores rather than counts
 //! A guard ends on the thread that began it, so its sections can be
-//! counted in a word only that thread writes: liburcu's reader word. A
-//! slot's word holds the thread's open guard sections of the domain as a
-//! nesting depth and the bank the outermost one began on. `read_lock`
-//! reads the word: at depth 0 (the usual case) it stores the domain's
-//! [`hot`](Readers::hot) word (depth 1 on the active bank), else it adds
-//! 1; the guard's drop takes 1 away. The light fence comes after the
-//! store and before the drop's. A grace period waiting for bank `b`
-//! waits while a slot is open on `b`. A section nested in an open one is
-//! counted on the outermost one's bank: it ends before the slot's depth
-//! is 0 again, and a grace period that must wait for it must wait for
-//! the outermost one, which began earlier, so waits for the same bank.
+//! counted in words only that thread writes. A slot's `outer` word holds
+//! the thread's outermost open guard section of the domain: `read_lock`
+//! reads it and, when it is 0 (the usual case), stores the domain's
+//! [`hot`](Readers::hot) word there (the active bank, and bit 0 so it is
+//! never 0); the guard's drop stores 0. A section begun while `outer` is
+//! taken (a nested one, or one begun while the outermost one's guard,
+//! dropped out of order, left a nested one open) adds 1 to a count of
+//! open sections of its own bank, `nested[bank]`, and its drop takes 1
+//! away. The light fence comes after the store or add, and before the
+//! drop's. A grace period waiting for bank `b` waits while a slot's
+//! `outer` holds `b` or its `nested[b]` is not 0.
 //!
 //! No `lock`-prefixed instruction and no restartable sequence, and above
-//! all no chain of dependent memory operations from one section to the
-//! next: the outermost store writes a value loaded from the domain, not
-//! one computed from the word, so a section does not wait for the last
-//! one's store to be forwarded (counts that only grow, which this
-//! replaced, did: every add read the last add's result, about 7 cycles
-//! a section on the bench machine, where liburcu takes about 4).
+//! all, on the usual path, no chain of dependent memory operations from
+//! one section to the next, and no load at the drop: the outermost store
+//! writes a value loaded from the domain, not one computed from the slot,
+//! and the drop writes a constant, so a section waits for no earlier
+//! store to be forwarded (counts that only grow, which this replaced, did:
+//! every add read the last add's result, about 7 cycles a section on the
+//! bench machine, where liburcu's read side takes about 4).
 //!
-//! **Signal handlers.** The add, the drop's subtraction and the
-//! outermost store are each one instruction that a handler cannot split
-//! (on x86-64 `inc`/`dec` on memory, which no other thread writes, so no
-//! `lock` prefix; elsewhere relaxed atomic read-modify-writes). Between
-//! reading the word at depth 0 and storing the hot word a handler may
-//! run read sections of its own: they end before it returns (guards are
-//! scoped, not `Send`, and a handler's must not outlive it, as liburcu's
-//! and this crate's per-thread per-CPU bookkeeping (`fork::held_add`)
-//! assume too), so the word is at depth 0 again when the store writes
-//! depth 1.
+//! **Signal handlers.** Each store, and each add to a `nested` count, is
+//! one instruction that a handler cannot split (on x86-64 the adds are
+//! `inc`/`dec` on memory, which no other thread writes, so no `lock`
+//! prefix; elsewhere relaxed atomic read-modify-writes). Between reading
+//! `outer` as 0 and storing the hot word a handler may run read sections
+//! of its own, which take `outer` and give it back: they end before the
+//! handler returns (guards are scoped, not `Send`, and a handler's must
+//! not outlive it, as liburcu's readers and this crate's per-thread
+//! per-CPU bookkeeping, `fork::held_add`, assume too), so `outer` is 0
+//! again when the interrupted store writes. A handler that interrupts an
+//! open outermost section finds `outer` taken and counts in `nested`.
 //!
 //! Sections that may end on another thread (raw sections, leases) stay on
 //! the per-CPU counts, whose lock and unlock counts only grow; a grace
-//! period waits for both kinds. A thread's sections nested deeper than
-//! [`NEST`] in one domain are counted per CPU too.
-//!
+//! period waits for both kinds.
+
 //! # Slots, tables, claims and thread exit
 //! A domain's slots are a *table* of [`CAPACITY`] slots of one
 //! cache-line pair each (virtual memory only; a page is touched when a
@@ -59,7 +60,7 @@
 //! table's address cannot), and an address from a dropped domain never
 //! points at freed memory. The read side's check of the slot used last
 //! is one exclusive or: the domain's hot word carries the table's base
-//! above bit `TABLE_ALIGN.trailing_zeros()` (its bank and depth below),
+//! above bit `TABLE_ALIGN.trailing_zeros()` (its bank and bit 0 below),
 //! so it agrees with a slot address there exactly when the slot lies in
 //! the table. The same load gives the word to store, so the fast path
 //! loads one word of the domain, one thread-local word and the slot's.
@@ -68,7 +69,7 @@
 //! thread-local destructor cannot be registered from a signal handler).
 //! Instead a slot records its owner's kernel thread id, and a thread that
 //! finds no free slot takes over one whose owner has exited
-//! (`tgkill(pid, tid, 0)` fails with `ESRCH`) and whose depth is 0
+//! (`tgkill(pid, tid, 0)` fails with `ESRCH`) and whose words are all 0
 //! (every section it began has ended).
 //! A table therefore holds about as many slots as threads that used its
 //! domains at once, and the process as many tables as domains that were
@@ -78,14 +79,16 @@
 //!
 //! # What a grace period pays
 //! Checking a bank sums the unlock counts of every CPU, issues the heavy
-//! fence (A), sums their lock counts and reads every claimed slot's word
-//! (each slot on its own cache line): the cost grows with the number of
-//! threads that used the domain's table, where the per-CPU scheme's grew
-//! with the number of CPUs. The slots are read after the fence: a
-//! section whose store the read misses began after it, so (B pairing
-//! with A) sees the caller's updates; one whose drop the read sees had
-//! done its loads (C pairing with the grace period's last heavy fence,
-//! D). See the crate's *Memory ordering*.
+//! fence (A), sums their lock counts and reads every claimed slot's
+//! `outer` and `nested[bank]` (each slot on its own cache line): the cost
+//! grows with the number of threads that used the domain's table, where
+//! the per-CPU scheme's grew with the number of CPUs. Each section lives
+//! in one word from its beginning to its end, so each word is checked on
+//! its own, after the fence: a section whose store or add the read
+//! misses began after it, so (B pairing with A) sees the caller's
+//! updates; one whose drop the read sees had done its loads (C pairing
+//! with the grace period's last heavy fence, D). See the crate's
+//! *Memory ordering*.
 
 use core::cell::Cell;
 use core::sync::atomic::AtomicU64 as IdCounter;
@@ -106,16 +109,12 @@ const TABLE_BYTES: usize = CAPACITY * core::mem::size_of::<Slot>();
 /// Tables are aligned to this power of two (at least their size), so a
 /// slot's address and its table's base agree above bit
 /// `TABLE_ALIGN.trailing_zeros()`; the bits below hold, in the domain's
-/// [`hot`](Readers::hot) word, a bank and a depth.
+/// [`hot`](Readers::hot) word, a bank and a mark.
 const TABLE_ALIGN: usize = TABLE_BYTES.next_power_of_two();
 
-/// Where a slot's word (and a domain's hot word) keeps its bank: the
-/// highest bit below the table's alignment.
+/// Where a domain's hot word (and so a slot's `outer` word) keeps its
+/// bank: the highest bit below the table's alignment.
 const BANK_SHIFT: u32 = TABLE_ALIGN.trailing_zeros() - 1;
-
-/// The nesting depth in a slot's word: the bits below the bank (up to
-/// 65535 nested guard sections; a deeper one is counted per CPU).
-const NEST: u64 = (1 << BANK_SHIFT) - 1;
 
 /// Domains' cache entries per thread (a thread alternating between more
 /// domains than this takes the claim path's scan for a cache miss).
@@ -128,14 +127,20 @@ const LAST: usize = CACHE_WAYS;
 const CACHE_ENTRIES: usize = CACHE_WAYS + 1;
 
 /// One thread's guard sections in one domain.
-#[repr(align(128))] // its own pair of cache lines (adjacent-line prefetch)
+#[repr(C, align(128))] // its own pair of cache lines (adjacent-line prefetch)
 pub(crate) struct Slot {
-    /// The owner's open guard sections: their nesting depth ([`NEST`])
-    /// and the bank the outermost one began on (bit [`BANK_SHIFT`]);
-    /// the bits above are the table's base, unused. Written by the owner
+    /// The owner's outermost open guard section: the domain's hot word
+    /// it stored (its bank at bit [`BANK_SHIFT`], the table's base
+    /// above, bit 0 set), or 0 when none is open. Written by the owner
     /// only (and by a signal handler of the owner, whose sections end
-    /// before it returns), read by grace periods.
-    word: AtomicU64,
+    /// before it returns), read by grace periods. First in the slot: a
+    /// ticket on it is the slot's (aligned) address.
+    outer: AtomicU64,
+    /// Guard sections begun while `outer` was taken (nested ones, and
+    /// any begun while the outermost one's guard lived after it ended
+    /// out of order), open per bank, each counted on the bank it began
+    /// on. Written by the owner only, one indivisible add each.
+    nested: [AtomicU64; 2],
     /// The owning thread's [`thread_id`] (0: free).
     owner: AtomicU64,
     /// The owner's kernel thread id (0: not yet known), for telling an
@@ -143,84 +148,127 @@ pub(crate) struct Slot {
     tid: AtomicU64,
 }
 
+/// A slot's alignment: a ticket on its `outer` word is a multiple of it,
+/// one on a `nested` word is not.
+const SLOT_ALIGN: usize = core::mem::align_of::<Slot>();
+
 impl Slot {
     #[cfg(pcpu_loom)]
     fn new() -> Self {
         Self {
-            word: AtomicU64::new(0),
+            outer: AtomicU64::new(0),
+            nested: [AtomicU64::new(0), AtomicU64::new(0)],
             owner: AtomicU64::new(0),
             tid: AtomicU64::new(0),
         }
     }
 
     /// Counts a section begun (owner only; `hot` is the domain's
-    /// [`hot`](Readers::hot) word, depth 1 on its active bank) and
-    /// returns its ticket for [`leave`]; `None` if the thread's sections
-    /// of the domain are nested [`NEST`] deep already (count this one per
-    /// CPU). Async-signal-safe for handlers whose sections end before
-    /// they return (see the module docs).
+    /// [`hot`](Readers::hot) word for its active bank) and returns where.
+    /// Async-signal-safe for handlers whose sections end before they
+    /// return (see the module docs).
     #[allow(clippy::inline_always)] // the read side must inline
     #[inline(always)]
-    pub(crate) fn enter(&self, hot: u64) -> Option<Ticket> {
-        if self.word.load(Ordering::Relaxed) & NEST == 0 {
+    pub(crate) fn enter(&self, hot: u64) -> Section {
+        if self.outer.load(Ordering::Relaxed) == 0 {
             // The outermost section: a store of a value that does not
             // depend on the word's old one (see the module docs).
-            self.word.store(hot, Ordering::Relaxed);
-            return Some(Ticket(core::ptr::NonNull::from(&self.word)));
+            self.outer.store(hot, Ordering::Relaxed);
+            return Section(core::ptr::from_ref(&self.outer) as usize);
         }
-        self.nest()
+        self.nest(hot)
     }
 
-    /// A section nested in an open one: one deeper (out of line: the
-    /// outermost store stays on the straight path).
+    /// A section begun while `outer` is taken: counted on its own bank
+    /// (out of line: the outermost store stays on the straight path).
     #[cold]
     #[inline(never)]
-    fn nest(&self) -> Option<Ticket> {
-        if self.word.load(Ordering::Relaxed) & NEST == NEST {
-            return None;
-        }
-        step(&self.word, Step::Up);
-        Some(Ticket(core::ptr::NonNull::from(&self.word)))
+    fn nest(&self, hot: u64) -> Section {
+        let word = &self.nested[(hot >> BANK_SHIFT) as usize & 1];
+        step(word, Step::Up);
+        Section(core::ptr::from_ref(word) as usize)
     }
 
     /// Whether every section counted here has ended.
     fn balanced(&self) -> bool {
-        self.word.load(Ordering::Relaxed) & NEST == 0
+        self.outer.load(Ordering::Relaxed) == 0
+            && self.nested.iter().all(|n| n.load(Ordering::Relaxed) == 0)
     }
 
     /// Whether a section counted here is open on `bank`.
     fn open_on(&self, bank: usize) -> bool {
-        let w = self.word.load(Ordering::Relaxed);
-        w & NEST != 0 && (w >> BANK_SHIFT) & 1 == bank as u64 & 1
+        let outer = self.outer.load(Ordering::Relaxed);
+        (outer != 0 && (outer >> BANK_SHIFT) & 1 == bank as u64 & 1)
+            || self.nested[bank & 1].load(Ordering::Relaxed) != 0
     }
 
     fn clear_counts(&self) {
-        self.word.store(0, Ordering::Relaxed);
+        for word in core::iter::once(&self.outer).chain(&self.nested) {
+            word.store(0, Ordering::Relaxed);
+        }
     }
 }
 
-/// A guard section counted in a slot: the slot's word. A raw pointer, so
+/// Where a guard section is counted, in one word (a raw address, so
 /// neither `Send` nor `Sync`: the section ends on the thread that began
-/// it.
+/// it): a slot's `outer` word (its address, a multiple of
+/// [`SLOT_ALIGN`]: the usual case, tested with one instruction), one of
+/// its `nested` words (an address that is not), or per CPU on a bank
+/// (`bank + 1`: the thread found no free slot).
 #[derive(Clone, Copy)]
-pub(crate) struct Ticket(core::ptr::NonNull<AtomicU64>);
+pub(crate) struct Section(usize);
 
-impl Ticket {
-    /// The bank the slot's outermost open section began on.
-    pub(crate) fn bank(self) -> usize {
-        // SAFETY: a ticket is a slot's word (slots are never freed).
-        let word = unsafe { self.0.as_ref() }.load(Ordering::Relaxed);
-        (word >> BANK_SHIFT) as usize & 1
+impl Section {
+    /// A section counted per CPU on `bank`.
+    pub(crate) fn per_cpu(bank: usize) -> Self {
+        Self((bank & 1) + 1)
     }
-}
 
-/// Counts the section of `ticket` ended (on the thread that began it).
-/// Async-signal-safe.
-#[allow(clippy::inline_always)]
-#[inline(always)]
-pub(crate) fn leave(ticket: Ticket) {
-    // SAFETY: a ticket is a slot's word (slots are never freed).
-    step(unsafe { ticket.0.as_ref() }, Step::Down);
+    /// Whether the section is a slot's outermost one.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub(crate) fn is_outer(self) -> bool {
+        self.0.is_multiple_of(SLOT_ALIGN)
+    }
+
+    /// The bank of a section counted per CPU, if it is.
+    pub(crate) fn per_cpu_bank(self) -> Option<usize> {
+        (self.0 <= 2).then(|| self.0 - 1)
+    }
+
+    /// The bank the section is counted on.
+    pub(crate) fn bank(self) -> usize {
+        if let Some(bank) = self.per_cpu_bank() {
+            return bank;
+        }
+        let slot = self.0 & !(SLOT_ALIGN - 1);
+        // SAFETY: a slot's word (slots are never freed); its slot starts
+        // at the alignment below it.
+        let slot = unsafe { &*(slot as *const Slot) };
+        if self.is_outer() {
+            (slot.outer.load(Ordering::Relaxed) >> BANK_SHIFT) as usize & 1
+        } else {
+            usize::from(self.0 != core::ptr::from_ref(&slot.nested[0]) as usize)
+        }
+    }
+
+    /// Counts the outermost section of a slot ended (on the thread that
+    /// began it; `is_outer`): one store of 0. Async-signal-safe.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub(crate) fn leave_outer(self) {
+        debug_assert!(self.is_outer());
+        // SAFETY: a slot's `outer` word (slots are never freed).
+        unsafe { &*(self.0 as *const AtomicU64) }.store(0, Ordering::Relaxed);
+    }
+
+    /// Counts a nested section of a slot ended (on the thread that began
+    /// it; neither outer nor per CPU). Async-signal-safe.
+    pub(crate) fn leave_nested(self) {
+        debug_assert!(!self.is_outer() && self.per_cpu_bank().is_none());
+        // SAFETY: one of a slot's `nested` words (slots are never freed).
+        step(unsafe { &*(self.0 as *const AtomicU64) }, Step::Down);
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -229,11 +277,11 @@ enum Step {
     Down,
 }
 
-/// Adds 1 to (`Up`) or takes 1 from (`Down`) a slot's word, which only
-/// this thread writes: in one instruction on x86-64 (`inc`/`dec` on
-/// memory: no `lock` prefix is needed for a word no other thread writes,
-/// and an instruction is never split by a signal handler), an atomic
-/// add elsewhere. Async-signal-safe.
+/// Adds 1 to (`Up`) or takes 1 from (`Down`) a slot's nested count,
+/// which only this thread writes: in one instruction on x86-64
+/// (`inc`/`dec` on memory: no `lock` prefix is needed for a word no
+/// other thread writes, and an instruction is never split by a signal
+/// handler), an atomic add elsewhere. Async-signal-safe.
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn step(word: &AtomicU64, step: Step) {
@@ -314,7 +362,8 @@ impl Readers {
     }
 
     /// The domain's hot word for `bank`: the table's base, `bank` at bit
-    /// [`BANK_SHIFT`], and depth 1. The read side loads it (kept in the
+    /// [`BANK_SHIFT`], and bit 0 (never 0, even for the table without
+    /// slots). The read side loads it (kept in the
     /// domain, next to nothing else it writes) both to check the slot
     /// the thread used last and to store it there as an outermost
     /// section's word.
