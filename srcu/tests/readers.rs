@@ -198,18 +198,22 @@ fn a_dropped_domains_table_is_reused_and_cached_slots_stay_right() {
     }
 }
 
-/// Guard sections nested deeper than a slot counts (65535) are counted
-/// per CPU: grace periods wait for them too, whatever order the guards
-/// drop in.
+/// Guard sections nested in one another and dropped outermost first:
+/// after the outermost one's drop frees its place in the slot, a new
+/// outermost section takes it while nested ones are still open, and
+/// grace periods wait for every one of them until the last drops.
 #[test]
-fn guards_nested_deeper_than_a_slot_counts_are_waited_for() {
+fn nested_guards_dropped_outermost_first_are_waited_for() {
     let domain = Srcu::new();
-    let mut guards: Vec<_> = (0..70_000).map(|_| domain.read_lock()).collect();
-    assert!(held(&domain));
-    // The outermost ones first (counted in the slot), then the rest.
-    let deep = guards.split_off(65_535);
+    let mut guards: std::collections::VecDeque<_> = (0..1000).map(|_| domain.read_lock()).collect();
+    for _ in 0..3000 {
+        drop(guards.pop_front());
+        guards.push_back(domain.read_lock());
+    }
+    while guards.len() > 1 {
+        drop(guards.pop_front());
+    }
+    assert!(held(&domain), "the last nested section was not waited for");
     drop(guards);
-    assert!(held(&domain), "the per-CPU sections were not waited for");
-    drop(deep);
     assert!(!held(&domain));
 }
