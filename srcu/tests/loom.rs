@@ -150,12 +150,12 @@ fn nested_guards_on_both_banks_dropped_out_of_order() {
     });
 }
 
-/// A thread's slot counts its guard sections as one depth on the bank
-/// its outermost section began on: an inner guard begun while a writer
-/// runs two grace periods (so possibly after both flips), that outlives
-/// the outer one, keeps the object it saw alive until it drops, and a
-/// guard begun after the outer one dropped (a new outermost section,
-/// stored on the bank active then) does too.
+/// A thread's outermost guard section takes its slot's `outer` word;
+/// sections begun while it is taken are counted per bank. Here an inner
+/// guard begun while a writer runs two grace periods (so possibly after
+/// both flips) outlives the outer one, and a new outermost guard takes
+/// `outer` while the inner one is still open: each keeps the object it
+/// saw alive until it drops.
 #[test]
 fn inner_guard_outliving_its_outer_across_two_grace_periods() {
     model(|| {
@@ -172,17 +172,17 @@ fn inner_guard_outliving_its_outer_across_two_grace_periods() {
             }
         });
         let inner = domain.read_lock();
-        let seen = published.load(Relaxed);
+        let seen_inner = published.load(Relaxed);
         drop(outer);
+        let again = domain.read_lock();
+        let seen_again = published.load(Relaxed);
         assert!(
-            freed.load(Relaxed) < 3 - seen,
+            freed.load(Relaxed) < 3 - seen_inner,
             "object freed under the inner section"
         );
         drop(inner);
-        let again = domain.read_lock();
-        let seen = published.load(Relaxed);
         assert!(
-            freed.load(Relaxed) < 3 - seen,
+            freed.load(Relaxed) < 3 - seen_again,
             "object freed under a later outermost section"
         );
         drop(again);
