@@ -15,9 +15,10 @@ use crate::harness::{Scenario, Workload};
 
 pub const READ: Scenario = Scenario {
     name: "srcu-read",
-    about: "seed 002: each thread loops read-lock, read through a protected pointer, unlock (refcount = Arc clone+drop, the seed's WITHOUT SRCU row); thread-local is the floor: liburcu's memb read side (a thread-local word takes the grace-period counter, compiler barriers), with no writer, no registration, no unlock by another thread and no domain",
+    about: "seed 002: each thread loops read-lock, read through a protected pointer, unlock (refcount = Arc clone+drop, the seed's WITHOUT SRCU row); urcu-memb is liburcu's default flavour itself (C, its inline read side; where liburcu-dev was installed at build time); thread-local is the floor: liburcu's memb read side (a thread-local word takes the grace-period counter, compiler barriers), with no writer, no registration, no unlock by another thread and no domain",
     impls: &[
         "srcu",
+        "urcu-memb",
         "thread-local",
         "refcount",
         "epoch",
@@ -199,7 +200,60 @@ impl Workload for ArcSwapRead {
     }
 }
 
-#[allow(clippy::unnecessary_wraps)] // the signature of `harness::Build`
+/// liburcu's `urcu-memb` read side, in C (`urcu_memb.c`).
+#[cfg(has_liburcu)]
+struct UrcuMemb(Box<u64>);
+
+#[cfg(has_liburcu)]
+unsafe extern "C" {
+    fn kscale_urcu_memb_reads(ptr: *const *const u64, iters: u64) -> u64;
+    fn kscale_urcu_memb_register();
+    fn kscale_urcu_memb_unregister();
+}
+
+/// The calling thread's liburcu registration, undone when it exits.
+#[cfg(has_liburcu)]
+struct Registered;
+
+#[cfg(has_liburcu)]
+impl Drop for Registered {
+    fn drop(&mut self) {
+        // SAFETY: registered when this was made, on this thread.
+        unsafe { kscale_urcu_memb_unregister() };
+    }
+}
+
+#[cfg(has_liburcu)]
+std::thread_local! {
+    static REGISTERED: Registered = {
+        // SAFETY: registers the calling thread with liburcu once.
+        unsafe { kscale_urcu_memb_register() };
+        Registered
+    };
+}
+
+#[cfg(has_liburcu)]
+impl Workload for UrcuMemb {
+    fn run(&self, _tid: usize, iters: u64) {
+        REGISTERED.with(|_| {});
+        let p: *const u64 = &raw const *self.0;
+        // SAFETY: the C loop reads through `p`, which lives as long as
+        // `self`, on a registered thread.
+        black_box(unsafe { kscale_urcu_memb_reads(&raw const p, iters) });
+    }
+}
+
+#[cfg(has_liburcu)]
+#[allow(clippy::unnecessary_wraps)] // the other cfg's signature
+fn urcu_memb() -> Result<Box<dyn Workload>, String> {
+    Ok(Box::new(UrcuMemb(Box::new(7))))
+}
+
+#[cfg(not(has_liburcu))]
+fn urcu_memb() -> Result<Box<dyn Workload>, String> {
+    Err("liburcu-dev was not installed when bench was built".into())
+}
+
 fn build_read(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     Ok(match imp {
         "srcu" => {
@@ -221,6 +275,7 @@ fn build_read(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
             ptr: AtomicPtr::new(Box::into_raw(Box::new(7))),
         }),
         "arc-swap" => Box::new(ArcSwapRead(ArcSwap::from_pointee(7))),
+        "urcu-memb" => urcu_memb()?,
         _ => unreachable!("unknown implementation {imp}"),
     })
 }
