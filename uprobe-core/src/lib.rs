@@ -466,6 +466,18 @@ pub use mode::{Mode, NotOptimized, Tactic};
 #[cfg(uprobe_engine)]
 pub use probe::{Probe, Uprobe};
 
+/// Frees what the engine keeps only to make later attaches faster: the
+/// symbol indexes of the objects it looked at and their rseq critical
+/// sections (read again when needed). For a program, or a tool's agent,
+/// that detached its probes and will not attach for a while. Generated
+/// code (trampolines, slots, return stubs) stays: a thread may still run
+/// it. Not async-signal-safe.
+#[cfg(uprobe_engine)]
+pub fn release_caches() {
+    process::symbols::forget_indexes();
+    process::threads::forget_rseq_sections();
+}
+
 /// Switches for the workspace's benchmarks and tests; not part of the
 /// stable API. The switches that select a "before" variant of a
 /// mechanism (`set_*`, `force_trap_back_slots`) exist only with the

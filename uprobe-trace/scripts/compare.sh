@@ -2,7 +2,8 @@
 # Wall time of real workloads untraced and traced by uprobe-trace, ltrace,
 # uftrace and bpftrace, each counting every malloc and free; prints a
 # Markdown table. Tools that are not installed (or cannot run here:
-# bpftrace needs root) are left out with a note.
+# bpftrace needs root) are left out with a note. Then the running-process
+# case (running.py on target.c): uprobe-trace -p against bpftrace -p.
 #
 #   bash uprobe-trace/scripts/compare.sh [RUNS]
 #
@@ -124,3 +125,10 @@ echo
 echo "Medians of $RUNS interleaved runs; a traced run is given up after $LIMIT s."
 echo "uftrace sees calls through the traced executable's PLT only (not a library's"
 echo "own calls to malloc); bpftrace's -c output goes to the terminal, not /dev/null."
+
+# A running process: uprobe-trace -p against bpftrace -p (probes live,
+# stalls, added time per call, the detach, counts over a controlled
+# window, and stacks against bpftrace's ustack): scripts/running.py.
+echo
+cc -O2 -fomit-frame-pointer -o "$WORK/target" uprobe-trace/scripts/target.c -lpthread
+python3 uprobe-trace/scripts/running.py "$TRACE" "$WORK/target" --threads 8 --cycles 100

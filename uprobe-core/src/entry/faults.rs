@@ -1,8 +1,10 @@
 //! Faults raised by a displaced instruction where it runs relocated (an
 //! out-of-line slot, a trampoline's copy): reported to the program at
 //! the probed address, as the kernel does, then passed on to the
-//! program's own handler or the default action. Installed once, the
-//! first time the engine has made relocated code.
+//! program's own handler or the default action; and a fault of the
+//! unwinder's recoverable load, resumed at its exit that says the
+//! address is unreadable. Installed once, the first time the engine has
+//! made relocated code or made ready to unwind.
 
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,9 +55,19 @@ pub(crate) fn install() -> Result<(), AttachError> {
     Ok(())
 }
 
+/// The handler, as `sigaction` reports it (for the unwinder's check that
+/// its loads are recoverable).
+pub(crate) fn handler() -> libc::sighandler_t {
+    on_fault as *const () as libc::sighandler_t
+}
+
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid ucontext (SA_SIGINFO).
     let uc = unsafe { &mut *ctx.cast::<libc::ucontext_t>() };
+    // The unwinder's recoverable load: it says "unreadable" instead.
+    if crate::unwind::recover(uc) {
+        return;
+    }
     if let Some(addr) = crate::code::slots::origin_of(crate::arch::pc(uc)) {
         crate::arch::set_pc(uc, addr);
         // A trap-ended slot deferred the thread's signals: give them back

@@ -473,12 +473,24 @@ impl SymbolIndex {
     }
 }
 
+/// A file's size, modification time and inode: an index is read again
+/// when they change.
+type Stamp = (u64, Option<std::time::SystemTime>, u64);
+type Indexes = std::collections::HashMap<PathBuf, (Stamp, std::sync::Arc<SymbolIndex>)>;
+
+/// The indexes read so far.
+static INDEXES: std::sync::Mutex<Option<Indexes>> = std::sync::Mutex::new(None);
+
+/// Forgets the indexes read so far (they are read again when needed).
+pub(crate) fn forget_indexes() {
+    *INDEXES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+}
+
 /// The index of the file at `path`, read on first use and again when the
 /// file changed (its size, modification time or inode).
 fn index_of(path: &Path) -> Option<std::sync::Arc<SymbolIndex>> {
-    type Stamp = (u64, Option<std::time::SystemTime>, u64);
-    type Indexes = std::collections::HashMap<PathBuf, (Stamp, std::sync::Arc<SymbolIndex>)>;
-    static INDEXES: std::sync::Mutex<Option<Indexes>> = std::sync::Mutex::new(None);
     // Opened, not `stat`ed, as in `loaded_objects`.
     let meta = std::fs::File::open(path).and_then(|f| f.metadata()).ok()?;
     let stamp = (

@@ -125,12 +125,22 @@ impl RseqSections {
     }
 }
 
+/// The critical sections read so far, by file and load bias.
+type SectionsCache = HashMap<(std::path::PathBuf, usize), Vec<(usize, usize)>>;
+
+/// See [`SectionsCache`].
+static CACHE: Mutex<Option<SectionsCache>> = Mutex::new(None);
+
+/// Forgets the critical sections read so far.
+pub(crate) fn forget_rseq_sections() {
+    *CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+}
+
 /// The critical sections `[start, end)` of loaded object `l`, read once
 /// per (file, load bias) and cached.
 fn rseq_sections(l: &crate::process::symbols::Loaded) -> Vec<(usize, usize)> {
-    type Key = (std::path::PathBuf, usize);
-    type Sections = Vec<(usize, usize)>;
-    static CACHE: Mutex<Option<HashMap<Key, Sections>>> = Mutex::new(None);
     let mut cache = CACHE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -10,9 +10,11 @@
 //! unwind sections are read from copies made in ordinary context
 //! ([`refresh`]: call it once before attaching probes that unwind; every
 //! attach after that keeps it current) and never freed; `gimli` evaluates the frame
-//! description with its rules on the stack; the thread's stack is read
-//! with `process_vm_readv`, a window at a time, so a corrupt frame ends
-//! the walk instead of the program.
+//! description with its rules on the stack, and remembers the rules of
+//! frames of the common shape by address; the thread's stack is read with
+//! loads the engine's fault handler recovers from (or, where a fault would
+//! not reach that handler, with `process_vm_readv`), so a corrupt frame
+//! ends the walk instead of the program.
 //!
 //! The walk ends at the outermost frame (no return address), at code no
 //! loaded object describes (JIT code, an object loaded after the last
@@ -22,6 +24,7 @@
 
 mod objects;
 mod regs;
+mod rules;
 mod stack;
 
 use gimli::{
@@ -31,6 +34,7 @@ use gimli::{
 
 pub(crate) use objects::keep_current;
 pub use objects::refresh;
+pub(crate) use stack::{check_handlers, recover};
 
 use crate::EntryContext;
 use regs::{RA, Regs, SP};
@@ -73,14 +77,26 @@ impl EntryContext<'_> {
         let mut regs = regs::at_hit(self);
         let mut pc = self.addr;
         let mut reader = stack::Reader::new();
-        let mut ctx = UnwindContext::<usize, StoreOnStack>::new_in();
+        // Made on the first frame the rule cache does not know.
+        let mut ctx: Option<UnwindContext<usize, StoreOnStack>> = None;
         let mut n = 0;
         while n < out.len() {
             out[n] = pc;
             n += 1;
             // A return address is past its call: look the call up.
             let at = original_pc(if n == 1 { pc } else { pc.wrapping_sub(1) });
-            let Some(caller) = step(table, &mut ctx, &mut reader, &regs, at) else {
+            let caller = match rules::get(at) {
+                Some(rules::Cached::Step(rule)) => cached_step(&mut reader, &regs, rule),
+                Some(rules::Cached::End) => break,
+                None => step(
+                    table,
+                    ctx.get_or_insert_with(UnwindContext::new_in),
+                    &mut reader,
+                    &regs,
+                    at,
+                ),
+            };
+            let Some(caller) = caller else {
                 break;
             };
             let (next, ra) = caller;
@@ -98,6 +114,31 @@ impl EntryContext<'_> {
         }
         n
     }
+}
+
+/// One frame up from `regs` by a rule of the common shape (see
+/// [`rules`]): the caller's registers and the return address.
+fn cached_step(
+    reader: &mut stack::Reader,
+    regs: &Regs,
+    rule: rules::Rule,
+) -> Option<(Regs, usize)> {
+    let cfa = regs
+        .get(rule.cfa_reg)?
+        .wrapping_add_signed(rule.cfa_off as isize);
+    let mut next = Regs::unknown();
+    let at = |reader: &mut stack::Reader, saved: rules::Saved, reg: u16| match saved {
+        rules::Saved::Kept => regs.get(reg),
+        rules::Saved::At(o) => reader.read(cfa.wrapping_add_signed(o as isize)),
+    };
+    let ra = at(reader, rule.ra, RA);
+    let fp = at(reader, rule.fp, regs::FP);
+    next.set(RA, ra);
+    next.set(regs::FP, fp);
+    let ra = regs::strip_return_address(ra?);
+    let ra = crate::code::return_stubs::target_of(ra).unwrap_or(ra);
+    next.set(SP, Some(cfa));
+    Some((next, ra))
 }
 
 /// The address whose unwind rules apply at `pc`: the original instruction
@@ -134,6 +175,10 @@ fn step(
         EhFrame::cie_from_offset,
     );
     let row = row.ok()?;
+    if let Some(rule) = rules::of_row(row) {
+        rules::put(pc, rule);
+        return cached_step(reader, regs, rule);
+    }
     let cfa = match row.cfa() {
         CfaRule::RegisterAndOffset { register, offset } => {
             regs.get(register.0)?.wrapping_add_signed(*offset as isize)
@@ -158,6 +203,7 @@ fn step(
     if !regs::RA_WITHOUT_RULE_IS_KEPT
         && matches!(row.register(Register(RA)), RegisterRule::Undefined)
     {
+        rules::put_end(pc);
         return None;
     }
     let ra = next.get(RA).map(regs::strip_return_address)?;

@@ -79,6 +79,10 @@ type Copies = HashMap<(PathBuf, usize), (&'static [u8], &'static [u8], usize, us
 /// frames stacks should cross. Not async-signal-safe.
 pub fn refresh() {
     static BUILD: Mutex<Option<Copies>> = Mutex::new(None);
+    // The unwinder's loads are recoverable once the fault handler is in
+    // (without it, reads go through `process_vm_readv`).
+    let _ = crate::entry::faults::install();
+    super::check_handlers();
     let mut copies = BUILD.lock().unwrap_or_else(PoisonError::into_inner);
     let generation = crate::process::symbols::load_generation();
     if generation.is_some()
@@ -112,6 +116,8 @@ pub fn refresh() {
         objects,
     }));
     CURRENT.store(table, Ordering::Release);
+    // Addresses may now hold other code.
+    super::rules::clear();
 }
 
 /// What `dl_iterate_phdr` says of one object.

@@ -16,6 +16,12 @@ pub(super) const SP: u16 = 7;
 #[cfg(uprobe_arch = "aarch64")]
 pub(super) const SP: u16 = 31;
 
+/// The frame pointer's DWARF number.
+#[cfg(uprobe_arch = "x86_64")]
+pub(super) const FP: u16 = 6;
+#[cfg(uprobe_arch = "aarch64")]
+pub(super) const FP: u16 = 29;
+
 /// The return address column: x86-64's virtual one, aarch64's link
 /// register.
 #[cfg(uprobe_arch = "x86_64")]
@@ -37,6 +43,11 @@ pub(super) const RA_WITHOUT_RULE_IS_KEPT: bool = true;
 pub(super) struct Regs([Option<usize>; COUNT]);
 
 impl Regs {
+    /// No register known.
+    pub(super) fn unknown() -> Self {
+        Self([None; COUNT])
+    }
+
     pub(super) fn get(&self, n: u16) -> Option<usize> {
         self.0.get(usize::from(n)).copied().flatten()
     }

@@ -29,7 +29,7 @@ impl Agent {
                 cx.skip_return();
                 return;
             }
-            slot.hits.fetch_add(1, Relaxed);
+            slot.hits.add(1);
             if latency {
                 cx.set_cookie(now());
             }

@@ -336,8 +336,21 @@ impl Agent {
         }
         if let Some(tool) = self.tool {
             tool.close();
+            // Loaded into a running process: give back what the session
+            // allocated (the engine's caches, the heap the agent's thread
+            // grew), so that the process is left as it was found.
+            uprobe_core::release_caches();
+            // SAFETY: malloc_trim only returns free heap memory.
+            unsafe { libc::malloc_trim(0) };
         }
         self.report.header().stopped.fetch_add(1, Release);
+        if self.tool.is_some() {
+            // Nothing of the session reads it any more: the handlers are
+            // detached (none runs or will run), the `dlopen` wrapper
+            // no longer finds the agent, and this thread is done with it.
+            // SAFETY: as said.
+            unsafe { self.report.unmap() };
+        }
         SESSION.store(false, Release);
     }
 }

@@ -29,8 +29,9 @@ const ERROR_LEN: usize = 240;
 /// Bytes of a slot's label.
 const LABEL_LEN: usize = 200;
 
-/// The start of the report.
-#[repr(C)]
+/// The start of the report (a multiple of a cache line long: the slots
+/// after it hold cache-line-aligned counter shards).
+#[repr(C, align(64))]
 pub struct Header {
     /// [`MAGIC`].
     pub magic: AtomicU64,
@@ -77,8 +78,44 @@ impl core::fmt::Debug for Header {
     }
 }
 
+/// Counter shards: a counter every thread of a process adds to would
+/// bounce its cache line between the CPUs on every hit.
+pub const SHARDS: usize = 8;
+
+/// One shard of a [`Sharded`] counter, a cache line of its own.
+#[repr(C, align(64))]
+#[derive(Debug)]
+pub struct Shard(pub AtomicU64);
+
+/// A counter in [`SHARDS`] shards, each added to by the CPUs whose number
+/// picks it, summed when read.
+#[repr(C)]
+pub struct Sharded(pub [Shard; SHARDS]);
+
+impl Sharded {
+    /// Adds `n` on the calling CPU's shard. Async-signal-safe
+    /// (`sched_getcpu` reads the thread's rseq area or the vDSO).
+    pub fn add(&self, n: u64) {
+        // SAFETY: sched_getcpu has no preconditions.
+        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0);
+        self.0[cpu % SHARDS].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The sum of the shards.
+    #[must_use]
+    pub fn sum(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl core::fmt::Debug for Sharded {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        self.sum().fmt(f)
+    }
+}
+
 /// One probe's counts: a probe asked for, or one function a pattern
-/// matched.
+/// matched. Cache-line aligned (its counter shards are).
 #[repr(C)]
 pub struct Slot {
     /// The probe asked for that made this slot (itself, or the pattern).
@@ -92,9 +129,9 @@ pub struct Slot {
     /// Of those, sites on the trap path (no jump).
     pub trap_sites: AtomicU64,
     /// Calls (hits of the entry probe).
-    pub hits: AtomicU64,
+    pub hits: Sharded,
     /// Returns seen (latency probes).
-    pub returns: AtomicU64,
+    pub returns: Sharded,
     /// Latencies in nanoseconds by log2 bucket (latency probes).
     pub histogram: [AtomicU64; BUCKETS],
     /// `--hist`: the values drawn, by log2 bucket.
@@ -119,8 +156,8 @@ impl core::fmt::Debug for Slot {
         f.debug_struct("Slot")
             .field("label", &self.label())
             .field("sites", &self.sites.load(Ordering::Relaxed))
-            .field("hits", &self.hits.load(Ordering::Relaxed))
-            .field("returns", &self.returns.load(Ordering::Relaxed))
+            .field("hits", &self.hits.sum())
+            .field("returns", &self.returns.sum())
             .field("error", &self.error())
             .finish_non_exhaustive()
     }
@@ -244,12 +281,12 @@ impl Report {
 
     /// Slot `i`, if the report has room for it.
     #[must_use]
-    #[allow(clippy::cast_ptr_alignment)] // page-aligned, 8-byte multiples
+    #[allow(clippy::cast_ptr_alignment)] // page-aligned, cache-line multiples
     pub fn slot(&self, i: usize) -> Option<&Slot> {
         let capacity = self.header().capacity.load(Ordering::Relaxed) as usize;
         let at = size_of::<Header>() + i * size_of::<Slot>();
         // SAFETY: inside the mapping (checked), aligned (the header and
-        // slots are multiples of 8 bytes).
+        // slots are multiples of a cache line, the mapping page-aligned).
         (i < capacity && at + size_of::<Slot>() <= self.len)
             .then(|| unsafe { &*self.base.add(at).cast::<Slot>() })
     }
@@ -281,6 +318,20 @@ impl Report {
         (0..used)
             .map_while(|i| self.slot(i).map(|s| (i, s)))
             .filter(|(_, s)| s.label_len.load(Ordering::Acquire) != 0)
+    }
+}
+
+impl Report {
+    /// Unmaps the report now, as dropping it would, through a shared
+    /// reference: for an owner that cannot be dropped (the agent is
+    /// leaked).
+    ///
+    /// # Safety
+    /// Nothing reads or writes the report (through any reference) after
+    /// this call.
+    pub unsafe fn unmap(&self) {
+        // SAFETY: our own mapping; the caller promises no access follows.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
 
@@ -374,7 +425,7 @@ impl Slot {
     /// Records one latency. Async-signal-safe.
     pub fn record_latency(&self, nanos: u64) {
         self.histogram[bucket(nanos)].fetch_add(1, Ordering::Relaxed);
-        self.returns.fetch_add(1, Ordering::Relaxed);
+        self.returns.add(1);
     }
 
     /// Records one value drawn for `--hist`. Async-signal-safe.

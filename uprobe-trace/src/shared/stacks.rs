@@ -31,7 +31,7 @@ pub struct StackEntry {
     /// Its hash; 0 while the entry is free.
     pub hash: AtomicU64,
     /// Hits with this stack.
-    pub count: AtomicU64,
+    pub count: super::Sharded,
     /// The report slot of the probe hit.
     pub slot: AtomicU32,
     /// The agent (process) whose objects the addresses are in.
@@ -46,7 +46,7 @@ pub struct StackEntry {
 impl core::fmt::Debug for StackEntry {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("StackEntry")
-            .field("count", &self.count.load(Ordering::Relaxed))
+            .field("count", &self.count.sum())
             .field("depth", &self.depth.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
@@ -85,22 +85,24 @@ impl ObjectEntry {
     }
 }
 
-/// FNV-1a over the words of a stack and its slot; never 0.
+/// A hash of the words of a stack and its slot (a multiply and a rotate
+/// per word, then a final mix); never 0.
 fn hash(slot: u32, frames: &[usize]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for w in core::iter::once(u64::from(slot)).chain(frames.iter().map(|&f| f as u64)) {
-        for b in w.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(slot);
+    for &f in frames {
+        h = (h ^ f as u64)
+            .wrapping_mul(0xbf58_476d_1ce4_e5b9)
+            .rotate_left(31);
     }
-    h.max(1)
+    h ^= h >> 29;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    (h ^ (h >> 32)).max(1)
 }
 
 impl Report {
     /// The stack table.
     #[must_use]
-    #[allow(clippy::cast_ptr_alignment)] // page-aligned, 8-byte multiples
+    #[allow(clippy::cast_ptr_alignment)] // page-aligned, cache-line multiples
     pub fn stacks(&self) -> &[StackEntry] {
         let capacity = self.header().capacity.load(Ordering::Relaxed) as usize;
         let at = Self::stacks_at(capacity);
@@ -111,7 +113,7 @@ impl Report {
 
     /// The object table.
     #[must_use]
-    #[allow(clippy::cast_ptr_alignment)] // page-aligned, 8-byte multiples
+    #[allow(clippy::cast_ptr_alignment)] // page-aligned, cache-line multiples
     pub fn objects(&self) -> &[ObjectEntry] {
         let capacity = self.header().capacity.load(Ordering::Relaxed) as usize;
         let at = Self::stacks_at(capacity) + STACKS * size_of::<StackEntry>();
@@ -143,11 +145,11 @@ impl Report {
                         dst.store(f as u64, Ordering::Relaxed);
                     }
                     e.depth.store(frames.len() as u32, Ordering::Release);
-                    e.count.fetch_add(1, Ordering::Relaxed);
+                    e.count.add(1);
                     return;
                 }
                 Err(found) if found == h => {
-                    e.count.fetch_add(1, Ordering::Relaxed);
+                    e.count.add(1);
                     return;
                 }
                 Err(_) => {}
@@ -197,7 +199,7 @@ mod tests {
             .map(|e| {
                 let depth = e.depth.load(Ordering::Acquire) as usize;
                 (
-                    e.count.load(Ordering::Relaxed),
+                    e.count.sum(),
                     e.slot.load(Ordering::Relaxed),
                     e.frames[..depth]
                         .iter()

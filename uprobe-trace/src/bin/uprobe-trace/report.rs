@@ -136,8 +136,8 @@ impl Row {
     fn add(&mut self, slot: &Slot) {
         self.sites += slot.sites.load(Relaxed);
         self.trap_sites += slot.trap_sites.load(Relaxed);
-        self.hits += slot.hits.load(Relaxed);
-        self.returns += slot.returns.load(Relaxed);
+        self.hits += slot.hits.sum();
+        self.returns += slot.returns.sum();
         self.negative += slot.negative.load(Relaxed);
         let add = |into: &mut Vec<u64>, from: &[std::sync::atomic::AtomicU64; BUCKETS]| {
             into.resize(BUCKETS, 0);

@@ -123,7 +123,7 @@ pub fn write(report: &Report, path: &Path) -> Result<(), Failure> {
     let mut folded: BTreeMap<String, u64> = BTreeMap::new();
     for e in report.stacks() {
         let depth = e.depth.load(Acquire) as usize;
-        let count = e.count.load(Relaxed);
+        let count = e.count.sum();
         if depth == 0 || count == 0 {
             continue;
         }
