@@ -236,7 +236,13 @@ fn text(report: &Report, plan: &Plan, end: Option<End>) -> String {
 }
 
 fn row_text(out: &mut String, row: &Row, spec: &ProbeSpec, indent: &str) {
-    let _ = write!(out, "{indent}{}: {} calls", row.label, row.hits);
+    let _ = write!(
+        out,
+        "{indent}{}: {} call{}",
+        row.label,
+        row.hits,
+        if row.hits == 1 { "" } else { "s" }
+    );
     if row.sites > 1 || row.trap_sites > 0 {
         let _ = write!(
             out,
