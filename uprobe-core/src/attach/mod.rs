@@ -44,7 +44,12 @@ use writer::writer;
 fn init() -> Result<(), AttachError> {
     static ONCE: Once = Once::new();
     crate::thread::static_tls_anchor();
-    crate::unwind::keep_current();
+    if crate::unwind::keep_current() {
+        // The unwinder reads stacks with loads the fault handler recovers
+        // from, where it is the process's handler.
+        faults::install()?;
+        faults::check_handlers();
+    }
     ONCE.call_once(|| {
         DOMAIN.prepare();
         writer::hold_across_fork();

@@ -55,17 +55,26 @@ pub(crate) fn install() -> Result<(), AttachError> {
     Ok(())
 }
 
-/// The handler, as `sigaction` reports it (for the unwinder's check that
-/// its loads are recoverable).
-pub(crate) fn handler() -> libc::sighandler_t {
-    on_fault as *const () as libc::sighandler_t
+/// Looks whether our handler is the process's SIGSEGV and SIGBUS handler,
+/// and tells `process::safe_load` (whose loads it recovers). Ordinary
+/// context.
+pub(crate) fn check_handlers() {
+    let ours = on_fault as *const () as libc::sighandler_t;
+    let all = [libc::SIGSEGV, libc::SIGBUS].into_iter().all(|sig| {
+        // SAFETY: a query: `act` null, `old` ours to fill.
+        let mut old: libc::sigaction = unsafe { core::mem::zeroed() };
+        // SAFETY: as above.
+        (unsafe { libc::sigaction(sig, core::ptr::null(), &raw mut old) }) == 0
+            && old.sa_sigaction == ours
+    });
+    crate::process::safe_load::set_handlers_ours(all);
 }
 
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid ucontext (SA_SIGINFO).
     let uc = unsafe { &mut *ctx.cast::<libc::ucontext_t>() };
     // The unwinder's recoverable load: it says "unreadable" instead.
-    if crate::unwind::recover(uc) {
+    if crate::process::safe_load::recover(uc) {
         return;
     }
     if let Some(addr) = crate::code::slots::origin_of(crate::arch::pc(uc)) {

@@ -9,5 +9,6 @@
 pub(crate) mod blocked_code;
 pub(crate) mod frames;
 pub(crate) mod maps;
+pub(crate) mod safe_load;
 pub(crate) mod symbols;
 pub(crate) mod threads;

@@ -34,7 +34,6 @@ use gimli::{
 
 pub(crate) use objects::keep_current;
 pub use objects::refresh;
-pub(crate) use stack::{check_handlers, recover};
 
 use crate::EntryContext;
 use regs::{RA, Regs, SP};

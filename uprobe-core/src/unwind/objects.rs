@@ -54,11 +54,14 @@ impl Table {
 
 static CURRENT: AtomicPtr<Table> = AtomicPtr::new(core::ptr::null_mut());
 
-/// [`refresh`], where a table was made before (someone unwinds).
-pub(crate) fn keep_current() {
-    if current().is_some() {
+/// [`refresh`], where a table was made before (someone unwinds); returns
+/// whether one was.
+pub(crate) fn keep_current() -> bool {
+    let unwinds = current().is_some();
+    if unwinds {
         refresh();
     }
+    unwinds
 }
 
 /// The table hits read (`None` before the first [`refresh`]).
@@ -79,10 +82,6 @@ type Copies = HashMap<(PathBuf, usize), (&'static [u8], &'static [u8], usize, us
 /// frames stacks should cross. Not async-signal-safe.
 pub fn refresh() {
     static BUILD: Mutex<Option<Copies>> = Mutex::new(None);
-    // The unwinder's loads are recoverable once the fault handler is in
-    // (without it, reads go through `process_vm_readv`).
-    let _ = crate::entry::faults::install();
-    super::check_handlers();
     let mut copies = BUILD.lock().unwrap_or_else(PoisonError::into_inner);
     let generation = crate::process::symbols::load_generation();
     if generation.is_some()

@@ -13,112 +13,6 @@
 /// Bytes read at a time through `process_vm_readv`.
 const WINDOW: usize = 512;
 
-// The recoverable load: `uprobe_core_safe_load(addr, out)` returns 1 with
-// the word at `addr` in `*out`, or 0 when the load at
-// `uprobe_core_safe_load_at` faulted and the fault handler resumed at
-// `uprobe_core_safe_load_fault`.
-#[cfg(target_arch = "x86_64")]
-core::arch::global_asm!(
-    ".pushsection .text.uprobe_core_safe_load,\"ax\",@progbits",
-    ".globl uprobe_core_safe_load",
-    ".hidden uprobe_core_safe_load",
-    ".type uprobe_core_safe_load, @function",
-    "uprobe_core_safe_load:",
-    ".globl uprobe_core_safe_load_at",
-    ".hidden uprobe_core_safe_load_at",
-    "uprobe_core_safe_load_at:",
-    "mov rax, qword ptr [rdi]",
-    "mov qword ptr [rsi], rax",
-    "mov eax, 1",
-    "ret",
-    ".globl uprobe_core_safe_load_fault",
-    ".hidden uprobe_core_safe_load_fault",
-    "uprobe_core_safe_load_fault:",
-    "xor eax, eax",
-    "ret",
-    ".size uprobe_core_safe_load, . - uprobe_core_safe_load",
-    ".popsection",
-);
-#[cfg(target_arch = "aarch64")]
-core::arch::global_asm!(
-    ".pushsection .text.uprobe_core_safe_load,\"ax\",@progbits",
-    ".globl uprobe_core_safe_load",
-    ".hidden uprobe_core_safe_load",
-    ".type uprobe_core_safe_load, %function",
-    "uprobe_core_safe_load:",
-    ".globl uprobe_core_safe_load_at",
-    ".hidden uprobe_core_safe_load_at",
-    "uprobe_core_safe_load_at:",
-    "ldr x2, [x0]",
-    "str x2, [x1]",
-    "mov w0, #1",
-    "ret",
-    ".globl uprobe_core_safe_load_fault",
-    ".hidden uprobe_core_safe_load_fault",
-    "uprobe_core_safe_load_fault:",
-    "mov w0, #0",
-    "ret",
-    ".size uprobe_core_safe_load, . - uprobe_core_safe_load",
-    ".popsection",
-);
-
-unsafe extern "C" {
-    fn uprobe_core_safe_load(addr: usize, out: *mut usize) -> u32;
-    fn uprobe_core_safe_load_at();
-    fn uprobe_core_safe_load_fault();
-}
-
-/// For the fault handler: a fault at the recoverable load resumes at its
-/// second exit. Async-signal-safe.
-pub(crate) fn recover(uc: &mut libc::ucontext_t) -> bool {
-    if crate::arch::pc(uc) != uprobe_core_safe_load_at as *const () as usize {
-        return false;
-    }
-    crate::arch::set_pc(uc, uprobe_core_safe_load_fault as *const () as usize);
-    true
-}
-
-/// Whether the engine's fault handler was the process's SIGSEGV and SIGBUS
-/// handler when last looked (by [`check_handlers`], at every refresh and
-/// attach): a program that installs its own afterwards, and then has the
-/// unwinder read an unmapped address, gets that fault in its handler.
-static HANDLERS_OURS: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-
-/// Looks whether the engine's fault handler is the process's SIGSEGV and
-/// SIGBUS handler. Ordinary context.
-pub(crate) fn check_handlers() {
-    let ours = crate::entry::faults::handler();
-    let all = [libc::SIGSEGV, libc::SIGBUS].into_iter().all(|sig| {
-        // SAFETY: a query: `act` null, `old` ours to fill.
-        let mut old: libc::sigaction = unsafe { core::mem::zeroed() };
-        // SAFETY: as above.
-        (unsafe { libc::sigaction(sig, core::ptr::null(), &raw mut old) }) == 0
-            && old.sa_sigaction == ours
-    });
-    HANDLERS_OURS.store(all, core::sync::atomic::Ordering::Relaxed);
-}
-
-/// Whether a fault in this thread reaches the engine's handler: it is the
-/// process's handler (see [`HANDLERS_OURS`]), and the thread blocks
-/// neither SIGSEGV nor SIGBUS (a system call that only asks).
-/// Async-signal-safe.
-fn faults_recoverable() -> bool {
-    if !HANDLERS_OURS.load(core::sync::atomic::Ordering::Relaxed) {
-        return false;
-    }
-    // SAFETY: a query of the calling thread's mask.
-    let mut mask: libc::sigset_t = unsafe { core::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, core::ptr::null(), &raw mut mask) } != 0 {
-        return false;
-    }
-    // SAFETY: reading our own set.
-    unsafe {
-        libc::sigismember(&raw const mask, libc::SIGSEGV) == 0
-            && libc::sigismember(&raw const mask, libc::SIGBUS) == 0
-    }
-}
-
 /// A window of the stack, read on demand.
 pub(super) struct Reader {
     /// Loads go straight to memory (see the module's docs).
@@ -131,7 +25,7 @@ pub(super) struct Reader {
 impl Reader {
     pub(super) fn new() -> Self {
         Self {
-            direct: faults_recoverable(),
+            direct: crate::process::safe_load::recoverable_here(),
             start: 0,
             len: 0,
             buf: [0; WINDOW],
@@ -145,10 +39,7 @@ impl Reader {
             if !addr.is_multiple_of(WORD) {
                 return None;
             }
-            let mut out = 0usize;
-            // SAFETY: a load whose fault the engine's handler recovers
-            // from (checked when the reader was made).
-            return (unsafe { uprobe_core_safe_load(addr, &raw mut out) } == 1).then_some(out);
+            return crate::process::safe_load::load(addr);
         }
         if addr < self.start || addr + WORD > self.start + self.len {
             self.fill(addr)?;
@@ -200,7 +91,7 @@ mod tests {
     #[test]
     fn unreadable_addresses_are_errors_not_faults() {
         crate::entry::faults::install().unwrap();
-        check_handlers();
+        crate::entry::faults::check_handlers();
         let word = 0x1234_5678usize;
         let mut r = Reader::new();
         assert!(r.direct, "the fault handler is in and nothing blocks it");
