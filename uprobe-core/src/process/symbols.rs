@@ -57,24 +57,42 @@ pub(crate) struct Extent {
     pub(crate) sole_entry: bool,
 }
 
-/// A loaded object: its file and load bias.
+/// A loaded object: its file, load bias and segments.
 #[derive(Clone, Debug)]
 pub(crate) struct Loaded {
     pub(crate) path: PathBuf,
     pub(crate) bias: usize,
     /// The name `dl_iterate_phdr` gave (empty for the executable).
     pub(crate) name: String,
+    /// Every `PT_LOAD` segment: start and end, in this process.
+    pub(crate) loads: Vec<(usize, usize)>,
+    /// `PT_GNU_EH_FRAME` (the `.eh_frame_hdr` section): address and size.
+    pub(crate) eh_frame_hdr: Option<(usize, usize)>,
 }
 
 /// Every loaded object with a file, the executable first.
 pub(crate) fn loaded_objects() -> Vec<Loaded> {
+    let mut out = all_loaded();
+    // Opened, not `stat`ed: an emulator that maps the program's paths onto
+    // a sysroot (qemu-user's `-L`) does so for `open`, not for `statx`.
+    out.retain(|l| {
+        std::fs::File::open(&l.path)
+            .and_then(|f| f.metadata())
+            .is_ok_and(|m| m.is_file())
+    });
+    out
+}
+
+/// Every loaded object, the vDSO (which has no file) included.
+pub(crate) fn all_loaded() -> Vec<Loaded> {
     unsafe extern "C" fn each(
         info: *mut libc::dl_phdr_info,
         _size: libc::size_t,
         data: *mut libc::c_void,
     ) -> libc::c_int {
-        // SAFETY: `data` is the vector passed below; `info` is valid for the
-        // call, and its name a C string (maybe empty).
+        // SAFETY: `data` is the vector passed below; `info` and its program
+        // headers are valid for the call, and its name a C string (maybe
+        // empty).
         unsafe {
             let out = &mut *data.cast::<Vec<Loaded>>();
             let info = &*info;
@@ -90,10 +108,24 @@ pub(crate) fn loaded_objects() -> Vec<Loaded> {
             } else {
                 PathBuf::from(&name)
             };
+            let bias = info.dlpi_addr as usize;
+            let phdrs = core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum));
+            let mut loads = Vec::new();
+            let mut eh_frame_hdr = None;
+            for p in phdrs {
+                let at = bias.wrapping_add(p.p_vaddr as usize);
+                match p.p_type {
+                    libc::PT_LOAD => loads.push((at, at + p.p_memsz as usize)),
+                    libc::PT_GNU_EH_FRAME => eh_frame_hdr = Some((at, p.p_memsz as usize)),
+                    _ => {}
+                }
+            }
             out.push(Loaded {
                 path,
-                bias: info.dlpi_addr as usize,
+                bias,
                 name,
+                loads,
+                eh_frame_hdr,
             });
         }
         0
@@ -101,13 +133,6 @@ pub(crate) fn loaded_objects() -> Vec<Loaded> {
     let mut out: Vec<Loaded> = Vec::new();
     // SAFETY: the callback only appends to `out`, which outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut out).cast()) };
-    // Opened, not `stat`ed: an emulator that maps the program's paths onto
-    // a sysroot (qemu-user's `-L`) does so for `open`, not for `statx`.
-    out.retain(|l| {
-        std::fs::File::open(&l.path)
-            .and_then(|f| f.metadata())
-            .is_ok_and(|m| m.is_file())
-    });
     out
 }
 
@@ -197,24 +222,30 @@ impl Symbols {
             .clone()
     }
 
+    /// The objects `object` names, or all of them for `None`.
+    fn candidates(&self, object: Option<&str>) -> Result<Vec<&Loaded>, AttachError> {
+        match object {
+            None => Ok(self.objects.iter().collect()),
+            Some(o) => {
+                let found: Vec<&Loaded> = self.objects.iter().filter(|l| names(l, o)).collect();
+                if found.is_empty() {
+                    Err(AttachError::NoSuchObject {
+                        object: o.to_string(),
+                    })
+                } else {
+                    Ok(found)
+                }
+            }
+        }
+    }
+
     /// See [`find_function`].
     pub(crate) fn find_function(
         &self,
         object: Option<&str>,
         name: &str,
     ) -> Result<Function, AttachError> {
-        let candidates: Vec<&Loaded> = match object {
-            None => self.objects.iter().collect(),
-            Some(o) => {
-                let found: Vec<&Loaded> = self.objects.iter().filter(|l| names(l, o)).collect();
-                if found.is_empty() {
-                    return Err(AttachError::NoSuchObject {
-                        object: o.to_string(),
-                    });
-                }
-                found
-            }
-        };
+        let candidates = self.candidates(object)?;
         for l in candidates {
             let Some(index) = self.index(&l.path) else {
                 continue;
@@ -239,18 +270,7 @@ impl Symbols {
         object: Option<&str>,
         mut filter: impl FnMut(&str) -> bool,
     ) -> Result<Vec<(PathBuf, Function)>, AttachError> {
-        let candidates: Vec<&Loaded> = match object {
-            None => self.objects.iter().collect(),
-            Some(o) => {
-                let found: Vec<&Loaded> = self.objects.iter().filter(|l| names(l, o)).collect();
-                if found.is_empty() {
-                    return Err(AttachError::NoSuchObject {
-                        object: o.to_string(),
-                    });
-                }
-                found
-            }
-        };
+        let candidates = self.candidates(object)?;
         let preference = |name: &str| {
             let underscores = name.len() - name.trim_start_matches('_').len();
             (underscores, name.len(), name.to_string())

@@ -16,6 +16,8 @@ use std::sync::{Mutex, PoisonError};
 
 use gimli::{BaseAddresses, EhFrameHdr, NativeEndian, Pointer};
 
+use crate::process::symbols::Loaded;
+
 /// One object's code range and unwind sections.
 pub(super) struct Object {
     /// Its mapped range (every `PT_LOAD`).
@@ -91,7 +93,7 @@ pub fn refresh() {
         return;
     }
     let copies = copies.get_or_insert_with(HashMap::new);
-    let mut objects: Vec<Object> = loaded()
+    let mut objects: Vec<Object> = crate::process::symbols::all_loaded()
         .into_iter()
         .filter_map(|l| {
             let key = (l.path.clone(), l.bias);
@@ -100,8 +102,8 @@ pub fn refresh() {
                 std::collections::hash_map::Entry::Vacant(e) => e.insert(copy(&l)?),
             };
             Some(Object {
-                start: l.start,
-                end: l.end,
+                start: l.loads.iter().map(|s| s.0).min()?,
+                end: l.loads.iter().map(|s| s.1).max()?,
                 eh_frame_hdr,
                 eh_frame,
                 hdr_copy,
@@ -119,75 +121,11 @@ pub fn refresh() {
     super::rules::clear();
 }
 
-/// What `dl_iterate_phdr` says of one object.
-struct Loaded {
-    path: PathBuf,
-    bias: usize,
-    start: usize,
-    end: usize,
-    /// `PT_GNU_EH_FRAME`: address and size.
-    hdr: Option<(usize, usize)>,
-    /// Every `PT_LOAD`: start and end.
-    loads: Vec<(usize, usize)>,
-}
-
-fn loaded() -> Vec<Loaded> {
-    unsafe extern "C" fn each(
-        info: *mut libc::dl_phdr_info,
-        _size: libc::size_t,
-        data: *mut libc::c_void,
-    ) -> libc::c_int {
-        // SAFETY: `data` is the vector passed below; `info` and its program
-        // headers are valid for the call.
-        unsafe {
-            let out = &mut *data.cast::<Vec<Loaded>>();
-            let info = &*info;
-            let bias = info.dlpi_addr as usize;
-            let phdrs = core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum));
-            let mut loads = Vec::new();
-            let mut hdr = None;
-            for p in phdrs {
-                let at = bias.wrapping_add(p.p_vaddr as usize);
-                match p.p_type {
-                    libc::PT_LOAD => loads.push((at, at + p.p_memsz as usize)),
-                    libc::PT_GNU_EH_FRAME => hdr = Some((at, p.p_memsz as usize)),
-                    _ => {}
-                }
-            }
-            let name = if info.dlpi_name.is_null() {
-                String::new()
-            } else {
-                core::ffi::CStr::from_ptr(info.dlpi_name)
-                    .to_string_lossy()
-                    .into_owned()
-            };
-            if let (Some(start), Some(end)) = (
-                loads.iter().map(|l| l.0).min(),
-                loads.iter().map(|l| l.1).max(),
-            ) {
-                out.push(Loaded {
-                    path: PathBuf::from(name),
-                    bias,
-                    start,
-                    end,
-                    hdr,
-                    loads,
-                });
-            }
-        }
-        0
-    }
-    let mut out: Vec<Loaded> = Vec::new();
-    // SAFETY: the callback only appends to `out`, which outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut out).cast()) };
-    out
-}
-
 /// Copies an object's `.eh_frame_hdr` and `.eh_frame` (from its header to
 /// the end of the segment it lies in): `(hdr, eh_frame, hdr address,
 /// eh_frame address)`. `None` without them.
 fn copy(l: &Loaded) -> Option<(&'static [u8], &'static [u8], usize, usize)> {
-    let (hdr_at, hdr_len) = l.hdr?;
+    let (hdr_at, hdr_len) = l.eh_frame_hdr?;
     // SAFETY: the dynamic linker mapped the header where its program
     // header says, for as long as the object is loaded (now).
     let hdr = unsafe { core::slice::from_raw_parts(hdr_at as *const u8, hdr_len) };
