@@ -75,7 +75,7 @@ pub const SEEDS: &[Seed] = &[
         parts: &[
             Part {
                 scenario: "srcu-read",
-                impls: &["srcu", "refcount", "epoch", "seize", "arc-swap"],
+                impls: &["srcu", "urcu-memb", "refcount", "epoch", "seize", "arc-swap"],
                 before: "refcount",
             },
             Part {
@@ -84,7 +84,7 @@ pub const SEEDS: &[Seed] = &[
                 before: "refcount",
             },
         ],
-        note: "lease: a pending return holds an SRCU lease on its probe; refcount: a reference per pending return",
+        note: "urcu-memb: liburcu's default flavour, where liburcu-dev was installed at build time; lease: a pending return holds an SRCU lease on its probe; refcount: a reference per pending return",
     },
     Seed {
         id: "003",
