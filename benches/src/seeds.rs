@@ -75,7 +75,14 @@ pub const SEEDS: &[Seed] = &[
         parts: &[
             Part {
                 scenario: "srcu-read",
-                impls: &["srcu", "urcu-memb", "refcount", "epoch", "seize", "arc-swap"],
+                impls: &[
+                    "srcu",
+                    "urcu-memb",
+                    "refcount",
+                    "epoch",
+                    "seize",
+                    "arc-swap",
+                ],
                 before: "refcount",
             },
             Part {
