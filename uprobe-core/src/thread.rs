@@ -37,15 +37,19 @@ std::thread_local! {
     static TID: Cell<i32> = const { Cell::new(0) };
 }
 
-// An initial-exec access to a thread-local of the engine's own (see the
-// module's docs); kept by `static_tls_anchor`'s callers.
-#[cfg(target_arch = "x86_64")]
+// A thread-local of the engine's own, and an initial-exec access to it
+// (see the module's docs); the access is kept by `static_tls_anchor`'s
+// callers. The variable is the same on both architectures, the access
+// their own.
 core::arch::global_asm!(
-    ".pushsection .tbss.uprobe_core_static_tls,\"awT\",@nobits",
+    ".pushsection .tbss.uprobe_core_static_tls,\"awT\",%nobits",
     ".p2align 3",
     "uprobe_core_static_tls:",
     ".zero 8",
     ".popsection",
+);
+#[cfg(target_arch = "x86_64")]
+core::arch::global_asm!(
     ".pushsection .text.uprobe_core_static_tls_anchor,\"ax\",@progbits",
     ".globl uprobe_core_static_tls_anchor",
     ".hidden uprobe_core_static_tls_anchor",
@@ -59,12 +63,7 @@ core::arch::global_asm!(
 );
 #[cfg(target_arch = "aarch64")]
 core::arch::global_asm!(
-    ".pushsection .tbss.uprobe_core_static_tls,\"awT\",@nobits",
-    ".p2align 3",
-    "uprobe_core_static_tls:",
-    ".zero 8",
-    ".popsection",
-    ".pushsection .text.uprobe_core_static_tls_anchor,\"ax\",@progbits",
+    ".pushsection .text.uprobe_core_static_tls_anchor,\"ax\",%progbits",
     ".globl uprobe_core_static_tls_anchor",
     ".hidden uprobe_core_static_tls_anchor",
     ".type uprobe_core_static_tls_anchor, %function",
