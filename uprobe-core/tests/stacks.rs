@@ -131,3 +131,22 @@ fn the_calling_frames_through_a_return_stub() {
     drop(ret);
     check(&frames, "st_leaf_ret", "st_middle_ret", "st_outer_ret");
 }
+
+/// The loaded objects, as stacks are symbolized later: the test binary's
+/// own covers its functions, with the bias its symbols are off by.
+#[test]
+fn loaded_objects_cover_the_frames() {
+    let objects = uprobe_core::unwind::loaded_objects();
+    let (leaf, _) = extent("st_leaf_jump");
+    let own = objects
+        .iter()
+        .find(|o| (o.start..o.end).contains(&leaf))
+        .expect("an object covers the test's code");
+    assert_eq!(
+        std::fs::canonicalize(&own.path).ok(),
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| std::fs::canonicalize(e).ok())
+    );
+    assert!(own.bias <= leaf);
+}

@@ -70,6 +70,15 @@ pub(crate) struct Loaded {
     pub(crate) eh_frame_hdr: Option<(usize, usize)>,
 }
 
+impl Loaded {
+    /// Its mapped range, every segment included (`None` without any).
+    pub(crate) fn range(&self) -> Option<(usize, usize)> {
+        let start = self.loads.iter().map(|s| s.0).min()?;
+        let end = self.loads.iter().map(|s| s.1).max()?;
+        Some((start, end))
+    }
+}
+
 /// Every loaded object with a file, the executable first.
 pub(crate) fn loaded_objects() -> Vec<Loaded> {
     let mut out = all_loaded();

@@ -33,7 +33,7 @@ use gimli::{
 };
 
 pub(crate) use objects::keep_current;
-pub use objects::refresh;
+pub use objects::{LoadedObject, loaded_objects, refresh};
 
 use crate::EntryContext;
 use regs::{RA, Regs, SP};

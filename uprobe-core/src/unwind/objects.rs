@@ -73,6 +73,39 @@ pub(super) fn current() -> Option<&'static Table> {
     unsafe { CURRENT.load(Ordering::Acquire).as_ref() }
 }
 
+/// A loaded object, as a stack's addresses are symbolized later (in this
+/// process or another): which file, where it is mapped, its load bias
+/// (an address minus the bias is the address in the file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadedObject {
+    /// Its file (the executable's real path for the executable).
+    pub path: PathBuf,
+    /// Its mapped range, every segment included.
+    pub start: usize,
+    /// See `start`.
+    pub end: usize,
+    /// Its load bias.
+    pub bias: usize,
+}
+
+/// The objects loaded now (the vDSO included), for symbolizing stacks
+/// after the fact. Not async-signal-safe.
+#[must_use]
+pub fn loaded_objects() -> Vec<LoadedObject> {
+    crate::process::symbols::all_loaded()
+        .into_iter()
+        .filter_map(|l| {
+            let (start, end) = l.range()?;
+            Some(LoadedObject {
+                start,
+                end,
+                bias: l.bias,
+                path: l.path,
+            })
+        })
+        .collect()
+}
+
 /// Copies of each object's sections, by path and load bias.
 type Copies = HashMap<(PathBuf, usize), (&'static [u8], &'static [u8], usize, usize)>;
 
@@ -101,9 +134,10 @@ pub fn refresh() {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => e.insert(copy(&l)?),
             };
+            let (start, end) = l.range()?;
             Some(Object {
-                start: l.loads.iter().map(|s| s.0).min()?,
-                end: l.loads.iter().map(|s| s.1).max()?,
+                start,
+                end,
                 eh_frame_hdr,
                 eh_frame,
                 hdr_copy,

@@ -105,9 +105,15 @@ impl Agent {
     /// listed yet), for the tool to symbolize the stacks.
     pub(super) fn list_objects(&self) {
         let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
-        for (path, start, end, bias) in objects() {
-            if listed.insert((path.clone(), bias)) {
-                self.report.record_object(self.id, &path, start, end, bias);
+        for o in uprobe_core::unwind::loaded_objects() {
+            if listed.insert((o.path.clone(), o.bias)) {
+                self.report.record_object(
+                    self.id,
+                    &o.path.to_string_lossy(),
+                    o.start as u64,
+                    o.end as u64,
+                    o.bias as u64,
+                );
             }
         }
     }
@@ -308,44 +314,6 @@ impl Agent {
             .unwrap_or_else(PoisonError::into_inner)
             .push(probe);
     }
-}
-
-/// The loaded objects: path, mapped range, load bias.
-fn objects() -> Vec<(String, u64, u64, u64)> {
-    unsafe extern "C" fn each(
-        info: *mut libc::dl_phdr_info,
-        _size: libc::size_t,
-        data: *mut libc::c_void,
-    ) -> libc::c_int {
-        // SAFETY: `data` is the vector passed below; `info` and its program
-        // headers are valid for the call.
-        unsafe {
-            let out = &mut *data.cast::<Vec<(String, u64, u64, u64)>>();
-            let info = &*info;
-            let bias = info.dlpi_addr;
-            let phdrs = core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum));
-            let loads = phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD);
-            let start = loads.clone().map(|p| bias + p.p_vaddr).min();
-            let end = loads.map(|p| bias + p.p_vaddr + p.p_memsz).max();
-            let name = if info.dlpi_name.is_null() || *info.dlpi_name == 0 {
-                std::fs::read_link("/proc/self/exe")
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default()
-            } else {
-                core::ffi::CStr::from_ptr(info.dlpi_name)
-                    .to_string_lossy()
-                    .into_owned()
-            };
-            if let (Some(start), Some(end)) = (start, end) {
-                out.push((name, start, end, bias));
-            }
-        }
-        0
-    }
-    let mut out = Vec::new();
-    // SAFETY: the callback only appends to `out`, which outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut out).cast()) };
-    out
 }
 
 /// The number of loaded objects (changes when one is loaded or unloaded).

@@ -78,7 +78,7 @@ struct Agent {
     /// Whether some probe counts stacks.
     stacks: bool,
     /// The objects listed in the report so far (path, bias).
-    listed: Mutex<HashSet<(String, u64)>>,
+    listed: Mutex<HashSet<(PathBuf, usize)>>,
 }
 
 /// The tool's process, watched by an agent loaded into a running one.
