@@ -14,9 +14,18 @@
 const WINDOW: usize = 512;
 
 /// A window of the stack, read on demand.
-pub(super) struct Reader {
+// On the stack of a hit, where nothing may be allocated; a direct reader
+// leaves the window's bytes unwritten.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Reader {
     /// Loads go straight to memory (see the module's docs).
-    direct: bool,
+    Direct,
+    /// Through `process_vm_readv`, a window at a time.
+    Window(Window),
+}
+
+/// The part of the stack last read through `process_vm_readv`.
+pub(super) struct Window {
     start: usize,
     len: usize,
     buf: [u8; WINDOW],
@@ -24,22 +33,31 @@ pub(super) struct Reader {
 
 impl Reader {
     pub(super) fn new() -> Self {
-        Self {
-            direct: crate::process::safe_load::recoverable_here(),
-            start: 0,
-            len: 0,
-            buf: [0; WINDOW],
+        if crate::process::safe_load::recoverable_here() {
+            Self::Direct
+        } else {
+            Self::Window(Window {
+                start: 0,
+                len: 0,
+                buf: [0; WINDOW],
+            })
         }
     }
 
-    /// The word at `addr`, if it can be read. Async-signal-safe.
+    /// The word at `addr` (aligned), if it can be read. Async-signal-safe.
     pub(super) fn read(&mut self, addr: usize) -> Option<usize> {
+        match self {
+            Self::Direct => crate::process::safe_load::load(addr),
+            Self::Window(w) => w.read(addr),
+        }
+    }
+}
+
+impl Window {
+    fn read(&mut self, addr: usize) -> Option<usize> {
         const WORD: usize = size_of::<usize>();
-        if self.direct {
-            if !addr.is_multiple_of(WORD) {
-                return None;
-            }
-            return crate::process::safe_load::load(addr);
+        if !addr.is_multiple_of(WORD) {
+            return None;
         }
         if addr < self.start || addr + WORD > self.start + self.len {
             self.fill(addr)?;
@@ -94,7 +112,10 @@ mod tests {
         crate::entry::faults::check_handlers();
         let word = 0x1234_5678usize;
         let mut r = Reader::new();
-        assert!(r.direct, "the fault handler is in and nothing blocks it");
+        assert!(
+            matches!(r, Reader::Direct),
+            "the fault handler is in and nothing blocks it"
+        );
         assert_eq!(r.read(&raw const word as usize), Some(0x1234_5678));
         // The null page and a kernel address: no mapping.
         assert_eq!(r.read(8), None);
@@ -107,12 +128,13 @@ mod tests {
                 libc::sigfillset(&raw mut all);
                 libc::pthread_sigmask(libc::SIG_SETMASK, &raw const all, core::ptr::null_mut());
             }
-            let mut r = Reader::new();
-            assert!(!r.direct);
-            assert_eq!(r.read(8), None);
+            let Reader::Window(mut w) = Reader::new() else {
+                panic!("a thread blocking SIGSEGV reads directly");
+            };
+            assert_eq!(w.read(8), None);
             // (qemu-user has no process_vm_readv: nothing reads there.)
-            if r.fill(&raw const word as usize).is_some() {
-                assert_eq!(r.read(&raw const word as usize), Some(0x1234_5678));
+            if w.fill(&raw const word as usize).is_some() {
+                assert_eq!(w.read(&raw const word as usize), Some(0x1234_5678));
             }
         })
         .join()
