@@ -67,12 +67,6 @@ class Target:
         with self.lock:
             return [l for l in self.lines if t0 <= l[0] <= t1]
 
-    def rate(self, t0, t1):
-        w = self.window(t0, t1)
-        if len(w) < 2:
-            return None
-        return (w[-1][1] - w[0][1]) / ((w[-1][0] - w[0][0]) / 1e9)
-
     def ns_per_call(self, t0, t1):
         """Mean time of a call inside the batches of the window."""
         w = self.window(t0, t1)
@@ -160,6 +154,21 @@ def bpftrace(pid, exe, probes, action, duration):
     return t0, int(m.group(1)) if m else None, now(), p.stdout + p.stderr
 
 
+def count_on_cue(target, k, cmd, stream, ready, pattern):
+    """Runs tracer `cmd`, waits until `ready(its output stream)` returns,
+    has `target` make exactly `k` calls, stops the tracer with SIGINT and
+    returns the count `pattern` finds in its output."""
+    p = subprocess.Popen(cmd, text=True, **{stream: subprocess.PIPE})
+    out = getattr(p, stream)
+    ready(out)
+    target.cue(k)
+    p.send_signal(signal.SIGINT)
+    text = out.read()
+    p.wait()
+    m = re.search(pattern, text, re.M)
+    return int(m.group(1)) if m else None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
@@ -235,31 +244,17 @@ def main():
     k = 100_000
     counted = []
     quiet = Target(a.target, 0)
-    p = subprocess.Popen([a.trace, "-p", str(quiet.p.pid), "-f", "f0"], stderr=subprocess.PIPE, text=True)
-    for line in p.stderr:
-        if "tracing process" in line:
-            break
-    quiet.cue(k)
-    p.send_signal(signal.SIGINT)
-    err = p.stderr.read()
-    p.wait()
-    m = re.search(r"^f0: (\d+) calls", err, re.M)
-    counted.append(("uprobe-trace -p", int(m.group(1)) if m else None))
+    counted.append(("uprobe-trace -p", count_on_cue(
+        quiet, k, [a.trace, "-p", str(quiet.p.pid), "-f", "f0"], "stderr",
+        lambda out: any("tracing process" in line for line in out), r"^f0: (\d+) calls")))
     if have_bpftrace:
-        b = subprocess.Popen(
-            # A uprobe on a file fires in every process that maps it.
+        # A uprobe on a file fires in every process that maps it; its
+        # "Attaching" line is buffered in the pipe: give it time.
+        counted.append(("bpftrace -p", count_on_cue(
+            quiet, k,
             ["bpftrace", "-p", str(quiet.p.pid), "-e",
              f"uprobe:{exe}:f0 /pid == {quiet.p.pid}/ {{ @c = count(); }}"],
-            stdout=subprocess.PIPE, text=True,
-        )
-        # Its "Attaching" line is buffered in the pipe: give it time.
-        time.sleep(3.0)
-        quiet.cue(k)
-        b.send_signal(signal.SIGINT)
-        out = b.stdout.read()
-        b.wait()
-        m = re.search(r"^@c: (\d+)", out, re.M)
-        counted.append(("bpftrace -p", int(m.group(1)) if m else None))
+            "stdout", lambda out: time.sleep(3.0), r"^@c: (\d+)")))
     quiet.stop()
     print(f"Exactly {k} calls of f0 while traced (a process whose only caller is the cue):")
     for name, n in counted:

@@ -22,8 +22,10 @@ impl Agent {
         let (latency, print, hist, stacks) = (spec.latency, spec.print, spec.hist, spec.stacks);
         let index = self.report.index_of(slot) as u32;
         let usdt = matches!(spec.target, Target::Usdt { .. });
-        let types: &'static [ArgType] = Box::leak(spec.args.clone().into_boxed_slice());
-        let label: &'static str = Box::leak(slot.label().into_boxed_str());
+        // Owned by the handlers, freed with them (never in a hit).
+        let types: Box<[ArgType]> = spec.args.clone().into_boxed_slice();
+        let label: Box<str> = slot.label().into_boxed_str();
+        let return_label = label.clone();
         let builder = builder.on_entry(move |cx| {
             if is_agent(cx.tid()) {
                 cx.skip_return();
@@ -44,7 +46,7 @@ impl Agent {
                 slot.record_value(ty.value(raw.unwrap_or(0)));
             }
             if print {
-                self.print_entry(label, cx, types);
+                self.print_entry(&label, cx, &types);
             }
             if stacks {
                 let mut frames = [0usize; MAX_FRAMES];
@@ -63,7 +65,7 @@ impl Agent {
                 slot.record_value(Value::Signed(cx.return_value() as i64));
             }
             if print {
-                self.print_return(label, cx);
+                self.print_return(&return_label, cx);
             }
         })
     }

@@ -116,12 +116,19 @@ fn run(
 }
 
 /// Asks every agent to detach, and waits (at most 5 s) until those that
-/// can have (a fork child has no agent thread: it keeps its probes).
-pub fn stop_agents(report: &Report, mut gone: impl FnMut() -> bool) {
+/// can have (a fork child has no agent thread: it keeps its probes);
+/// returns whether one confirmed it (or the program is gone).
+pub fn stop_agents(report: &Report, mut gone: impl FnMut() -> bool) -> bool {
     let header = report.header();
     header.stop.store(1, Relaxed);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while header.stopped.load(Relaxed) < 1 && !gone() && Instant::now() < deadline {
+    loop {
+        if header.stopped.load(Relaxed) >= 1 || gone() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use uprobe_trace::spec::{self, Plan};
 
@@ -66,15 +66,8 @@ fn run(
         eprintln!("uprobe-trace: tracing process {pid}; Ctrl-C to stop");
     }
     let end = crate::wait_for_end(args, || !alive(), || session.print(plan, None));
-    if end != End::Exited {
-        crate::launch::stop_agents(&session.report, || !alive());
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while header.stopped.load(Relaxed) == 0 && alive() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if header.stopped.load(Relaxed) == 0 && alive() {
-            eprintln!("uprobe-trace: the agent in process {pid} did not confirm its detach in 5 s");
-        }
+    if end != End::Exited && !crate::launch::stop_agents(&session.report, || !alive()) {
+        eprintln!("uprobe-trace: the agent in process {pid} did not confirm its detach in 5 s");
     }
     drop(printer); // it ends with the process's last writer, or with us
     session.finish(args, plan, Some(end))?;
