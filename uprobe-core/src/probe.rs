@@ -272,7 +272,7 @@ impl Uprobe {
     /// where it can, at a few nanoseconds a hit.
     #[must_use]
     pub fn on_entry(mut self, f: impl Fn(&mut EntryContext<'_>) + Send + Sync + 'static) -> Self {
-        self.handler = Some(Box::new(f));
+        self.handler = Some(Handler::new(f));
         self
     }
 
@@ -406,7 +406,7 @@ impl Uprobe {
                 // count for it (`crate::site::count`).
                 let counting = p.handler.is_none() && p.ret_handler.is_none() && p.only_tid == 0;
                 let consumer = Arc::new(Consumer {
-                    handler: p.handler.unwrap_or_else(|| Box::new(|_| {})),
+                    handler: p.handler.unwrap_or_else(Handler::none),
                     ret: p.ret_handler.map(|h| ReturnProbe::new(h, p.max_active)),
                     only_tid: p.only_tid,
                     hits: pcpu::PerCpuCounter::new(),

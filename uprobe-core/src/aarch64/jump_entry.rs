@@ -17,6 +17,7 @@
 
 use super::{HWCAP_DIT, HWCAP_SSBS, HWCAP2_MTE, hwcaps};
 use crate::code::trampolines::CELL_AT;
+use crate::site::jump::JumpCell;
 
 /// Offsets in a trampoline past the common header
 /// (`crate::code::trampolines`): where the routine returns to, and the
@@ -190,7 +191,7 @@ extern "C" fn jump_hit(uc: &mut libc::ucontext_t, resume: usize) {
     let sp = uc.uc_mcontext.sp;
     // SAFETY: the trampoline's first word is its cell pointer, written
     // before any jump to it and never changed.
-    let cell = unsafe { ((resume - RESUME_AT + CELL_AT) as *const usize).read() };
+    let cell = unsafe { &*((resume - RESUME_AT + CELL_AT) as *const &JumpCell).read() };
     let moved = crate::entry::jump::on_jump(cell, uc);
     if moved || uc.uc_mcontext.sp != sp {
         if !moved {

@@ -12,17 +12,13 @@ use crate::table::lookup::with_read_side;
 /// A trampoline's call into the engine: the probed address's consumers,
 /// with the saved registers `frame` (the PC is set to the probed address
 /// here). Returns whether a handler moved the PC. Async-signal-safe.
-pub(crate) fn on_jump(cell: usize, frame: &mut crate::arch::Frame) -> bool {
-    // SAFETY: the trampoline's cell pointer, never freed.
-    let cell = unsafe { &*(cell as *const JumpCell) };
+#[inline]
+pub(crate) fn on_jump(cell: &JumpCell, frame: &mut crate::arch::Frame) -> bool {
     crate::arch::set_frame_pc(frame, cell.addr);
     with_read_side(|| {
         let site = cell.site.load(Ordering::Acquire);
-        if site.is_null() {
-            return false;
-        }
         // SAFETY: a site named by a cell is freed only after the cell was
         // cleared and a grace period passed; we are in a read section.
-        run_consumers(unsafe { &*site }, frame)
+        !site.is_null() && run_consumers(unsafe { &*site }, frame)
     })
 }

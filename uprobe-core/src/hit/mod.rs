@@ -9,10 +9,11 @@
 
 pub(crate) mod returns;
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::context::EntryContext;
 use crate::site::Site;
+use crate::site::consumer::{Consumer, Outcome};
 use crate::site::returns::ReturnProbe;
 use crate::thread::{AbortOnUnwind, current_tid, enter, leave};
 
@@ -21,45 +22,75 @@ use crate::thread::{AbortOnUnwind, current_tid, enter, leave};
 /// missed). Both ways in share it: the trap handler and the trampolines.
 /// Returns whether a handler moved the instruction pointer.
 /// Async-signal-safe; inside a read section of the table's domain.
+///
+/// A hit through a jump is bound by how many stores it makes (see
+/// `crate::arch::jump_entry`), so the common case, one consumer with
+/// neither a thread filter nor a return side, runs inline here with
+/// nothing kept on the stack; the others run through [`run_each`].
+#[inline]
 pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool {
-    let mut ip_changed = false;
     if enter() {
-        site.missed.add(1);
-        // SAFETY: as below.
-        let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
-        // Counting probes run no handler: their counts stay exact here.
-        for c in consumers.iter().filter(|c| c.counting) {
-            c.hits.add(1);
+        nested(site);
+        return false;
+    }
+    let _abort = AbortOnUnwind::new();
+    // SAFETY: lists are freed only after a grace period, and we are in a
+    // read section.
+    let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
+    let ip_changed = match &consumers[..] {
+        [c] if c.only_tid == 0 && c.ret.is_none() => {
+            !c.removed.load(Ordering::Relaxed) && run_one(c, site.addr, frame).ip_changed()
         }
-    } else {
-        let _abort = AbortOnUnwind::new();
-        // SAFETY: lists are freed only after a grace period, and we are in
-        // a read section.
-        let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
-        // The thread id costs a system call: only asked for by a filter.
-        let mut tid = None;
-        for c in consumers {
-            if c.removed.load(Ordering::Relaxed)
-                || (c.only_tid != 0 && c.only_tid != *tid.get_or_insert_with(current_tid))
-            {
-                continue;
-            }
-            c.hits.add(1);
-            let mut cx = EntryContext::new(frame, site.addr);
-            cx.usdt = c.usdt_args.as_deref();
-            (c.handler)(&mut cx);
-            ip_changed |= cx.ip_changed;
-            if cx.remove {
-                c.removed.store(true, Ordering::Relaxed);
-            }
-            let (cookie, track_return) = (cx.cookie, !cx.skip_return);
-            if let Some(ret) = c.ret.as_ref().filter(|_| track_return) {
-                track_return_of(ret, site.addr, cookie, frame);
-            }
+        all => run_each(all, site.addr, frame),
+    };
+    leave(false);
+    ip_changed
+}
+
+/// Counts a hit of `c` and runs its handler. Async-signal-safe.
+#[inline]
+fn run_one(c: &Consumer, addr: usize, frame: &mut crate::arch::Frame) -> Outcome {
+    c.hits.add(1);
+    let out = c.handler.run(frame, addr, c.usdt_args.as_deref());
+    if out.remove() {
+        c.removed.store(true, Ordering::Relaxed);
+    }
+    out
+}
+
+/// [`run_consumers`] for any list: thread filters, return sides, several
+/// consumers. Async-signal-safe.
+#[inline(never)]
+fn run_each(consumers: &[Arc<Consumer>], addr: usize, frame: &mut crate::arch::Frame) -> bool {
+    let mut ip_changed = false;
+    // The thread id costs a system call: only asked for by a filter.
+    let mut tid = None;
+    for c in consumers {
+        if c.removed.load(Ordering::Relaxed)
+            || (c.only_tid != 0 && c.only_tid != *tid.get_or_insert_with(current_tid))
+        {
+            continue;
         }
-        leave(false);
+        let out = run_one(c, addr, frame);
+        ip_changed |= out.ip_changed();
+        if let Some(ret) = c.ret.as_ref().filter(|_| !out.skip_return()) {
+            track_return_of(ret, addr, out.cookie, frame);
+        }
     }
     ip_changed
+}
+
+/// A hit of a thread already inside the engine: no handler runs; counted
+/// as missed, and for counting probes as a hit (their counts stay exact).
+/// Async-signal-safe.
+#[cold]
+fn nested(site: &Site) {
+    site.missed.add(1);
+    // SAFETY: as in `run_consumers`.
+    let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
+    for c in consumers.iter().filter(|c| c.counting) {
+        c.hits.add(1);
+    }
 }
 
 /// Tracks the return of the function entered at `func` (kept out of

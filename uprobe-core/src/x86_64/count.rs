@@ -13,32 +13,41 @@
 //!
 //! ```text
 //!   +0  .quad cell; .quad entry        (the common header)
-//!  +16  full: pop rdx; pop rcx; pop rax
+//!  +16  full: pop rdx; pop rax          (the section's exits)
+//!  +18  pop rcx                         (the early look's exit)
 //!  +19  call [rip + entry pointer]      the common routine
 //!  +25  resume: lea rsp, [rsp+128]
 //!  +33  jmp copy
 //!  +38  the jump's target: lea rsp, [rsp-128]
-//!  +43  push rax; push rcx; push rdx
-//!  +46  lea rax, [rip + descriptor]     (re)start: arm the section
-//!  +53  mov fs:[area+8], rax            rseq->rseq_cs
-//!  +62  mov edx, fs:[area+4]            section start: rseq->cpu_id
-//!  +70  mov eax, 63
-//!  +75  lea rcx, [rdx - cpus]           negative iff cpu_id < cpus
-//!  +82  shrx rcx, rcx, rax              1 iff so (an unregistered
-//!  +87  jrcxz full                        thread's id is 2^32 - 1 or - 2)
-//!  +89  mov rax, [rip + cell pointer]
-//!  +96  mov rcx, [rax + fast]           slot 0 of the counter, or null
-//! +100  jrcxz full
-//! +102  rorx rdx, rdx, 57               cpu_id * 128 (the slot stride)
-//! +108  mov rax, [rcx + rdx]
-//! +112  lea rax, [rax + 1]
-//! +116  mov [rcx + rdx], rax            the commit
-//! +120  pop rdx; pop rcx; pop rax
-//! +123  lea rsp, [rsp+128]
-//! +131  copy: the relocated code, then the jump back
-//!       the abort handler: the signature, then jmp +46
+//!  +43  push rcx
+//!  +44  mov rcx, [rip + cell pointer]   the early look: no counter,
+//!  +51  mov rcx, [rcx + fast]             no section (a site with a
+//!  +55  jrcxz +18                         handler saves 3 stores)
+//!  +57  push rax; push rdx
+//!  +59  lea rax, [rip + descriptor]     (re)start: arm the section
+//!  +66  mov fs:[area+8], rax            rseq->rseq_cs
+//!  +75  mov edx, fs:[area+4]            section start: rseq->cpu_id
+//!  +83  mov eax, 63
+//!  +88  lea rcx, [rdx - cpus]           negative iff cpu_id < cpus
+//!  +95  shrx rcx, rcx, rax              1 iff so (an unregistered
+//! +100  jrcxz full                        thread's id is 2^32 - 1 or - 2)
+//! +102  mov rax, [rip + cell pointer]
+//! +109  mov rcx, [rax + fast]           slot 0 of the counter, or null
+//! +113  jrcxz full
+//! +115  rorx rdx, rdx, 57               cpu_id * 128 (the slot stride)
+//! +121  mov rax, [rcx + rdx]
+//! +125  lea rax, [rax + 1]
+//! +129  mov [rcx + rdx], rax            the commit
+//! +133  pop rdx; pop rax; pop rcx
+//! +136  lea rsp, [rsp+128]
+//! +144  copy: the relocated code, then the jump back
+//!       the abort handler: the signature, then jmp +59
 //! +224  the section's descriptor (32 bytes, 32-aligned)
 //! ```
+//!
+//! The early look reads `fast` outside the section only to skip it: the
+//! section reads it again, and only that read decides where a hit is
+//! counted.
 //!
 //! The counting path runs straight through into the relocated code; the
 //! full path lies before it, so that the call's return address (and so
@@ -51,6 +60,8 @@ use std::sync::OnceLock;
 /// The full path, right after the common header: the registers back,
 /// then the call into the engine.
 const FULL_AT: usize = crate::code::trampolines::CODE_AT;
+/// The full path for a thread that saved only `rcx` (the early look).
+const FULL_RCX_AT: usize = 18;
 const CALL_AT: usize = 19;
 /// Where the common routine returns to (past the call).
 pub(crate) const RESUME_AT: usize = 25;
@@ -58,16 +69,18 @@ pub(crate) const RESUME_AT: usize = 25;
 const JUMP_TO_COPY_AT: usize = 33;
 /// Where the site's jump lands.
 pub(crate) const ENTRY_AT: usize = 38;
+/// The early look at the cell's fast pointer (outside the section).
+const EARLY_CHECK_AT: usize = 55;
 /// Where the prelude starts the section over (re-arming it).
-const RESTART_AT: usize = 46;
+const RESTART_AT: usize = 59;
 /// The section: from the CPU id's load to the commit (inclusive).
-const START_AT: usize = 62;
-const POST_COMMIT_AT: usize = 120;
+const START_AT: usize = 75;
+const POST_COMMIT_AT: usize = 133;
 /// The two `jrcxz full` instructions.
-const CPU_CHECK_AT: usize = 87;
-const FAST_CHECK_AT: usize = 100;
+const CPU_CHECK_AT: usize = 100;
+const FAST_CHECK_AT: usize = 113;
 /// Where the relocated code starts.
-pub(crate) const COPY_AT: usize = 131;
+pub(crate) const COPY_AT: usize = 144;
 /// The section's descriptor, from the end of the trampoline.
 const DESCRIPTOR_FROM_END: usize = 32;
 /// The abort handler's bytes: the signature glibc registered, as the tail
@@ -121,9 +134,10 @@ pub(crate) fn fits(stride: usize, cpus: usize) -> bool {
 pub(crate) fn prelude(code: &mut [u8], cell_at: usize, entry_at: usize, fast_at: usize) {
     let rel32 = |from_end: usize, to: usize| (to as i32 - from_end as i32).to_le_bytes();
     let rel8 = |from_end: usize, to: usize| (to as isize - from_end as isize) as i8 as u8;
-    // The full path: pop rdx; pop rcx; pop rax (for the counting path's
-    // exits), call [rip + entry pointer], lea rsp, [rsp+128], jmp copy.
-    code[FULL_AT..CALL_AT].copy_from_slice(&[0x5a, 0x59, 0x58]);
+    // The full path: pop rdx; pop rax (for the section's exits); pop rcx
+    // (for the early look's), call [rip + entry pointer], lea rsp,
+    // [rsp+128], jmp copy.
+    code[FULL_AT..CALL_AT].copy_from_slice(&[0x5a, 0x58, 0x59]);
     code[CALL_AT..CALL_AT + 2].copy_from_slice(&[0xff, 0x15]);
     code[CALL_AT + 2..RESUME_AT].copy_from_slice(&rel32(RESUME_AT, entry_at));
     code[RESUME_AT..JUMP_TO_COPY_AT].copy_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x80, 0, 0, 0]);
@@ -141,7 +155,18 @@ pub(crate) fn prelude(code: &mut [u8], cell_at: usize, entry_at: usize, fast_at:
     // `p` ends.
     let mut p: Vec<u8> = Vec::with_capacity(COPY_AT - ENTRY_AT);
     let at = |p: &Vec<u8>| ENTRY_AT + 5 + p.len();
-    p.extend_from_slice(&[0x50, 0x51, 0x52]);
+    // push rcx; mov rcx, [rip + cell pointer]; mov rcx, [rcx + fast];
+    // jrcxz: a site with no counter goes to the call at once, without
+    // the section.
+    p.push(0x51);
+    p.extend_from_slice(&[0x48, 0x8b, 0x0d]);
+    let end = at(&p) + 4;
+    p.extend_from_slice(&rel32(end, cell_at));
+    p.extend_from_slice(&[0x48, 0x8b, 0x49, fast_at as u8]);
+    debug_assert_eq!(at(&p), EARLY_CHECK_AT);
+    p.extend_from_slice(&[0xe3, rel8(EARLY_CHECK_AT + 2, FULL_RCX_AT)]);
+    // push rax; push rdx
+    p.extend_from_slice(&[0x50, 0x52]);
     debug_assert_eq!(at(&p), RESTART_AT);
     // lea rax, [rip + descriptor]: patched by `finish`.
     p.extend_from_slice(&[0x48, 0x8d, 0x05, 0, 0, 0, 0]);
@@ -177,7 +202,7 @@ pub(crate) fn prelude(code: &mut [u8], cell_at: usize, entry_at: usize, fast_at:
     p.extend_from_slice(&[0x48, 0x8b, 0x04, 0x11, 0x48, 0x8d, 0x40, 0x01]);
     p.extend_from_slice(&[0x48, 0x89, 0x04, 0x11]);
     debug_assert_eq!(at(&p), POST_COMMIT_AT);
-    p.extend_from_slice(&[0x5a, 0x59, 0x58]);
+    p.extend_from_slice(&[0x5a, 0x58, 0x59]);
     // lea rsp, [rsp+128], into the relocated code
     p.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24, 0x80, 0, 0, 0]);
     debug_assert_eq!(at(&p), COPY_AT);

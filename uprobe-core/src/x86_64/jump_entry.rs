@@ -16,9 +16,18 @@
 //! `ymm`/`zmm`, the mask registers, the x87 stack and MXCSR (a full
 //! `xsave` costs ~170 ns here; the engine's code uses none of them, and
 //! handlers must not either, as for the return trampoline).
+//!
+//! **What a hit costs.** Measured on an AMD Zen host, a hit is bound by
+//! its stores (a dozen more plain stores in `jump_hit` cost ~5 ns a
+//! hit), not by its instructions: the frame alone is 33 of them, as in
+//! the hand-written floor `bench` compares with. So the routine finds
+//! the trampoline's cell and the probed stack pointer itself, while its
+//! `xmm` saves run, and the path behind it keeps to one call level with
+//! nothing spilled where it can (`crate::hit::run_consumers`).
 
 use super::trampoline::{restore_xmm, save_xmm};
 use crate::code::trampolines::CELL_AT;
+use crate::site::jump::JumpCell;
 
 /// Where the common routine returns to in a trampoline (past its header,
 /// its counting prelude and its `call`).
@@ -39,25 +48,6 @@ pub(crate) const MAX_SP_DROP: u64 = 40;
 pub(crate) struct JumpFrame {
     pub(crate) regs: super::Frame,
     pub(crate) ret: u64,
-}
-
-impl JumpFrame {
-    /// The trampoline whose `call` made this frame.
-    pub(crate) fn trampoline(&self) -> usize {
-        self.ret as usize - RESUME_AT
-    }
-
-    /// The cell pointer written at the trampoline's start.
-    pub(crate) fn cell(&self) -> usize {
-        // SAFETY: the trampoline's first word is its cell pointer, written
-        // before any jump to it and never changed.
-        unsafe { ((self.trampoline() + CELL_AT) as *const usize).read() }
-    }
-
-    /// The stack pointer the thread had at the probed instruction.
-    pub(crate) fn probed_sp(&self) -> u64 {
-        core::ptr::from_ref(self) as u64 + size_of::<Self>() as u64 + 128
-    }
 }
 
 /// Pops a `JumpFrame`'s registers from `r8` up to `rdx` (the order of
@@ -137,7 +127,14 @@ core::arch::global_asm!(
     "push r10",
     "push r9",
     "push r8",
+    // The frame, its cell (the trampoline's first word, found from the
+    // `call`'s return address) and the probed stack pointer, loaded and
+    // stored while the xmm saves run.
     "mov rdi, rsp",
+    "mov rsi, [rsp + {ret}]",
+    "mov rsi, [rsi - {resume} + {cell}]",
+    "lea rax, [rsp + {probed_sp}]",
+    "mov [rsp + {rsp_slot}], rax",
     "mov rbx, rsp",
     "and rsp, -16",
     "sub rsp, 256",
@@ -175,6 +172,11 @@ core::arch::global_asm!(
     "ret 128",
     ".popsection",
     hit = sym jump_hit,
+    ret = const core::mem::offset_of!(JumpFrame, ret),
+    resume = const RESUME_AT,
+    cell = const CELL_AT,
+    probed_sp = const size_of::<JumpFrame>() + 128,
+    rsp_slot = const 8 * libc::REG_RSP as usize,
 );
 
 unsafe extern "C" {
@@ -203,13 +205,12 @@ const DF: i64 = 0x400;
 /// restore only the status flags, the others being what the routine
 /// found. A move of RSP further down than [`MAX_SP_DROP`] is not
 /// honoured. Async-signal-safe.
-extern "C" fn jump_hit(frame: &mut JumpFrame) -> u32 {
+extern "C" fn jump_hit(frame: &mut JumpFrame, cell: &JumpCell) -> u32 {
     const RSP: usize = libc::REG_RSP as usize;
     const EFL: usize = libc::REG_EFL as usize;
-    let sp = frame.probed_sp();
-    frame.regs[RSP] = sp as i64;
+    let sp = frame.regs[RSP] as u64;
     let found = frame.regs[EFL];
-    let moved = crate::entry::jump::on_jump(frame.cell(), &mut frame.regs);
+    let moved = crate::entry::jump::on_jump(cell, &mut frame.regs);
     let flags = frame.regs[EFL];
     let status_only = (flags ^ found) & !STATUS == 0 && found & DF == 0;
     let new_sp = frame.regs[RSP] as u64;
