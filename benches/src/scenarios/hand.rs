@@ -9,10 +9,8 @@
 //! what is left is the price of the frame and the call, which the
 //! engine's full-context hit is measured against.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use super::calls::Calls;
+use super::tally;
 use crate::harness::Workload;
 
 /// The hand trampoline's body: saves, calls the handler, restores.
@@ -94,35 +92,18 @@ unsafe extern "C" {
     fn bench_h_entry();
 }
 
-/// Hits of threads that have exited (each thread's count is added when
-/// it ends: the benchmark's workers end before the check).
-static HITS: AtomicU64 = AtomicU64::new(0);
-
-/// A thread's hits, added to [`HITS`] when the thread ends.
-struct ThreadHits(Cell<u64>);
-
-impl Drop for ThreadHits {
-    fn drop(&mut self) {
-        HITS.fetch_add(self.0.get(), Ordering::Relaxed);
-    }
-}
-
-thread_local! {
-    static THREAD_HITS: ThreadHits = const { ThreadHits(Cell::new(0)) };
-}
-
 /// The handler the hand trampolines call: one thread-local add.
 extern "C" fn hand_handler() {
-    THREAD_HITS.with(|h| h.0.set(h.0.get() + 1));
+    tally::add();
 }
 
 /// The `hand` row of `uprobe-nop5` (`entry`: of `uprobe-entry`).
 pub(super) fn build(entry: bool) -> Box<dyn Workload> {
     Box::new(Calls {
         target: if entry { bench_h_entry } else { bench_h_nop5 },
-        guard: HITS.load(Ordering::Relaxed),
+        guard: tally::ended(),
         check: |&before, ops| {
-            let hits = HITS.load(Ordering::Relaxed) - before;
+            let hits = tally::ended() - before;
             if hits >= ops {
                 Ok(())
             } else {

@@ -11,6 +11,8 @@ mod rwsem;
 mod sigpending;
 mod srcu;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod tally;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod uprobe;
 #[cfg(target_arch = "x86_64")]
 mod uretprobe;

@@ -7,11 +7,9 @@
 //! function that pushes and pops a frame record).
 
 use std::ffi::CString;
-use std::sync::Arc;
-
-use pcpu::PerCpuCounter;
 
 use super::calls::Calls;
+use super::tally;
 use crate::harness::{Scenario, Workload};
 
 #[cfg(target_arch = "x86_64")]
@@ -316,23 +314,22 @@ fn build(
             })
         }
         _ if imp.starts_with("uprobe-core") => {
-            // The consumer counts per CPU: a shared counter would be the
-            // one cache line every hit writes.
-            let count = Arc::new(PerCpuCounter::new());
-            let counted = Arc::clone(&count);
+            // The consumer counts in a thread-local cell, as the `hand`
+            // floor's handler does (`tally`): the rows differ only in how
+            // the handler is reached.
             let probe = engine_probe(imp, ours as *const () as usize)?
-                .on_entry(move |_| counted.add(1))
+                .on_entry(|_| tally::add())
                 .attach()
                 .map_err(|e| e.to_string())?;
             Box::new(Calls {
                 target: ours,
-                guard: (probe, count),
-                check: |(probe, count), ops| {
-                    let hits = probe.hits();
-                    if hits >= ops && count.sum() == hits {
+                guard: (probe, tally::ended()),
+                check: |(probe, before), ops| {
+                    let (hits, counted) = (probe.hits(), tally::ended() - before);
+                    if hits >= ops && counted == hits {
                         Ok(())
                     } else {
-                        Err(format!("{hits} hits for {ops} calls"))
+                        Err(format!("{hits} hits ({counted} counted) for {ops} calls"))
                     }
                 },
             })

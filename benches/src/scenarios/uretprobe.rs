@@ -8,15 +8,12 @@
 //! probe (`lease`, seed 002) or a reference count (`refcount`, the kernel
 //! before the seed).
 
-use std::sync::Arc;
-
-use pcpu::PerCpuCounter;
-
 use std::num::NonZeroUsize;
 
 use uprobe_core::bench_only::{Pinning, ReturnHold, set_in_flight_pinning, set_return_hold};
 
 use super::calls::Calls;
+use super::tally;
 use super::uprobe::{KernelUprobe, bench_k_entry, bench_u_entry};
 use crate::harness::{Scenario, Workload};
 
@@ -70,12 +67,10 @@ fn engine_probe(
     target: unsafe extern "C" fn(),
     limit: bool,
 ) -> Result<Box<dyn Workload>, String> {
-    // Counted per CPU: a shared counter would be a line every return
-    // writes.
-    let count = Arc::new(PerCpuCounter::new());
-    let counted = Arc::clone(&count);
-    let mut probe = super::uprobe::engine_probe(imp, target as *const () as usize)?
-        .on_return(move |_| counted.add(1));
+    // Counted in a thread-local cell, as the probe scenarios' consumers
+    // are (`tally`).
+    let mut probe =
+        super::uprobe::engine_probe(imp, target as *const () as usize)?.on_return(|_| tally::add());
     if limit {
         // Never reached: the account counts, it does not refuse.
         probe = probe.max_active(NonZeroUsize::new(1 << 20).expect("non-zero"));
@@ -83,10 +78,10 @@ fn engine_probe(
     let probe = probe.attach().map_err(|e| e.to_string())?;
     Ok(Box::new(Calls {
         target,
-        guard: (probe, count),
-        check: |(probe, count), ops| {
+        guard: (probe, tally::ended()),
+        check: |(probe, before), ops| {
             let returns = probe.returns();
-            if returns >= ops && count.sum() == returns && probe.missed_returns() == 0 {
+            if returns >= ops && tally::ended() - before == returns && probe.missed_returns() == 0 {
                 Ok(())
             } else {
                 Err(format!(
