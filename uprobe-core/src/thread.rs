@@ -1,93 +1,170 @@
 //! What the engine keeps per thread, below everything else: the thread's
 //! kernel id, whether it is inside the engine (a hit there runs no
-//! handler), how deep its trap handlers are nested, and the way out when
-//! something cannot go on (`fatal`). Nothing here knows about probes.
+//! handler), whether it holds the probe table's write side, how deep its
+//! trap handlers are nested, and the way out when something cannot go on
+//! (`fatal`). Nothing here knows about probes.
 //!
-//! Every function is async-signal-safe: thread-locals without
+//! Every function is async-signal-safe: per-thread state without
 //! destructors, and raw system calls.
 //!
 //! # Static TLS, also when loaded with `dlopen`
-//! A thread-local of a library loaded with `dlopen` normally lives in
-//! *dynamic* TLS: glibc allocates a thread's block on that thread's first
-//! access, with `malloc`. On the hit path that is fatal: a thread that
-//! existed before the load hits a probe, the handler's first thread-local
-//! access calls `malloc` from inside the hit (a probed `malloc` hits
-//! again, on a breakpoint that kills the thread; an interrupted `malloc`
-//! deadlocks). So the engine makes whatever object links it use *static*
-//! TLS: [`static_tls_anchor`] reads a thread-local of its own through the
-//! initial-exec model. The dynamic linker resolves that relocation
-//! (`R_X86_64_TPOFF64`, `R_AARCH64_TLS_TPREL`) by placing the library's
-//! whole TLS block in the static TLS area of every thread, existing and
-//! new, at `dlopen`; where the process has no room left, `dlopen` fails
-//! with "cannot allocate memory in static TLS block" (the tunable
-//! `glibc.rtld.optional_static_tls` makes more) instead of a hit
-//! crashing later. (The x86-64 linker also marks the library
-//! `DF_STATIC_TLS`.) In an executable, TLS is static anyway.
+//! The per-thread state is one block of thread-local storage, [`State`],
+//! declared in assembly and always reached through the *initial-exec*
+//! model: the thread pointer plus an offset the dynamic linker writes
+//! once (`R_X86_64_TPOFF64`, `R_AARCH64_TLS_TPREL`). Two things follow.
+//!
+//! - **No call on the hit path.** Rust's own thread-locals in a shared
+//!   object go through `__tls_get_addr`, a call per access; the engine
+//!   reads and writes its flags on every hit.
+//! - **No allocation on the hit path.** A thread-local of a library
+//!   loaded with `dlopen` normally lives in *dynamic* TLS: glibc allocates
+//!   a thread's block on that thread's first access, with `malloc`. On the
+//!   hit path that is fatal: a thread that existed before the load hits a
+//!   probe, the handler's first thread-local access calls `malloc` from
+//!   inside the hit (a probed `malloc` hits again, on a breakpoint that
+//!   kills the thread; an interrupted `malloc` deadlocks). The
+//!   initial-exec relocation makes the dynamic linker place the library's
+//!   whole TLS block (the engine's Rust thread-locals too) in the static
+//!   TLS area of every thread, existing and new, at `dlopen`; where the
+//!   process has no room left, `dlopen` fails with "cannot allocate memory
+//!   in static TLS block" (the tunable `glibc.rtld.optional_static_tls`
+//!   makes more) instead of a hit crashing later. (The x86-64 linker also
+//!   marks the library `DF_STATIC_TLS`.) In an executable, TLS is static
+//!   anyway.
 
 use core::cell::Cell;
 
-std::thread_local! {
+/// What the engine keeps per thread. All zeros is a new thread's state
+/// (`.tbss`).
+#[repr(C)]
+struct State {
     /// Set while this thread runs the engine's handler or a consumer.
-    static IN_ENGINE: Cell<bool> = const { Cell::new(false) };
+    in_engine: Cell<bool>,
+    /// Set while this thread holds the probe table's write side (its own
+    /// traps then look up without the read side, which would deadlock).
+    writing: Cell<bool>,
     /// Trap handlers of the engine active on this thread (nested when the
     /// handler's own code hits a probe).
-    static TRAP_DEPTH: Cell<u32> = const { Cell::new(0) };
+    trap_depth: Cell<u32>,
     /// The thread's kernel id, once asked for (0: not yet); reset in a
     /// fork child.
-    static TID: Cell<i32> = const { Cell::new(0) };
+    tid: Cell<i32>,
+    /// The thread's stack of pending returns (`crate::hit::returns`;
+    /// null until its first return probe hit).
+    return_stack: Cell<*const ()>,
 }
 
-// A thread-local of the engine's own, and an initial-exec access to it
-// (see the module's docs); the access is kept by `static_tls_anchor`'s
-// callers. The variable is the same on both architectures, the access
-// their own.
+// The block, in the thread-local BSS of whatever object links the engine.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 core::arch::global_asm!(
-    ".pushsection .tbss.uprobe_core_static_tls,\"awT\",%nobits",
+    ".pushsection .tbss.uprobe_core_thread_state,\"awT\",%nobits",
+    ".globl uprobe_core_thread_state",
+    ".hidden uprobe_core_thread_state",
     ".p2align 3",
-    "uprobe_core_static_tls:",
-    ".zero 8",
+    "uprobe_core_thread_state:",
+    ".zero {size}",
     ".popsection",
-);
-#[cfg(target_arch = "x86_64")]
-core::arch::global_asm!(
-    ".pushsection .text.uprobe_core_static_tls_anchor,\"ax\",@progbits",
-    ".globl uprobe_core_static_tls_anchor",
-    ".hidden uprobe_core_static_tls_anchor",
-    ".type uprobe_core_static_tls_anchor, @function",
-    "uprobe_core_static_tls_anchor:",
-    "mov rax, qword ptr [rip + uprobe_core_static_tls@GOTTPOFF]",
-    "mov rax, qword ptr fs:[rax]",
-    "ret",
-    ".size uprobe_core_static_tls_anchor, . - uprobe_core_static_tls_anchor",
-    ".popsection",
-);
-#[cfg(target_arch = "aarch64")]
-core::arch::global_asm!(
-    ".pushsection .text.uprobe_core_static_tls_anchor,\"ax\",%progbits",
-    ".globl uprobe_core_static_tls_anchor",
-    ".hidden uprobe_core_static_tls_anchor",
-    ".type uprobe_core_static_tls_anchor, %function",
-    "uprobe_core_static_tls_anchor:",
-    "adrp x0, :gottprel:uprobe_core_static_tls",
-    "ldr x0, [x0, #:gottprel_lo12:uprobe_core_static_tls]",
-    "mrs x1, tpidr_el0",
-    "ldr x0, [x1, x0]",
-    "ret",
-    ".size uprobe_core_static_tls_anchor, . - uprobe_core_static_tls_anchor",
-    ".popsection",
+    size = const size_of::<State>(),
 );
 
-unsafe extern "C" {
-    fn uprobe_core_static_tls_anchor() -> u64;
+/// The calling thread's [`State`] (valid on this thread only, for as long
+/// as it runs). Async-signal-safe: two loads, no call.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn state() -> &'static State {
+    let at: usize;
+    // SAFETY: the GOT entry of an initial-exec thread-local holds its
+    // offset from the thread pointer, which `fs:0` holds (the TCB's self
+    // pointer): their sum is this thread's block. Reads only.
+    unsafe {
+        core::arch::asm!(
+            "mov {at}, qword ptr [rip + uprobe_core_thread_state@GOTTPOFF]",
+            "add {at}, qword ptr fs:[0]",
+            at = out(reg) at,
+            options(pure, readonly, nostack),
+        );
+    }
+    // SAFETY: the block is `State`'s size and alignment, zero-initialised
+    // per thread (a valid `State`), and only this thread reaches it.
+    unsafe { &*(at as *const State) }
 }
 
-/// Reads the engine's initial-exec thread-local, so that the object
-/// linking the engine has static TLS (see the module's docs). Called on
-/// every attach: the call keeps the access (and its relocation) in the
-/// link. Async-signal-safe.
+/// The calling thread's [`State`] (valid on this thread only, for as long
+/// as it runs). Async-signal-safe: two loads, no call.
+#[cfg(target_arch = "aarch64")]
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn state() -> &'static State {
+    let at: usize;
+    // SAFETY: as on x86-64, with the thread pointer in `tpidr_el0`.
+    unsafe {
+        core::arch::asm!(
+            "adrp {at}, :gottprel:uprobe_core_thread_state",
+            "ldr {at}, [{at}, #:gottprel_lo12:uprobe_core_thread_state]",
+            "mrs {tp}, tpidr_el0",
+            "add {at}, {at}, {tp}",
+            at = out(reg) at,
+            tp = out(reg) _,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    // SAFETY: as on x86-64.
+    unsafe { &*(at as *const State) }
+}
+
+/// The calling thread's [`State`], where the engine has no architecture
+/// of its own (a plain thread-local; nothing is probed there).
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn state() -> &'static State {
+    std::thread_local! {
+        static STATE: State = const {
+            State {
+                in_engine: Cell::new(false),
+                writing: Cell::new(false),
+                trap_depth: Cell::new(0),
+                tid: Cell::new(0),
+                return_stack: Cell::new(core::ptr::null()),
+            }
+        };
+    }
+    // SAFETY: as the asm versions: used on this thread only.
+    STATE.with(|s| unsafe { &*core::ptr::from_ref(s) })
+}
+
+/// Reaches the engine's per-thread block, so that the object linking the
+/// engine has static TLS (see the module's docs) even before its first
+/// hit. Called on every attach. Async-signal-safe.
 pub(crate) fn static_tls_anchor() {
-    // SAFETY: reads the calling thread's own 8-byte thread-local.
-    core::hint::black_box(unsafe { uprobe_core_static_tls_anchor() });
+    core::hint::black_box(state());
+}
+
+/// The calling thread's stack of pending returns (null: none yet).
+/// Async-signal-safe.
+#[inline]
+pub(crate) fn return_stack() -> *const () {
+    state().return_stack.get()
+}
+
+/// Sets the calling thread's stack of pending returns.
+/// Async-signal-safe.
+#[inline]
+pub(crate) fn set_return_stack(stack: *const ()) {
+    state().return_stack.set(stack);
+}
+
+/// Whether this thread holds the probe table's write side.
+/// Async-signal-safe.
+#[inline]
+pub(crate) fn writing() -> bool {
+    state().writing.get()
+}
+
+/// Marks whether this thread holds the probe table's write side.
+/// Async-signal-safe.
+#[inline]
+pub(crate) fn set_writing(on: bool) {
+    state().writing.set(on);
 }
 
 /// Traps nested deeper than this mean the handler's own path calls the
@@ -100,52 +177,54 @@ const MAX_TRAP_DEPTH: u32 = 8;
 /// The calling thread's kernel id (a system call the first time only).
 /// Async-signal-safe.
 pub(crate) fn current_tid() -> i32 {
-    let cached = TID.get();
+    let state = state();
+    let cached = state.tid.get();
     if cached != 0 {
         return cached;
     }
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) as i32 };
-    TID.set(tid);
+    state.tid.set(tid);
     tid
 }
 
 /// Forgets the cached thread id (the forking thread's, in a fork child:
 /// registered with `pthread_atfork`). Async-signal-safe.
 pub(crate) extern "C" fn forget_tid() {
-    TID.set(0);
+    state().tid.set(0);
 }
 
 /// Marks the thread as inside the engine; returns whether it already was
 /// (then no handler may run). Async-signal-safe.
 #[inline]
 pub(crate) fn enter() -> bool {
-    IN_ENGINE.replace(true)
+    state().in_engine.replace(true)
 }
 
 /// Undoes [`enter`], given what it returned. Async-signal-safe.
 #[inline]
 pub(crate) fn leave(was_inside: bool) {
-    IN_ENGINE.set(was_inside);
+    state().in_engine.set(was_inside);
 }
 
 /// Runs `f` as one more nested trap handler of the engine on this thread
 /// (aborting past [`MAX_TRAP_DEPTH`]). Async-signal-safe.
 #[inline]
 pub(crate) fn in_trap(f: impl FnOnce()) {
-    let depth = TRAP_DEPTH.get();
+    let state = state();
+    let depth = state.trap_depth.get();
     if depth >= MAX_TRAP_DEPTH {
         fatal(b"uprobe-core: the trap handler recursed through a probed function; aborting\n");
     }
-    TRAP_DEPTH.set(depth + 1);
+    state.trap_depth.set(depth + 1);
     f();
-    TRAP_DEPTH.set(depth);
+    state.trap_depth.set(depth);
 }
 
 /// Whether the calling thread is inside the engine's trap handler (a
 /// signal handler that interrupted it can ask). Async-signal-safe.
 pub(crate) fn in_trap_handler() -> bool {
-    TRAP_DEPTH.get() > 0
+    state().trap_depth.get() > 0
 }
 
 /// Aborts (with a message) if a consumer panics: unwinding through the

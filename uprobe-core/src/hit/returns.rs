@@ -173,13 +173,6 @@ impl Threads {
 static LEASES: OnceLock<LeaseSet<'static, ReturnPart>> = OnceLock::new();
 static THREADS: OnceLock<Threads> = OnceLock::new();
 
-std::thread_local! {
-    /// The calling thread's stack of pending returns (null until its first
-    /// return probe hit). Constant-initialised, no destructor: usable from
-    /// the trap handler.
-    static CURRENT: Cell<*const ThreadReturns> = const { Cell::new(core::ptr::null()) };
-}
-
 /// Makes return probes ready: the stubs, the lease set, the per-thread
 /// stacks and the service thread. Refuses where a hijacked return would
 /// fault. Not async-signal-safe.
@@ -212,7 +205,7 @@ pub(crate) fn init(trampoline: usize) -> Result<(), AttachError> {
 /// The calling thread's stack, taken from the pool on first use.
 /// Async-signal-safe (a non-waiting pop).
 fn current() -> Option<&'static ThreadReturns> {
-    let p = CURRENT.get();
+    let p = crate::thread::return_stack().cast::<ThreadReturns>();
     if !p.is_null() {
         // SAFETY: stacks live in THREADS forever; ours stays ours until
         // this thread is gone.
@@ -224,7 +217,7 @@ fn current() -> Option<&'static ThreadReturns> {
     threads.taken.fetch_add(1, Ordering::Relaxed);
     tr.element.store(element.into_index(), Ordering::Relaxed);
     tr.owner.store(current_tid(), Ordering::Release);
-    CURRENT.set(tr);
+    crate::thread::set_return_stack(core::ptr::from_ref(tr).cast());
     Some(tr)
 }
 
@@ -447,7 +440,7 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
         fatal(b"uprobe-core: return trampoline entered without a stub\n");
     };
     let slot = regs.entry_sp();
-    let p = CURRENT.get();
+    let p = crate::thread::return_stack().cast::<ThreadReturns>();
     if !p.is_null() {
         // SAFETY: as in `current`.
         let tr = unsafe { &*p };
@@ -481,7 +474,7 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
 
 /// Pending returns of the calling thread (for tests). Async-signal-safe.
 pub(crate) fn pending() -> usize {
-    let p = CURRENT.get();
+    let p = crate::thread::return_stack().cast::<ThreadReturns>();
     if p.is_null() {
         return 0;
     }
@@ -575,7 +568,7 @@ pub(crate) fn ensure_service() -> Result<(), AttachError> {
 /// In a fork child: the forking thread keeps its pending returns under its
 /// new thread id. Async-signal-safe (a store).
 extern "C" fn after_fork_in_child() {
-    let p = CURRENT.get();
+    let p = crate::thread::return_stack().cast::<ThreadReturns>();
     if !p.is_null() {
         // SAFETY: as in `current`.
         let tr = unsafe { &*p };

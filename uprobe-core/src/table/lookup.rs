@@ -11,7 +11,6 @@
 //! the write side held (no grace period); under SRCU they wait one grace
 //! period before freeing.
 
-use core::cell::Cell;
 #[cfg(feature = "bench-variants")]
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -19,6 +18,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use percpu_rwsem::PercpuRwSem;
 
 use super::DOMAIN;
+use crate::thread::{set_writing, writing};
 
 /// How the trap handler protects its table lookup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,12 +41,6 @@ static MODE: AtomicU8 = AtomicU8::new(0);
 static RWSEM: PercpuRwSem<()> = PercpuRwSem::new(());
 #[cfg(feature = "bench-variants")]
 static RWLOCK: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-std::thread_local! {
-    /// Set while this thread holds the write side (its own traps then
-    /// look up without the read side, which would deadlock).
-    static WRITING: Cell<bool> = const { Cell::new(false) };
-}
 
 #[cfg(not(feature = "bench-variants"))]
 pub(crate) fn mode() -> Lookup {
@@ -80,7 +74,7 @@ pub(crate) fn set_mode(m: Lookup) {
 /// every register a call has to save.
 #[inline]
 pub(crate) fn with_read_side<R>(f: impl FnOnce() -> R) -> R {
-    if WRITING.get() || mode() != Lookup::Srcu {
+    if writing() || mode() != Lookup::Srcu {
         return with_other_read_side(f);
     }
     let _g = DOMAIN.read_lock();
@@ -92,7 +86,7 @@ pub(crate) fn with_read_side<R>(f: impl FnOnce() -> R) -> R {
 #[cold]
 #[inline(never)]
 fn with_other_read_side<R>(f: impl FnOnce() -> R) -> R {
-    if WRITING.get() {
+    if writing() {
         // Our own attach/detach holds the table: nothing is freed under
         // us until it returns.
         return f();
@@ -146,7 +140,7 @@ pub(crate) fn write_side() -> WriteSide {
             unreachable!("the lookup is SRCU without bench-variants")
         }
     };
-    WRITING.set(true);
+    set_writing(true);
     side
 }
 
@@ -160,6 +154,6 @@ impl WriteSide {
 
 impl Drop for WriteSide {
     fn drop(&mut self) {
-        WRITING.set(false);
+        set_writing(false);
     }
 }

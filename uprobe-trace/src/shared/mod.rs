@@ -93,12 +93,13 @@ pub struct Shard(pub AtomicU64);
 pub struct Sharded(pub [Shard; SHARDS]);
 
 impl Sharded {
-    /// Adds `n` on the calling CPU's shard. Async-signal-safe
-    /// (`sched_getcpu` reads the thread's rseq area or the vDSO).
+    /// Adds `n` on the calling CPU's shard. Async-signal-safe (the CPU
+    /// is read from the thread's rseq area: one load, no call, where
+    /// glibc registered one).
     pub fn add(&self, n: u64) {
-        // SAFETY: sched_getcpu has no preconditions.
-        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0);
-        self.0[cpu % SHARDS].0.fetch_add(n, Ordering::Relaxed);
+        self.0[pcpu::current_cpu() % SHARDS]
+            .0
+            .fetch_add(n, Ordering::Relaxed);
     }
 
     /// The sum of the shards.
