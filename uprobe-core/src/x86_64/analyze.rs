@@ -21,10 +21,12 @@ use crate::code::slots::SlotEnd;
 pub(crate) fn analyze(addr: usize, bytes: &[u8]) -> Result<Emulation, AttachError> {
     let mut decoder = Decoder::with_ip(64, bytes, addr as u64, DecoderOptions::NONE);
     let insn = decoder.decode();
-    let text = disassemble(&insn);
+    // The text only where a probe is refused: the formatter's tables,
+    // built on first use and never freed, would stay in the process
+    // (uprobe-trace -p leaves it as it found it).
     let refuse = |why| AttachError::Unsupported {
         addr,
-        insn: text.clone(),
+        insn: disassemble(&insn),
         why,
     };
     if insn.is_invalid() {
