@@ -337,6 +337,52 @@ fn a_return_handler_can_change_the_value_the_caller_sees() {
     drop(probe);
 }
 
+// `r_flags(f)` returns with its status flags set to `f` (`popfq`);
+// `r_flags_after(f)` calls it and returns the flags it sees just after
+// the return: what a caller that keeps a condition across a call (code
+// that assumes no convention) would test.
+#[cfg(target_arch = "x86_64")]
+core::arch::global_asm!(
+    ".globl r_flags",
+    ".type r_flags, @function",
+    "r_flags:",
+    "push rdi",
+    "popfq",
+    "ret",
+    ".size r_flags, . - r_flags",
+    ".globl r_flags_after",
+    "r_flags_after:",
+    "call r_flags",
+    "pushfq",
+    "pop rax",
+    "ret",
+);
+
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" {
+    fn r_flags(flags: u64) -> u64;
+    fn r_flags_after(flags: u64) -> u64;
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_status_flags_a_function_returns_with_reach_its_caller() {
+    // CF PF AF ZF SF OF, each alone and together (bit 1 is always set).
+    const STATUS: u64 = 0x8d5;
+    let probe = probe_at(fn_addr(r_flags))
+        .on_return(|cx| assert_eq!(cx.func_addr(), fn_addr(r_flags)))
+        .attach()
+        .unwrap();
+    let cases = [0, 0x1, 0x4, 0x10, 0x40, 0x80, 0x800, STATUS, 0x841, 0x094];
+    for f in cases {
+        // SAFETY: sets only status flags (and the reserved bit 1).
+        let seen = unsafe { r_flags_after(f | 2) };
+        assert_eq!(seen & STATUS, f, "flags {f:#x} came back as {seen:#x}");
+    }
+    assert_eq!(probe.returns(), cases.len() as u64);
+    drop(probe);
+}
+
 #[inline(never)]
 extern "C" fn scaled(x: f64, factor: f64) -> f64 {
     std::hint::black_box(x * factor)

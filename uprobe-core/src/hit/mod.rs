@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::site::Site;
-use crate::site::consumer::{Consumer, Outcome};
+use crate::site::consumer::Consumer;
 use crate::site::returns::ReturnProbe;
 use crate::thread::{AbortOnUnwind, current_tid, enter, leave};
 
@@ -25,8 +25,9 @@ use crate::thread::{AbortOnUnwind, current_tid, enter, leave};
 ///
 /// A hit through a jump is bound by how many stores it makes (see
 /// `crate::arch::jump_entry`), so the common case, one consumer with
-/// neither a thread filter nor a return side, runs inline here with
-/// nothing kept on the stack; the others run through [`run_each`].
+/// no thread filter, runs inline here with nothing kept on the stack
+/// (its return, if it tracks one, out of line); the others run through
+/// [`run_each`].
 #[inline]
 pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool {
     if enter() {
@@ -38,8 +39,8 @@ pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool
     // read section.
     let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
     let ip_changed = match &consumers[..] {
-        [c] if c.only_tid == 0 && c.ret.is_none() => {
-            !c.removed.load(Ordering::Relaxed) && run_one(c, site.addr, frame).ip_changed()
+        [c] if c.only_tid == 0 => {
+            !c.removed.load(Ordering::Relaxed) && run_one(c, site.addr, frame)
         }
         all => run_each(all, site.addr, frame),
     };
@@ -47,15 +48,20 @@ pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool
     ip_changed
 }
 
-/// Counts a hit of `c` and runs its handler. Async-signal-safe.
+/// Counts a hit of `c`, runs its handler and tracks the return of a
+/// return probe (unless the handler said not to); returns whether the
+/// handler moved the instruction pointer. Async-signal-safe.
 #[inline]
-fn run_one(c: &Consumer, addr: usize, frame: &mut crate::arch::Frame) -> Outcome {
+fn run_one(c: &Consumer, addr: usize, frame: &mut crate::arch::Frame) -> bool {
     c.hits.add(1);
     let out = c.handler.run(frame, addr, c.usdt_args.as_deref());
     if out.remove() {
         c.removed.store(true, Ordering::Relaxed);
     }
-    out
+    if let Some(ret) = c.ret.as_ref().filter(|_| !out.skip_return()) {
+        track_return_of(ret, addr, out.cookie, frame);
+    }
+    out.ip_changed()
 }
 
 /// [`run_consumers`] for any list: thread filters, return sides, several
@@ -71,11 +77,7 @@ fn run_each(consumers: &[Arc<Consumer>], addr: usize, frame: &mut crate::arch::F
         {
             continue;
         }
-        let out = run_one(c, addr, frame);
-        ip_changed |= out.ip_changed();
-        if let Some(ret) = c.ret.as_ref().filter(|_| !out.skip_return()) {
-            track_return_of(ret, addr, out.cookie, frame);
-        }
+        ip_changed |= run_one(c, addr, frame);
     }
     ip_changed
 }

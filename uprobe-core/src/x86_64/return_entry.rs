@@ -3,7 +3,8 @@
 //! caller-saved registers (`super::trampoline::SavedRegs`) and
 //! `xmm0`-`xmm15`, hands them to `crate::hit::returns::on_return`, which
 //! writes the original return address into the slot the stub's `call`
-//! pushed, restores them and `ret`s through that slot.
+//! pushed, restores them (the flags without `popfq`, as the jump entry
+//! does) and `ret`s through that slot.
 
 use super::trampoline::{SavedRegs, SavedXmm, restore_xmm, save_xmm};
 
@@ -47,9 +48,21 @@ core::arch::global_asm!(
     "pop rdi",
     "pop rsi",
     "pop rdx",
+    // The status flags back without `popfq` (microcoded): `SF ZF AF PF
+    // CF` through `sahf`, `OF` through an `add` that overflows exactly
+    // when it was set. The others (DF, TF, AC, IF) are as they were: the
+    // code in between never changes them, and no return handler can.
+    "mov rax, [rsp + 16]",
+    "mov ecx, eax",
+    "shr ecx, 11",
+    "and ecx, 1",
+    "mov ah, al",
+    "mov al, cl",
+    "add al, 0x7f",
+    "sahf",
     "pop rcx",
     "pop rax",
-    "popfq",
+    "lea rsp, [rsp + 8]",
     "pop rbp",
     ".cfi_def_cfa rsp, 8",
     "ret",
