@@ -69,14 +69,25 @@ core::arch::global_asm!(
 
 /// The calling thread's [`State`] (valid on this thread only, for as long
 /// as it runs). Async-signal-safe: two loads, no call.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn state() -> &'static State {
+    // SAFETY: the block is `State`'s size and alignment, zero-initialised
+    // per thread (a valid `State`), and only this thread reaches it.
+    unsafe { &*(block() as *const State) }
+}
+
+/// The address of the calling thread's block: the GOT entry of an
+/// initial-exec thread-local holds its offset from the thread pointer,
+/// `fs:0` (the TCB's self pointer) on x86-64, `tpidr_el0` on aarch64.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn block() -> usize {
     let at: usize;
-    // SAFETY: the GOT entry of an initial-exec thread-local holds its
-    // offset from the thread pointer, which `fs:0` holds (the TCB's self
-    // pointer): their sum is this thread's block. Reads only.
+    // SAFETY: reads the GOT entry and the thread pointer only.
+    #[cfg(target_arch = "x86_64")]
     unsafe {
         core::arch::asm!(
             "mov {at}, qword ptr [rip + uprobe_core_thread_state@GOTTPOFF]",
@@ -85,19 +96,8 @@ fn state() -> &'static State {
             options(pure, readonly, nostack),
         );
     }
-    // SAFETY: the block is `State`'s size and alignment, zero-initialised
-    // per thread (a valid `State`), and only this thread reaches it.
-    unsafe { &*(at as *const State) }
-}
-
-/// The calling thread's [`State`] (valid on this thread only, for as long
-/// as it runs). Async-signal-safe: two loads, no call.
-#[cfg(target_arch = "aarch64")]
-#[allow(clippy::inline_always)]
-#[inline(always)]
-fn state() -> &'static State {
-    let at: usize;
-    // SAFETY: as on x86-64, with the thread pointer in `tpidr_el0`.
+    // SAFETY: as above.
+    #[cfg(target_arch = "aarch64")]
     unsafe {
         core::arch::asm!(
             "adrp {at}, :gottprel:uprobe_core_thread_state",
@@ -109,8 +109,7 @@ fn state() -> &'static State {
             options(pure, readonly, nostack, preserves_flags),
         );
     }
-    // SAFETY: as on x86-64.
-    unsafe { &*(at as *const State) }
+    at
 }
 
 /// The calling thread's [`State`], where the engine has no architecture
