@@ -306,7 +306,7 @@ impl Uprobe {
     /// ```
     #[must_use]
     pub fn on_return(mut self, f: impl Fn(&mut ReturnContext<'_>) + Send + Sync + 'static) -> Self {
-        self.ret_handler = Some(Box::new(f));
+        self.ret_handler = Some(ReturnHandler::new(f));
         self
     }
 

@@ -47,7 +47,7 @@ use srcu::{LeaseBlock, LeaseSet, RawLease, Strong};
 use crate::AttachError;
 use crate::arch::trampoline;
 use crate::code::return_stubs;
-use crate::context::ReturnContext;
+use crate::site::handler::Returned;
 use crate::site::returns::{
     Pinning, RETURN_DOMAIN, ReturnCounters, ReturnHold, ReturnPart, ReturnProbe, hold_mode, pinning,
 };
@@ -461,9 +461,12 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
                     }
                     part.counters.returns.add(1);
                     let _abort = AbortOnUnwind::new();
-                    let mut cx =
-                        ReturnContext::new(regs, xmm, inst.func.get(), original, inst.cookie.get());
-                    (part.handler)(&mut cx);
+                    let call = Returned {
+                        func: inst.func.get(),
+                        ret: original,
+                        cookie: inst.cookie.get(),
+                    };
+                    part.handler.run(regs, xmm, call);
                 });
             });
         }

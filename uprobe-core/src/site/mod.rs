@@ -1,7 +1,7 @@
 //! The site model: a probed address, the instruction its breakpoint
 //! displaced, how it runs ([`SiteMode`]: breakpoint or jump) and its
-//! consumers ([`consumer`]), with the record of a jump ([`jump`]) and a
-//! consumer's return side ([`returns`]).
+//! consumers ([`consumer`], their [`handler`]s), with the record of a jump
+//! ([`jump`]) and a consumer's return side ([`returns`]).
 //!
 //! The hit path reads a site inside a read section of the table's SRCU
 //! domain (`crate::table::DOMAIN`): its consumer list is published with
@@ -11,6 +11,7 @@
 
 pub(crate) mod consumer;
 pub(crate) mod count;
+pub(crate) mod handler;
 pub(crate) mod jump;
 pub(crate) mod returns;
 

@@ -12,10 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sigpending::{Account, Owner, Release};
 use srcu::{Srcu, SrcuCell};
 
-use crate::context::ReturnContext;
-
-/// A return handler.
-pub(crate) type ReturnHandler = Box<dyn Fn(&mut ReturnContext<'_>) + Send + Sync>;
+pub(crate) use super::handler::ReturnHandler;
 
 /// Counters of one consumer's returns, shared by its [`ReturnProbe`] and
 /// the leased [`ReturnPart`].
