@@ -8,8 +8,9 @@ use crate::AttachError;
 use crate::attach::{self, queries};
 use crate::context::{EntryContext, ReturnContext};
 use crate::process::symbols::{self, Function};
-use crate::site::consumer::{Consumer, Handler};
-use crate::site::returns::{ReturnHandler, ReturnProbe};
+use crate::site::consumer::Consumer;
+use crate::site::handler::{Handler, ReturnHandler};
+use crate::site::returns::ReturnProbe;
 
 /// A probe to attach: where, and what runs on each hit.
 ///

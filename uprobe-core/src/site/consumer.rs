@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 
 use pcpu::PerCpuCounter;
 
-pub(crate) use super::handler::Handler;
+use super::handler::Handler;
 use crate::usdt::arg::UsdtArg;
 
 /// One consumer of a site: its handlers and counters.

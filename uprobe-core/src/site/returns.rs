@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sigpending::{Account, Owner, Release};
 use srcu::{Srcu, SrcuCell};
 
-pub(crate) use super::handler::ReturnHandler;
+use super::handler::ReturnHandler;
 
 /// Counters of one consumer's returns, shared by its [`ReturnProbe`] and
 /// the leased [`ReturnPart`].
