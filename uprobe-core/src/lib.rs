@@ -104,12 +104,13 @@
 //! process-wide `siglock` twice). So after the breakpoint is in, `attach`
 //! rewrites a site that qualifies into a 5-byte `jmp rel32` to a
 //! trampoline of its own, placed within +-2 GB of the code: no signal, no
-//! system call, ~20 ns a hit with one counting consumer. Which way a
-//! probe runs is [`Probe::mode`]: [`Mode::Jump`] with the [`Tactic`] that
-//! fitted the jump in, or [`Mode::Trap`] with the reason
-//! ([`NotOptimized`]). [`Uprobe::trap_only`] keeps a probe on its
-//! breakpoint. The jump replaces whole instructions
-//! ([`Tactic::Replace`]) when:
+//! system call, 20-35 ns a hit with one consumer, depending on the host
+//! (where measured, a hit is bound by the stores it makes: the register
+//! frame is most of them). Which way a probe runs is [`Probe::mode`]:
+//! [`Mode::Jump`] with the [`Tactic`] that fitted the jump in, or
+//! [`Mode::Trap`] with the reason ([`NotOptimized`]).
+//! [`Uprobe::trap_only`] keeps a probe on its breakpoint. The jump
+//! replaces whole instructions ([`Tactic::Replace`]) when:
 //! - its instruction is 5 bytes or longer (the 5-byte nop of USDT and
 //!   `-fpatchable-function-entry` sites, `mov r32, imm32`, `sub rsp,
 //!   imm32`, `call rel32`, RIP-relative loads, ...), anywhere; or
