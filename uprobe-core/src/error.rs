@@ -95,8 +95,10 @@ pub enum AttachError {
         /// One past its commit.
         end: usize,
     },
-    /// These threads block SIGTRAP: a probe hit on one of them would kill
-    /// the process (the kernel forces the default action).
+    /// These threads block SIGTRAP: a breakpoint hit on one of them would
+    /// kill the process (the kernel forces the default action), so an
+    /// attach that writes one is refused (one that writes only one-byte
+    /// jumps is not).
     TrapBlocked {
         /// Their thread ids.
         tids: Vec<i32>,

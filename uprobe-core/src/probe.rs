@@ -350,9 +350,11 @@ impl Uprobe {
     /// with one byte written), in one store, and takes it out the same
     /// way. Where the address those bytes choose is taken, it refuses
     /// with [`AttachError::SignalsBlocked`] (whose
-    /// [`BlockedPath`](crate::BlockedPath) says which path). Any attach is
-    /// refused while a thread is seen blocking SIGTRAP
-    /// ([`AttachError::TrapBlocked`]). Code of the program that blocks
+    /// [`BlockedPath`](crate::BlockedPath) says which path). An attach
+    /// that would write a breakpoint is refused while a thread is seen
+    /// blocking SIGTRAP ([`AttachError::TrapBlocked`]); one whose probes
+    /// all get one-byte jumps, or join sites already in the code, is
+    /// not. Code of the program that blocks
     /// SIGTRAP around calls, or another C library's equivalents, is not
     /// known to the engine.
     ///

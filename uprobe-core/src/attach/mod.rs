@@ -128,7 +128,7 @@ fn attach_batch(items: &[(usize, Arc<Consumer>)]) -> Result<(), (usize, AttachEr
     let mut garbage = Vec::new();
     let mut result = Ok(());
     let table = write_side();
-    let mut batch = Batch::read().map_err(|e| (0, e))?;
+    let mut batch = Batch::read();
     // Every site is published (its analysis in the table) before any
     // breakpoint is written; the breakpoints then go in page by page,
     // with one instruction-stream sync for the batch.
@@ -146,6 +146,19 @@ fn attach_batch(items: &[(usize, Arc<Consumer>)]) -> Result<(), (usize, AttachEr
     let with_breakpoint: Vec<usize> = (0..batch.writes.len())
         .filter(|&k| !batch.direct.contains(&batch.writes[k].2))
         .collect();
+    if !batch.blocking.is_empty() && (!with_breakpoint.is_empty() || !batch.to_trap.is_empty()) {
+        // Nothing is written yet: take every item back.
+        let mut made = Vec::new();
+        for (addr, consumer) in &items[..attached] {
+            if let Some(site) = detach_one(*addr, consumer, &mut garbage) {
+                made.push(site);
+            }
+        }
+        let _ = unpublish(&made, &batch.maps, &mut garbage);
+        collect(garbage, &table, false);
+        let tids = core::mem::take(&mut batch.blocking);
+        return Err((0, AttachError::TrapBlocked { tids }));
+    }
     let at: Vec<(Mapping, usize)> = with_breakpoint
         .iter()
         .map(|&k| (batch.writes[k].1, batch.writes[k].2))
@@ -203,15 +216,15 @@ struct Batch {
     /// Addresses of `writes` whose sites get a direct jump and never a
     /// breakpoint (signals are blocked there).
     direct: HashSet<usize>,
+    /// Threads that block SIGTRAP now: a breakpoint would kill them, so a
+    /// batch that writes one is refused (one that only writes direct
+    /// jumps or joins sites already in the code is not).
+    blocking: Vec<i32>,
 }
 
 impl Batch {
-    fn read() -> Result<Self, AttachError> {
-        let blocking = threads_blocking_sigtrap();
-        if !blocking.is_empty() {
-            return Err(AttachError::TrapBlocked { tids: blocking });
-        }
-        Ok(Self {
+    fn read() -> Self {
+        Self {
             maps: Snapshot::read(),
             rseq: RseqSections::read(),
             writes: Vec::new(),
@@ -219,7 +232,8 @@ impl Batch {
             items: 0,
             to_trap: Vec::new(),
             direct: HashSet::new(),
-        })
+            blocking: threads_blocking_sigtrap(),
+        }
     }
 }
 
