@@ -131,13 +131,6 @@ fn state() -> &'static State {
     STATE.with(|s| unsafe { &*core::ptr::from_ref(s) })
 }
 
-/// Reaches the engine's per-thread block, so that the object linking the
-/// engine has static TLS (see the module's docs) even before its first
-/// hit. Called on every attach. Async-signal-safe.
-pub(crate) fn static_tls_anchor() {
-    core::hint::black_box(state());
-}
-
 /// The calling thread's stack of pending returns (null: none yet).
 /// Async-signal-safe.
 #[inline]

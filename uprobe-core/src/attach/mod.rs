@@ -43,7 +43,6 @@ use writer::writer;
 /// Not async-signal-safe.
 fn init() -> Result<(), AttachError> {
     static ONCE: Once = Once::new();
-    crate::thread::static_tls_anchor();
     if crate::unwind::keep_current() {
         // The unwinder reads stacks with loads the fault handler recovers
         // from, where it is the process's handler.

@@ -202,14 +202,19 @@ pub(crate) fn init(trampoline: usize) -> Result<(), AttachError> {
     ensure_service()
 }
 
+/// The calling thread's stack, if it has taken one. Async-signal-safe.
+fn owned() -> Option<&'static ThreadReturns> {
+    let p = crate::thread::return_stack().cast::<ThreadReturns>();
+    // SAFETY: stacks live in THREADS forever; ours stays ours until this
+    // thread is gone.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
 /// The calling thread's stack, taken from the pool on first use.
 /// Async-signal-safe (a non-waiting pop).
 fn current() -> Option<&'static ThreadReturns> {
-    let p = crate::thread::return_stack().cast::<ThreadReturns>();
-    if !p.is_null() {
-        // SAFETY: stacks live in THREADS forever; ours stays ours until
-        // this thread is gone.
-        return Some(unsafe { &*p });
+    if let Some(tr) = owned() {
+        return Some(tr);
     }
     let threads = THREADS.get()?;
     let (chunk, element) = take_stack(threads)?;
@@ -440,10 +445,7 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
         fatal(b"uprobe-core: return trampoline entered without a stub\n");
     };
     let slot = regs.entry_sp();
-    let p = crate::thread::return_stack().cast::<ThreadReturns>();
-    if !p.is_null() {
-        // SAFETY: as in `current`.
-        let tr = unsafe { &*p };
+    if let Some(tr) = owned() {
         let was_inside = enter();
         tr.drop_abandoned(|s| s < slot);
         while let Some(inst) = tr.top() {
@@ -477,12 +479,7 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
 
 /// Pending returns of the calling thread (for tests). Async-signal-safe.
 pub(crate) fn pending() -> usize {
-    let p = crate::thread::return_stack().cast::<ThreadReturns>();
-    if p.is_null() {
-        return 0;
-    }
-    // SAFETY: as in `current`.
-    unsafe { &*p }.depth.get()
+    owned().map_or(0, |tr| tr.depth.get())
 }
 
 /// Per-thread stacks made so far.
@@ -571,10 +568,7 @@ pub(crate) fn ensure_service() -> Result<(), AttachError> {
 /// In a fork child: the forking thread keeps its pending returns under its
 /// new thread id. Async-signal-safe (a store).
 extern "C" fn after_fork_in_child() {
-    let p = crate::thread::return_stack().cast::<ThreadReturns>();
-    if !p.is_null() {
-        // SAFETY: as in `current`.
-        let tr = unsafe { &*p };
+    if let Some(tr) = owned() {
         tr.owner.store(current_tid(), Ordering::Release);
     }
 }
