@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
-use pcpu::unstable::sync::atomic::{AtomicPtr, AtomicUsize, Ordering, fence};
+use pcpu::unstable::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, fence};
 
 use crate::Owner;
 
@@ -135,7 +135,11 @@ pub const MAX_DEPTH: usize = 16;
 /// - a refused charge undoes exactly what it did (a level it took from
 ///   0 -> 1 releases its pin again);
 /// - uncharging (dropping the [`Charge`]) is one atomic decrement per
-///   level between the transitions.
+///   level between the transitions, and the 1 -> 0 one compare-and-swap
+///   (count and pin off together) until a charge first races it; from
+///   then on that level's 1 -> 0 takes two steps (a decrement, then the
+///   pin off unless a charge came in between), which keep the pin for a
+///   charge that lands between them.
 ///
 /// **Held charges.** [`charge_holding`](Self::charge_holding) is the
 /// kernel's own case: the task that queues a signal holds the user it
@@ -194,6 +198,10 @@ pub struct Account {
     /// The charge count (low bits) and the owner's state ([`PINNED`],
     /// [`GONE`]) in one word: see "The owner pin" below.
     state: CachePadded<AtomicUsize>,
+    /// A charge raced a one-step 1 -> 0 here once: uncharges take two
+    /// steps from now on (see "The 1 -> 0 transition"). Apart from the
+    /// word, so that reading it costs no transfer of the word's line.
+    shared: AtomicBool,
     limit: usize,
     /// Distance from the root (0 for a root account).
     depth: usize,
@@ -270,14 +278,50 @@ pub struct Account {
 //   as before (never the last strong count: the caller holds one).
 //
 // No shortcut for `charge`'s 0 -> 1 (pin first, then the same
-// compare-and-swap) and none for 1 -> 0 (`PINNED | 1 -> 0` in one
-// compare-and-swap): both were measured. With one thread they save an
-// atomic per transition, but with two threads that share the account
-// they cost more than they save: a 1 -> 0 in one step releases the owner
-// at every crossing of 0, where the two-step decrement keeps the pin when
-// a charge comes in between its `fetch_sub` and its compare-and-swap.
-// (`sigpending-signal1` with two threads: 1.8x - 2.2x get-put without,
-// 0.9x - 1.3x with.)
+// compare-and-swap): measured, it saves an atomic with one thread and
+// costs more than it saves with two.
+//
+// The 1 -> 0 transition, in one step or two.
+//
+// - Two steps: a decrement (`fetch_sub(1)`); if it took a pinned level to
+//   0, a compare-and-swap from "pinned, count 0" to 0 and the release.
+//   The compare-and-swap fails, keeping the pin, if a charge came in
+//   between: that charge found `PINNED` and relies on the reference, and
+//   the last uncharge of its epoch releases it instead.
+// - One step: an uncharge that reads the word as exactly `PINNED | 1`
+//   takes both off with one `fetch_sub(PINNED | 1)` and, if that is what
+//   the word still held, releases: one atomic, the kernel's
+//   `atomic_dec_and_test`. The subtraction borrows nothing: `PINNED` is
+//   cleared only at count 0, and this uncharge is counted. If a charge
+//   came in between the load and the decrement (it found `PINNED`, and
+//   counts on it), the word is left with that charge counted and
+//   `PINNED` clear, and this uncharge still holds the reference it took
+//   off: it puts it back (`republish`) as a 0 -> 1 charge publishes its
+//   pin, with `fetch_or(PINNED)`. Meanwhile the level is a level "being
+//   pinned" (see above): charges that find it pin for themselves (they
+//   cannot find the owner gone: this uncharge's reference keeps it) and
+//   publish, and whichever reference finds `PINNED` set is extra. If
+//   `republish` finds the count back at 0, it releases the reference it
+//   just published with the two-step compare-and-swap, unless a charge
+//   came in again. An extra reference of `republish` is released as the
+//   account's mode says (now or deferred), not as `release_extra` does
+//   (at once): the published one may meanwhile be released by the last
+//   of its charges, and this one be the last.
+//
+// Both are correct on their own and mix: each takes one count and the
+// pin only at count 0. They differ in cost. With one thread (every item
+// takes the level 0 -> 1 -> 0) the one step saves an atomic per item;
+// where charges from several threads meet the level near 0 it releases
+// the owner at every crossing of 0 where two steps keep the pin for a
+// charge that lands between them, and the release and the next pin
+// bounce the owner's count between the threads (`sigpending-signal1`
+// with two threads: 1.8x - 2.2x get-put with two steps, 0.9x - 1.3x
+// with one). So a level starts with one step, and the first time a
+// charge races one (`republish`), it is marked `shared`, for good, and
+// its uncharges take two steps from then on. The mark is a hint read
+// before the word, in a field of its own: once set it stays in every
+// core's cache, where a load of the contended word would cost a transfer
+// of its line before the decrement.
 //
 // Between the transitions (count above 0, `PINNED` set) a charge and an
 // uncharge stay one `fetch_add` / `fetch_sub` each (after a plain load of
@@ -321,6 +365,7 @@ impl Account {
     fn build(limit: usize, owner: Owner, release: Release, parent: Option<Arc<Self>>) -> Arc<Self> {
         Arc::new(Self {
             state: CachePadded::new(AtomicUsize::new(0)),
+            shared: AtomicBool::new(false),
             limit,
             depth: parent.as_ref().map_or(0, |p| p.depth + 1),
             owner,
@@ -604,18 +649,54 @@ impl Account {
         }
     }
 
-    /// One decrement at this level, releasing on 1 -> 0.
+    /// One decrement at this level, releasing on 1 -> 0 (see "The
+    /// 1 -> 0 transition" at `Account`).
     #[inline]
     fn decrement(&self) {
+        // One step, for a level that has never seen a charge race its
+        // 1 -> 0: the count and the pin off together.
+        if !self.shared.load(Ordering::Relaxed) && self.state.load(Ordering::Relaxed) == PINNED | 1
+        {
+            // `PINNED` is still set at the decrement (clearing it takes a
+            // count of 0, and this uncharge's count is in), so this
+            // borrows nothing from `GONE`.
+            let old = self.state.fetch_sub(PINNED | 1, Ordering::Release);
+            if old == PINNED | 1 {
+                return self.release_owner();
+            }
+            return self.republish();
+        }
         let old = self.state.fetch_sub(1, Ordering::Release);
         if old & (GONE | PINNED | COUNT) == PINNED | 1 {
             self.unpin_idle();
         }
     }
 
-    /// After a decrement took a pinned level 1 -> 0: release, unless a
-    /// charge came in since (it found `PINNED` and relies on the
-    /// reference; the last of its epoch releases it instead).
+    /// After a one-step 1 -> 0 that a charge raced (it incremented
+    /// between the load and the decrement, finding `PINNED`): the
+    /// reference taken off the word with this uncharge's count is still
+    /// held, here, and goes back, and the level is marked shared. If
+    /// another charge published a reference meanwhile, this one is extra;
+    /// if the level went idle meanwhile, it is released unless a charge
+    /// comes in.
+    #[cold]
+    fn republish(&self) {
+        self.shared.store(true, Ordering::Relaxed);
+        let old = self.state.fetch_or(PINNED, Ordering::AcqRel);
+        if old & PINNED != 0 {
+            // Released as the account's mode says, not as `release_extra`
+            // does: the published reference may be released concurrently
+            // (its charges gone), so this one may be the last.
+            self.release_owner();
+        } else if old & COUNT == 0 {
+            self.unpin_idle();
+        }
+    }
+
+    /// With the level pinned at count 0 (a decrement took it 1 -> 0, or
+    /// a reference went back to an idle level): release, unless a charge
+    /// came in since (it found `PINNED` and relies on the reference; the
+    /// last of its epoch releases it instead).
     #[inline(never)]
     fn unpin_idle(&self) {
         if self

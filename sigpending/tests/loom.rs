@@ -591,3 +591,67 @@ fn two_held_charges_racing_on_an_idle_level() {
         assert_eq!(weak.strong_count(), 0, "pin not released");
     });
 }
+
+/// The 1 -> 0 in one step racing a charge (which makes the level shared,
+/// for good) while another uncharge of the same level takes two steps: a
+/// level pinned with two charges; one thread drops one of them, another
+/// charges and drops once more, and the main thread drops the other. The
+/// one-step compare-and-swap, `SHARED` being set, and the two-step
+/// release interleave in every order (within the preemption bound): every charge is covered while it is counted, and the owner's
+/// one pin is released exactly once, with nothing charged.
+#[test]
+fn one_and_two_step_releases_racing_a_charge() {
+    model_bounded(3, || {
+        let user = std::sync::Arc::new(());
+        let weak = std::sync::Arc::downgrade(&user);
+        let account = Account::new(4, Owner::arc(&user));
+        account.charge().unwrap().forget();
+        account.charge().unwrap().forget();
+        let (a1, w1, a2) = (account.clone(), weak.clone(), account.clone());
+        let charger = thread::spawn(move || {
+            let c = a1.charge().unwrap();
+            assert!(w1.strong_count() > 1, "charged without a pin");
+            drop(c);
+        });
+        // SAFETY (both): balance the two forgotten charges.
+        let dropper = thread::spawn(move || unsafe { a2.uncharge_unchecked() });
+        unsafe { account.uncharge_unchecked() };
+        charger.join().unwrap();
+        dropper.join().unwrap();
+        assert_eq!(account.charged(), 0);
+        assert_eq!(weak.strong_count(), 1, "pin not released exactly once");
+        drop(user);
+    });
+}
+
+/// A one-step 1 -> 0 raced by charges from two other threads: its
+/// decrement finds a charge that came in, so it takes the pin off with
+/// the count and puts the reference back (`republish`) while the other
+/// charges pin, publish and release around it, and `SHARED` appears on
+/// the word at any count. Every charge is covered while counted, and
+/// exactly the one pin is released once nothing is charged.
+#[test]
+fn a_one_step_release_raced_by_two_charging_threads() {
+    model_bounded(4, || {
+        let user = std::sync::Arc::new(());
+        let weak = std::sync::Arc::downgrade(&user);
+        let account = Account::new(4, Owner::arc(&user));
+        account.charge().unwrap().forget();
+        let charger = |a: std::sync::Arc<Account>, w: std::sync::Weak<()>| {
+            move || {
+                let c = a.charge().unwrap();
+                assert!(w.strong_count() > 1, "charged without a pin");
+                drop(c);
+            }
+        };
+        let t1 = thread::spawn(charger(account.clone(), weak.clone()));
+        let t2 = thread::spawn(charger(account.clone(), weak.clone()));
+        // SAFETY: balances the forgotten charge.
+        unsafe { account.uncharge_unchecked() };
+        t1.join().unwrap();
+        t2.join().unwrap();
+        assert_eq!(account.charged(), 0);
+        assert_eq!(weak.strong_count(), 1, "pin not released exactly once");
+        drop(user);
+    });
+}
