@@ -19,11 +19,14 @@
 //!   program's), and the `dlopen` and `pthread_create` it interposes;
 //! - [`attach`]: attaching probes, patterns and objects loaded later;
 //! - [`handlers`]: what a hit does;
-//! - [`signals`]: SIGTRAP kept deliverable in every thread (preloaded).
+//! - [`signals`]: SIGTRAP kept deliverable in every thread (preloaded);
+//! - [`text`]: the agent's code pages given back when a session in a
+//!   running process ends.
 
 mod attach;
 mod handlers;
 mod signals;
+mod text;
 mod threads;
 
 use std::collections::HashSet;
@@ -350,6 +353,10 @@ impl Agent {
             // no longer finds the agent, and this thread is done with it.
             // SAFETY: as said.
             unsafe { self.report.unmap() };
+            // Last: what runs from here on reads its pages back.
+            if let Some(own) = &self.own_object {
+                text::give_back(own);
+            }
         }
         SESSION.store(false, Release);
     }
