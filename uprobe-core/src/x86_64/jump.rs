@@ -27,14 +27,14 @@
 //! bytes) is [`super::count`].
 
 use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction,
-    InstructionBlock, MemoryOperand, Mnemonic, OpKind, Register,
+    Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
 };
 
 use super::JUMP_LEN;
 use super::count::COPY_AT;
 pub(crate) use super::count::ENTRY_AT;
 use super::jump_entry::uprobe_core_jump_entry;
+use super::relocate::{self, Piece};
 use crate::code::trampolines::{CELL_AT, ENTRY_PTR_AT, Moves, TRAMPOLINE_SIZE};
 use crate::mode::NotOptimized;
 use crate::site::jump::FAST_AT;
@@ -46,6 +46,8 @@ pub(crate) struct Plan {
     pub(crate) start: usize,
     pub(crate) len: usize,
     insns: Vec<Instruction>,
+    /// The range's original bytes (`len` of them).
+    bytes: Vec<u8>,
 }
 
 impl Plan {
@@ -99,6 +101,7 @@ pub(crate) fn plan(
         return Ok(Plan {
             start: addr,
             len: first.len(),
+            bytes: here[..first.len()].to_vec(),
             insns: vec![first],
         });
     }
@@ -163,6 +166,7 @@ pub(crate) fn plan(
         start: addr,
         len,
         insns: range,
+        bytes: function.code[..len].to_vec(),
     })
 }
 
@@ -180,6 +184,7 @@ pub(crate) fn single(addr: usize, here: &[u8]) -> Result<Plan, NotOptimized> {
     Ok(Plan {
         start: addr,
         len: first.len(),
+        bytes: here[..first.len()].to_vec(),
         insns: vec![first],
     })
 }
@@ -290,14 +295,13 @@ pub(crate) fn build(
     // routine, and the way back to the relocated code.
     super::count::prelude(&mut code, CELL_AT, ENTRY_PTR_AT, FAST_AT);
 
-    let cannot = |_| NotOptimized::NotRelocatable {
-        why: "cannot be encoded at the trampoline",
-    };
-    let mut insns = Vec::new();
-    // Which of `insns` starts the copy of each range instruction.
-    let mut firsts = Vec::new();
+    let mut pieces = Vec::with_capacity(plan.insns.len() + 4);
+    // Which of `pieces` starts the copy of each range instruction.
+    let mut firsts = Vec::with_capacity(plan.insns.len());
     for insn in &plan.insns {
-        firsts.push(insns.len());
+        firsts.push(pieces.len());
+        let off = insn.ip() as usize - plan.start;
+        let bytes = &plan.bytes[off..off + insn.len()];
         if matches!(
             insn.flow_control(),
             FlowControl::Call | FlowControl::IndirectCall
@@ -306,71 +310,34 @@ pub(crate) fn build(
             // original return address (no flags touched), then jump (an
             // indirect call's operand read 8 bytes further up if it is
             // addressed from the stack pointer, which the push moved).
-            let ret = insn.next_ip();
-            insns.push(
-                Instruction::with2(
-                    Code::Lea_r64_m,
-                    Register::RSP,
-                    MemoryOperand::with_base_displ(Register::RSP, -8),
-                )
-                .map_err(cannot)?,
-            );
-            for (off, half) in [(0, ret as u32), (4, (ret >> 32) as u32)] {
-                insns.push(
-                    Instruction::with2(
-                        Code::Mov_rm32_imm32,
-                        MemoryOperand::with_base_displ(Register::RSP, off),
-                        half,
-                    )
-                    .map_err(cannot)?,
-                );
-            }
-            if insn.flow_control() == FlowControl::Call {
-                insns.push(
-                    Instruction::with_branch(Code::Jmp_rel32_64, insn.near_branch_target())
-                        .map_err(cannot)?,
-                );
+            pieces.push(Piece::PushAddress(insn.next_ip()));
+            pieces.push(if insn.flow_control() == FlowControl::Call {
+                Piece::Jump(insn.near_branch_target())
             } else {
-                let mut jmp = *insn;
-                jmp.set_code(Code::Jmp_rm64);
-                if jmp.op0_kind() == OpKind::Memory && jmp.memory_base() == Register::RSP {
-                    jmp.set_memory_displacement64(jmp.memory_displacement64().wrapping_add(8));
-                }
-                insns.push(jmp);
-            }
+                Piece::CallAsJump(insn, bytes)
+            });
         } else {
-            insns.push(*insn);
+            pieces.push(Piece::Moved(insn, bytes));
         }
     }
-    let back = (plan.start + plan.len) as u64;
-    insns.push(Instruction::with_branch(Code::Jmp_rel32_64, back).map_err(cannot)?);
+    pieces.push(Piece::Jump((plan.start + plan.len) as u64));
     let copy = base + COPY_AT;
-    let block = InstructionBlock::new(&insns, copy as u64);
-    let encoded = BlockEncoder::encode(
-        64,
-        block,
-        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
-    )
-    .map_err(|_| NotOptimized::NotRelocatable {
-        why: "cannot be relocated to the trampoline",
-    })?;
-    if encoded.code_buffer.len() > super::count::copy_room(TRAMPOLINE_SIZE) {
+    let (encoded, starts) =
+        relocate::encode(&pieces, copy as u64).ok_or(NotOptimized::NotRelocatable {
+            why: "cannot be relocated to the trampoline",
+        })?;
+    if encoded.len() > super::count::copy_room(TRAMPOLINE_SIZE) {
         return Err(NotOptimized::NotRelocatable {
             why: "relocated, it does not fit a trampoline",
         });
     }
-    code.extend_from_slice(&encoded.code_buffer);
+    code.extend_from_slice(&encoded);
     super::count::finish(&mut code, base, TRAMPOLINE_SIZE);
     let moves = plan
         .insns
         .iter()
         .zip(&firsts)
-        .map(|(insn, &k)| {
-            (
-                insn.ip() as usize,
-                copy + encoded.new_instruction_offsets[k] as usize,
-            )
-        })
+        .map(|(insn, &k)| (insn.ip() as usize, copy + starts[k] as usize))
         .collect();
     Ok((code, moves))
 }

@@ -9,6 +9,7 @@ mod insn;
 pub(crate) mod jump;
 pub(crate) mod jump_entry;
 pub(crate) mod pun;
+mod relocate;
 pub(crate) mod return_entry;
 pub(crate) mod trampoline;
 pub(crate) mod usdt;

@@ -1,9 +1,11 @@
-//! x86-64 out-of-line slots: the instruction re-encoded at the slot by
-//! iced-x86's block encoder (RIP-relative operands re-targeted), then a
-//! `jmp` back or an `int3`. The regions and their bookkeeping are the
+//! x86-64 out-of-line slots: the instruction moved to the slot
+//! (`super::relocate`: RIP-relative operands re-targeted), then a `jmp`
+//! back or an `int3`. The regions and their bookkeeping are the
 //! architecture-independent `crate::code::slots`.
 
-use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock};
+use iced_x86::Instruction;
+
+use super::relocate::{self, Piece};
 
 use crate::AttachError;
 use crate::code::slots::{self, SlotEnd};
@@ -16,7 +18,7 @@ pub(crate) fn slot_for(
     insn: &Instruction,
 ) -> Result<(usize, SlotEnd), AttachError> {
     slots::slot_for(addr, bytes, insn.is_ip_rel_memory_operand(), |slot, end| {
-        relocate(addr, insn, slot, end)
+        relocate(addr, bytes, insn, slot, end)
     })
 }
 
@@ -24,27 +26,21 @@ pub(crate) fn slot_for(
 /// instruction after it, or an `int3`.
 fn relocate(
     addr: usize,
+    bytes: &[u8],
     insn: &Instruction,
     slot: usize,
     end: SlotEnd,
 ) -> Result<Vec<u8>, AttachError> {
     let back = match end {
-        SlotEnd::JumpBack => Instruction::with_branch(Code::Jmp_rel32_64, insn.next_ip()),
-        SlotEnd::TrapBack => Ok(Instruction::with(Code::Int3)),
-    }
-    .map_err(|_| AttachError::Unsupported {
-        addr,
-        insn: super::insn::disassemble(insn),
-        why: "cannot encode the slot's way back",
-    })?;
-    let insns = [*insn, back];
-    let block = InstructionBlock::new(&insns, slot as u64);
-    let code = BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
-        .map_err(|_| AttachError::Unsupported {
+        SlotEnd::JumpBack => Piece::Jump(insn.next_ip()),
+        SlotEnd::TrapBack => Piece::Int3,
+    };
+    let pieces = [Piece::Moved(insn, &bytes[..insn.len()]), back];
+    let (code, _) =
+        relocate::encode(&pieces, slot as u64).ok_or_else(|| AttachError::Unsupported {
             addr,
             insn: super::insn::disassemble(insn),
             why: "cannot be relocated to an out-of-line slot",
-        })?
-        .code_buffer;
+        })?;
     Ok(code)
 }
