@@ -442,8 +442,8 @@ struct SymbolIndex {
 
 impl SymbolIndex {
     fn read(path: &Path) -> Option<Self> {
-        let data = std::fs::read(path).ok()?;
-        let elf = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
+        let file = crate::process::file::Mapped::open(path).ok()?;
+        let elf = ElfFile64::<object::Endianness>::parse(file.bytes()).ok()?;
         let mut by_name: std::collections::HashMap<String, Named> =
             std::collections::HashMap::new();
         let mut by_addr = Vec::new();

@@ -152,10 +152,10 @@ fn rseq_sections(l: &crate::process::symbols::Loaded) -> Vec<(usize, usize)> {
 }
 
 fn read_rseq_sections(l: &crate::process::symbols::Loaded) -> Vec<(usize, usize)> {
-    let Ok(data) = std::fs::read(&l.path) else {
+    let Ok(data) = crate::process::file::Mapped::open(&l.path) else {
         return Vec::new();
     };
-    let Ok(file) = object::File::parse(&*data) else {
+    let Ok(file) = object::File::parse(data.bytes()) else {
         return Vec::new();
     };
     let Some(section) = file.section_by_name("__rseq_cs") else {

@@ -155,8 +155,8 @@ fn notes_in_file(path: &Path) -> Result<Vec<Note>, AttachError> {
         path: path.display().to_string(),
         why,
     };
-    let data = std::fs::read(path).map_err(|e| unreadable(e.to_string()))?;
-    let file = object::File::parse(&*data).map_err(|e| unreadable(e.to_string()))?;
+    let data = crate::process::file::Mapped::open(path).map_err(|e| unreadable(e.to_string()))?;
+    let file = object::File::parse(data.bytes()).map_err(|e| unreadable(e.to_string()))?;
     let little = file.is_little_endian();
     let word = if file.is_64() { 8 } else { 4 };
     let base_section = file.section_by_name(".stapsdt.base").map(|s| s.address());
