@@ -24,8 +24,8 @@ struct Clean {
     end: usize,
 }
 
-/// The never-written mappings of `object` in an `smaps` text.
-fn clean_mappings(smaps: &str, object: &Path) -> Vec<Clean> {
+/// The never-written mappings of `object` in the lines of an `smaps`.
+fn clean_mappings<L: AsRef<str>>(smaps: impl IntoIterator<Item = L>, object: &Path) -> Vec<Clean> {
     let mut found = Vec::new();
     // The mapping whose fields are being read, if it is a candidate.
     let mut current: Option<Clean> = None;
@@ -37,7 +37,8 @@ fn clean_mappings(smaps: &str, object: &Path) -> Vec<Clean> {
             found.push(m);
         }
     };
-    for line in smaps.lines() {
+    for line in smaps {
+        let line = line.as_ref();
         if let Some((range, perms, path)) = mapping_header(line) {
             finish(&mut current, written);
             written = false;
@@ -77,11 +78,15 @@ fn mapping_header(line: &str) -> Option<(&str, &str, &Path)> {
 /// process; returns the bytes of address space advised. Not
 /// async-signal-safe (reads `/proc`, allocates).
 pub(crate) fn give_back(object: &Path) -> usize {
-    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+    let Ok(smaps) = std::fs::File::open("/proc/self/smaps") else {
         return 0;
     };
+    // Line by line: the whole text (hundreds of KiB in a large process)
+    // in one allocation would be served by `mmap`, and freeing it would
+    // raise glibc's mmap threshold in the program for good.
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(smaps)).map_while(Result::ok);
     let mut advised = 0;
-    for m in clean_mappings(&smaps, object) {
+    for m in clean_mappings(lines, object) {
         // SAFETY: a whole mapping of the agent's file that holds no
         // private page and cannot be written: its pages are the file's,
         // and dropping them only makes the next access read them again.
@@ -124,7 +129,7 @@ Anonymous:             4 kB
 
     #[test]
     fn only_never_written_mappings_of_the_object_are_dropped() {
-        let found = clean_mappings(SMAPS, Path::new("/opt/agent.so"));
+        let found = clean_mappings(SMAPS.lines(), Path::new("/opt/agent.so"));
         assert_eq!(
             found,
             [
@@ -139,7 +144,7 @@ Anonymous:             4 kB
             ],
             "the RELRO mapping (private pages) and the writable one stay"
         );
-        assert!(clean_mappings(SMAPS, Path::new("/opt/other.so")).is_empty());
+        assert!(clean_mappings(SMAPS.lines(), Path::new("/opt/other.so")).is_empty());
     }
 
     #[test]
