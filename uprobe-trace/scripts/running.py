@@ -196,8 +196,10 @@ def main():
     time.sleep(0.5)
     rows.append(("uprobe-trace", live and (live - t0) / 1e6, stall, traced, calls, rc))
 
-    differ = t.code_differs()
+    # RSS first: reading the code through /proc/PID/mem faults its pages
+    # into the program.
     rss1 = t.rss_kib()
+    differ = t.code_differs()
 
     if have_bpftrace:
         t0, first, t1, out = bpftrace(t.p.pid, exe, FUNCS, "@c = count();", 2)
@@ -221,7 +223,9 @@ def main():
     print(f"After uprobe-trace's detach: {differ} bytes of code differ from the files; "
           f"RSS {rss1 - rss0:+d} KiB against before.\n")
 
-    # Cycles.
+    # Cycles, against the RSS before them (after the checks above, whose
+    # reads of the code through /proc/PID/mem fault pages in).
+    rss_c0 = t.rss_kib()
     crashes = 0
     for i in range(a.cycles):
         _, _, _, err, rc = uprobe_trace(a.trace, t.p.pid, funcs, 0.05)
@@ -233,7 +237,7 @@ def main():
     time.sleep(1.5)
     if t.alive():
         print(f"{a.cycles} attach/detach cycles: {crashes} failed, target alive; "
-              f"descriptors {t.fds() - fds0:+d}, RSS {t.rss_kib() - rss0:+d} KiB against the start, "
+              f"descriptors {t.fds() - fds0:+d}, RSS {t.rss_kib() - rss_c0:+d} KiB against before them, "
               f"{t.code_differs()} bytes of code differ from the files.\n")
     else:
         print(f"{a.cycles} attach/detach cycles: the target died\n")
