@@ -596,9 +596,10 @@ fn two_held_charges_racing_on_an_idle_level() {
 /// for good) while another uncharge of the same level takes two steps: a
 /// level pinned with two charges; one thread drops one of them, another
 /// charges and drops once more, and the main thread drops the other. The
-/// one-step compare-and-swap, `SHARED` being set, and the two-step
-/// release interleave in every order (within the preemption bound): every charge is covered while it is counted, and the owner's
-/// one pin is released exactly once, with nothing charged.
+/// one-step decrement, the reference it puts back, and the two-step
+/// release interleave in every order (within the preemption bound):
+/// every charge is covered while it is counted, and the owner's one pin
+/// is released exactly once, with nothing charged.
 #[test]
 fn one_and_two_step_releases_racing_a_charge() {
     model_bounded(3, || {
@@ -627,9 +628,10 @@ fn one_and_two_step_releases_racing_a_charge() {
 /// A one-step 1 -> 0 raced by charges from two other threads: its
 /// decrement finds a charge that came in, so it takes the pin off with
 /// the count and puts the reference back (`republish`) while the other
-/// charges pin, publish and release around it, and `SHARED` appears on
-/// the word at any count. Every charge is covered while counted, and
-/// exactly the one pin is released once nothing is charged.
+/// charges pin, publish and release around it (the two-step release of
+/// one of them may find `PINNED` put back at count 0). Every charge is
+/// covered while counted, and exactly the one pin is released once
+/// nothing is charged.
 #[test]
 fn a_one_step_release_raced_by_two_charging_threads() {
     model_bounded(4, || {
