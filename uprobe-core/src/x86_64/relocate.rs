@@ -9,9 +9,11 @@
 //! re-targeted); a direct `jmp`, `jcc` or `call` (written in its `rel32`
 //! form, re-targeted); and the few instructions the engine adds around
 //! them (a `jmp rel32`, a return address pushed without touching flags,
-//! an `int3`). Those are written here. Anything else (an indirect call
-//! made a jump, a target out of `rel32` reach) goes through the block
-//! encoder, as everything did before.
+//! an `int3`, an indirect call made the jump through its operand). Those
+//! are written here. Anything else (an indirect call through the stack
+//! pointer, whose displacement changes; a branch without a `rel32` form
+//! or with an operand-size prefix; a target out of `rel32` reach) goes
+//! through the block encoder, as everything did before.
 //!
 //! Why not always the block encoder: iced-x86 builds its encoder's tables
 //! on first use (about 560 KiB of heap, a `lazy_static` never freed). In
@@ -87,8 +89,12 @@ fn moved(insn: &Instruction, bytes: &[u8], here: u64, code: &mut Vec<u8>) -> Opt
         {
             let op = opcode(bytes)?;
             // Its prefixes (branch hints, `bnd`) as they were, then the
-            // `rel32` form of its opcode.
+            // `rel32` form of its opcode; not with `66`, which makes the
+            // offset 16 bits on some CPUs.
             let mut out = bytes[..bytes.len() - op.len()].to_vec();
+            if out.contains(&0x66) {
+                return None;
+            }
             match op {
                 [0xeb | 0xe9, ..] => out.push(0xe9),
                 [0xe8, ..] => out.push(0xe8),
@@ -422,8 +428,13 @@ mod tests {
         let riprel = [0x48, 0x8b, 0x05, 0, 0, 0, 0];
         let i = insn(&riprel, from);
         assert!(by_hand(&[Piece::Moved(&i, &riprel)], from + (1 << 40)).is_none());
-        // Branches without a rel32 form, and made instructions.
-        for bytes in [&[0xe3, 0x10][..], &[0xe2, 0x10], &[0xc7, 0xf8, 0, 0, 0, 0]] {
+        // Branches without a rel32 form, or with an operand-size prefix.
+        for bytes in [
+            &[0xe3, 0x10][..],
+            &[0xe2, 0x10],
+            &[0xc7, 0xf8, 0, 0, 0, 0],
+            &[0x66, 0x74, 0x10],
+        ] {
             let i = insn(bytes, from);
             assert!(
                 by_hand(&[Piece::Moved(&i, bytes)], from).is_none(),
