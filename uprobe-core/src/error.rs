@@ -170,6 +170,15 @@ pub enum AttachError {
         /// The probe whose jump depends on it.
         site: usize,
     },
+    /// [`Uprobe::count_into`](crate::Uprobe::count_into) was given fewer
+    /// cells than a counter needs on this machine
+    /// ([`count_cells`](crate::count_cells)).
+    TooFewCountCells {
+        /// Cells given.
+        given: usize,
+        /// Cells needed.
+        needed: usize,
+    },
     /// This architecture has no engine yet.
     UnsupportedArch,
     /// A system call failed while installing the handler or patching.
@@ -273,6 +282,9 @@ impl core::fmt::Display for AttachError {
                 f,
                 "{addr:#x} is part of the one-byte jump of the probe at {site:#x}, in code that runs with signals blocked: it cannot change while that probe is attached"
             ),
+            Self::TooFewCountCells { given, needed } => {
+                write!(f, "{given} count cells given, but counting needs {needed} here (a CPU's each, and one)")
+            }
             Self::UnsupportedArch => f.write_str("no probe engine for this architecture yet"),
             Self::Os { what, errno } => write!(
                 f,

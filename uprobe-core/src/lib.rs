@@ -195,7 +195,11 @@
 //! for both; when it leaves, the trampoline counts again. Threads whose
 //! rseq area is not registered take the engine's path. x86-64 with BMI2
 //! and glibc's rseq registration; elsewhere a counting probe's hits run
-//! the engine.
+//! the engine. The counts may live in memory the caller provides
+//! ([`Uprobe::count_into`], [`CountCell`]: a mapping shared with a
+//! reporting process, or with fork children), and a tool's own threads
+//! can be left out of every count and handler
+//! ([`set_thread_observed`]).
 //!
 //! **Patching** follows the kernel's `text_poke_bp`: with the breakpoint
 //! on the first byte and every thread's instruction stream synced, the
@@ -466,6 +470,38 @@ pub use memory::{CodeMemory, code_memory};
 pub use mode::{Mode, NotOptimized, Tactic};
 #[cfg(uprobe_engine)]
 pub use probe::{Probe, Uprobe};
+pub use site::count::{CountCell, count_cells};
+
+/// Makes probe hits of the calling thread observed or not, and returns
+/// whether they were. A hit in a thread that is not observed runs no
+/// handler, entry or return, and counts nothing (not even as missed): for
+/// a tool's own threads, whose calls to probed functions (`malloc` while
+/// it reports) are not the program's. The engine's own service threads
+/// are not observed. Threads start observed; a fork child's thread
+/// inherits its parent's setting. **Async-signal-safe** (one
+/// thread-local store); from a handler, it takes effect at the thread's
+/// next hit after the handler.
+///
+/// ```
+/// # #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))] {
+/// use uprobe_core::{Uprobe, set_thread_observed};
+/// #[inline(never)]
+/// extern "C" fn tick(x: u64) -> u64 { std::hint::black_box(x + 1) }
+/// // SAFETY: a function's address is an instruction's first byte.
+/// let probe = unsafe { Uprobe::address(tick as usize) }.attach()?;
+/// tick(1);
+/// assert!(set_thread_observed(false));
+/// tick(2);
+/// assert!(!set_thread_observed(true));
+/// tick(3);
+/// assert_eq!(probe.hits(), 2);
+/// # }
+/// # Ok::<(), uprobe_core::AttachError>(())
+/// ```
+#[allow(clippy::must_use_candidate)] // called for its effect; the old setting is a convenience
+pub fn set_thread_observed(observed: bool) -> bool {
+    thread::set_observed(observed)
+}
 
 /// Frees what the engine keeps only to make later attaches faster: the
 /// symbol indexes of the objects it looked at and their rseq critical

@@ -49,6 +49,8 @@ pub struct Uprobe {
     trap_only: bool,
     /// The USDT probe it was made on: its arguments and semaphore.
     usdt: Option<(Arc<[crate::usdt::UsdtArg]>, Option<usize>)>,
+    /// Where its hits are counted, if not in the engine's own counters.
+    cells: Option<&'static [crate::CountCell]>,
 }
 
 impl Uprobe {
@@ -71,6 +73,7 @@ impl Uprobe {
             only_tid: 0,
             function: None,
             invalid: None,
+            cells: None,
             allow_blocked: false,
             trap_only: false,
             usdt: None,
@@ -164,6 +167,7 @@ impl Uprobe {
             only_tid: 0,
             function: Some(function),
             invalid: None,
+            cells: None,
             allow_blocked: false,
             trap_only: false,
             usdt: None,
@@ -368,6 +372,44 @@ impl Uprobe {
         self
     }
 
+    /// Counts this probe's hits in `cells` (memory the caller owns: a
+    /// `MAP_SHARED` mapping another process reads, say) instead of the
+    /// engine's own counters; [`Probe::hits`] sums them. For a counting
+    /// probe (no handler, no thread filter) the trampoline adds to them
+    /// itself, as to the engine's counters (see the crate docs' "Counting
+    /// probes"); for a probe with a handler, the hits that ran it are
+    /// counted there. Several probes may count into the same cells (their
+    /// sum is then what each probe's `hits` reports). `cells` must hold at
+    /// least [`count_cells()`](crate::count_cells) cells; with fewer,
+    /// [`attach`](Self::attach) fails with
+    /// [`AttachError::TooFewCountCells`].
+    ///
+    /// ```
+    /// # #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))] {
+    /// use uprobe_core::{CountCell, Uprobe, count_cells};
+    /// #[inline(never)]
+    /// extern "C" fn tick(x: u64) -> u64 { std::hint::black_box(x + 1) }
+    /// let cells: &'static [CountCell] =
+    ///     Box::leak((0..count_cells()).map(|_| CountCell::new()).collect());
+    /// // SAFETY: a function's address is an instruction's first byte.
+    /// let probe = unsafe { Uprobe::address(tick as usize) }.count_into(cells).attach()?;
+    /// for i in 0..10 { tick(i); }
+    /// assert_eq!((CountCell::sum(cells), probe.hits()), (10, 10));
+    /// # }
+    /// # Ok::<(), uprobe_core::AttachError>(())
+    /// ```
+    #[must_use]
+    pub fn count_into(mut self, cells: &'static [crate::CountCell]) -> Self {
+        if self.invalid.is_none() && cells.len() < crate::count_cells() {
+            self.invalid = Some(AttachError::TooFewCountCells {
+                given: cells.len(),
+                needed: crate::count_cells(),
+            });
+        }
+        self.cells = Some(cells);
+        self
+    }
+
     /// Keeps the probe on the trap path (a breakpoint and the SIGTRAP
     /// handler) even where its site could take a jump. The mode is the
     /// address's: a trap-only probe joining an optimized address turns it
@@ -420,8 +462,13 @@ impl Uprobe {
                     usdt_args: p.usdt.as_ref().map(|(args, _)| Arc::clone(args)),
                     semaphore: p.usdt.as_ref().and_then(|&(_, sem)| sem),
                     counting,
-                    fast: (counting && crate::site::count::enabled())
-                        .then(crate::site::count::FastCount::new),
+                    fast: match p.cells {
+                        // Checked by `count_into` (an invalid probe does
+                        // not get here).
+                        Some(cells) => crate::site::count::FastCount::borrowed(cells),
+                        None => (counting && crate::site::count::enabled())
+                            .then(crate::site::count::FastCount::new),
+                    },
                 });
                 (p.addr, consumer)
             })

@@ -1,8 +1,9 @@
 //! What the engine keeps per thread, below everything else: the thread's
 //! kernel id, whether it is inside the engine (a hit there runs no
-//! handler), whether it holds the probe table's write side, how deep its
-//! trap handlers are nested, and the way out when something cannot go on
-//! (`fatal`). Nothing here knows about probes.
+//! handler) or not observed at all (a hit there runs no handler and
+//! counts nothing: [`set_observed`]), whether it holds the probe table's
+//! write side, how deep its trap handlers are nested, and the way out when
+//! something cannot go on (`fatal`). Nothing here knows about probes.
 //!
 //! Every function is async-signal-safe: per-thread state without
 //! destructors, and raw system calls.
@@ -38,8 +39,13 @@ use core::cell::Cell;
 /// (`.tbss`).
 #[repr(C)]
 struct State {
-    /// Set while this thread runs the engine's handler or a consumer.
-    in_engine: Cell<bool>,
+    /// [`IN_ENGINE`] while this thread runs the engine's handler or a
+    /// consumer, [`UNOBSERVED`] while its hits are not observed; 0 for a
+    /// thread whose hits run handlers. Both bits are far above any CPU
+    /// id: the x86-64 counting prelude adds this word to the CPU id it
+    /// checks, so that a thread with either bit set takes the full path
+    /// (`crate::arch::count`).
+    flags: Cell<u32>,
     /// Set while this thread holds the probe table's write side (its own
     /// traps then look up without the read side, which would deadlock).
     writing: Cell<bool>,
@@ -119,7 +125,7 @@ fn state() -> &'static State {
     std::thread_local! {
         static STATE: State = const {
             State {
-                in_engine: Cell::new(false),
+                flags: Cell::new(0),
                 writing: Cell::new(false),
                 trap_depth: Cell::new(0),
                 tid: Cell::new(0),
@@ -186,17 +192,70 @@ pub(crate) extern "C" fn forget_tid() {
     state().tid.set(0);
 }
 
-/// Marks the thread as inside the engine; returns whether it already was
-/// (then no handler may run). Async-signal-safe.
+/// [`State::flags`]: the thread runs the engine's handler or a consumer.
+const IN_ENGINE: u32 = 1 << 31;
+/// [`State::flags`]: the thread's hits are not observed ([`set_observed`]).
+const UNOBSERVED: u32 = 1 << 30;
+
+/// Marks the thread as inside the engine; returns whether it already was,
+/// or is not observed (then no handler may run, and nothing is marked).
+/// Async-signal-safe.
 #[inline]
 pub(crate) fn enter() -> bool {
-    state().in_engine.replace(true)
+    let state = state();
+    if state.flags.get() != 0 {
+        return true;
+    }
+    state.flags.set(IN_ENGINE);
+    false
 }
 
 /// Undoes [`enter`], given what it returned. Async-signal-safe.
 #[inline]
 pub(crate) fn leave(was_inside: bool) {
-    state().in_engine.set(was_inside);
+    if !was_inside {
+        let state = state();
+        state.flags.set(state.flags.get() & !IN_ENGINE);
+    }
+}
+
+/// Whether hits of the calling thread are observed (see [`set_observed`]).
+/// Async-signal-safe.
+#[inline]
+pub(crate) fn observed() -> bool {
+    state().flags.get() & UNOBSERVED == 0
+}
+
+/// Makes hits of the calling thread observed or not; returns whether they
+/// were. A hit in a thread that is not observed runs no handler, entry or
+/// return, and counts nothing, on either way in. Async-signal-safe (one
+/// thread-local store).
+pub(crate) fn set_observed(on: bool) -> bool {
+    let state = state();
+    let flags = state.flags.get();
+    state.flags.set(if on {
+        flags & !UNOBSERVED
+    } else {
+        flags | UNOBSERVED
+    });
+    flags & UNOBSERVED == 0
+}
+
+/// Where the calling thread's flag word lies, from the thread pointer
+/// (the same for every thread: static TLS). What the x86-64 counting
+/// prelude reads. Async-signal-safe.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn flags_offset() -> isize {
+    let tp: usize;
+    // SAFETY: reads the TCB's self pointer, `fs:0`.
+    unsafe {
+        core::arch::asm!(
+            "mov {tp}, qword ptr fs:[0]",
+            tp = out(reg) tp,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    (core::ptr::from_ref(&state().flags) as usize).wrapping_sub(tp) as isize
 }
 
 /// Runs `f` as one more nested trap handler of the engine on this thread

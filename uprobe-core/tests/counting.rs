@@ -251,3 +251,205 @@ fn counting_probes_attach_and_detach_under_callers() {
     let rounds = if common::emulated() { 50 } else { 300 };
     churn_under_callers(counted_fn, |x| x + 1, 2, rounds);
 }
+
+/// `count_cells()` cells in a shared anonymous mapping (a fork child
+/// writes to the parent's), leaked: probes may count into them for the
+/// rest of the process.
+fn shared_cells() -> &'static [uprobe_core::CountCell] {
+    let n = uprobe_core::count_cells();
+    let len = n * size_of::<uprobe_core::CountCell>();
+    // SAFETY: a fresh shared anonymous mapping, zeroed, page-aligned.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: `len` zeroed bytes, aligned (a page), never unmapped; zero
+    // is a `CountCell` at zero.
+    unsafe { core::slice::from_raw_parts(p.cast::<uprobe_core::CountCell>(), n) }
+}
+
+#[test]
+fn counts_into_caller_cells_are_exact_from_threads_and_a_child() {
+    let _s = serial();
+    let memory = shared_cells();
+    let probe = probe_at(fn_addr(counted_fn))
+        .count_into(memory)
+        .attach()
+        .unwrap();
+    #[cfg(target_arch = "x86_64")]
+    assert!(probe.mode().is_jump(), "{:?}", probe.mode());
+    let cpus = allowed_cpus();
+    let (threads, calls) = (3u64, if common::emulated() { 5_000 } else { 50_000 });
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let cpus = &cpus;
+            s.spawn(move || {
+                for i in 0..calls {
+                    if i % 1_000 == 0 {
+                        pin_to(cpus[(t as usize + (i / 1_000) as usize) % cpus.len()]);
+                    }
+                    assert_eq!(call(counted_fn, i), i + 1);
+                }
+            });
+        }
+    });
+    let mut expected = threads * calls;
+    assert_eq!(probe.hits(), expected);
+    assert_eq!(uprobe_core::CountCell::sum(memory), expected);
+    if !common::emulated() {
+        // SAFETY: the child only calls the probed function and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            for i in 0..500 {
+                call(counted_fn, i);
+            }
+            // SAFETY: leaves the child without running the parent's tests.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        // SAFETY: our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &raw mut status, 0) }, pid);
+        // The child's counts are in the shared cells.
+        expected += 500;
+        assert_eq!(uprobe_core::CountCell::sum(memory), expected);
+    }
+    // A probe with a handler at the same address: every hit runs the
+    // engine, which counts the counting probe's in the last cell.
+    let with_handler = probe_at(fn_addr(counted_fn))
+        .on_entry(|_| {})
+        .attach()
+        .unwrap();
+    for i in 0..100 {
+        call(counted_fn, i);
+    }
+    with_handler.detach().unwrap();
+    expected += 100;
+    assert_eq!(probe.hits(), expected);
+    probe.detach().unwrap();
+    // Detached: nothing counts any more.
+    call(counted_fn, 1);
+    assert_eq!(uprobe_core::CountCell::sum(memory), expected);
+}
+
+#[test]
+fn a_handler_probe_counts_the_hits_it_ran_into_caller_cells() {
+    let _s = serial();
+    let cells = shared_cells();
+    let seen = std::sync::Arc::new(AtomicU64::new(0));
+    let s2 = std::sync::Arc::clone(&seen);
+    let probe = probe_at(fn_addr(counted_fn))
+        .count_into(cells)
+        .on_entry(move |_| {
+            s2.fetch_add(1, SeqCst);
+        })
+        .attach()
+        .unwrap();
+    for i in 0..1_000 {
+        call(counted_fn, i);
+    }
+    assert_eq!(seen.load(SeqCst), 1_000);
+    assert_eq!(uprobe_core::CountCell::sum(cells), 1_000);
+    assert_eq!(probe.hits(), 1_000);
+    probe.detach().unwrap();
+}
+
+#[test]
+fn too_few_count_cells_are_refused_at_attach() {
+    let cells: &'static [uprobe_core::CountCell] = Box::leak(Box::new([]));
+    let e = probe_at(fn_addr(counted_fn))
+        .count_into(cells)
+        .attach()
+        .expect_err("refused");
+    assert!(
+        matches!(
+            e,
+            uprobe_core::AttachError::TooFewCountCells { given: 0, needed } if needed == uprobe_core::count_cells()
+        ),
+        "{e}"
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+core::arch::global_asm!(
+    ".text",
+    ".globl handled_fn",
+    ".type handled_fn, @function",
+    "handled_fn:",
+    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+    "lea rax, [rdi + 2]",
+    "ret",
+    ".size handled_fn, . - handled_fn",
+);
+
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(
+    ".text",
+    ".globl handled_fn",
+    ".type handled_fn, %function",
+    "handled_fn:",
+    "nop",
+    "add x0, x0, #2",
+    "ret",
+    ".size handled_fn, . - handled_fn",
+);
+
+unsafe extern "C" {
+    fn handled_fn(x: u64) -> u64;
+}
+
+#[test]
+fn a_thread_not_observed_runs_no_handler_and_counts_nothing() {
+    let _s = serial();
+    // A counting probe, and a handler probe whose handler calls the
+    // counted function (a hit nested in the engine, which counts).
+    let counting = counting_probe();
+    let ran = std::sync::Arc::new(AtomicU64::new(0));
+    let r2 = std::sync::Arc::clone(&ran);
+    let handled = probe_at(fn_addr(handled_fn))
+        .on_entry(move |_| {
+            r2.fetch_add(1, SeqCst);
+            call(counted_fn, 0);
+        })
+        .attach()
+        .unwrap();
+    let trapped = std::sync::Arc::new(AtomicU64::new(0));
+    let t2 = std::sync::Arc::clone(&trapped);
+    // The handler probe's site on a breakpoint too: the other way in.
+    let on_trap = probe_at(fn_addr(handled_fn) + 5)
+        .trap_only()
+        .on_entry(move |_| {
+            t2.fetch_add(1, SeqCst);
+        })
+        .attach()
+        .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            assert!(uprobe_core::set_thread_observed(false));
+            for i in 0..1_000 {
+                assert_eq!(call(counted_fn, i), i + 1);
+                assert_eq!(call(handled_fn, i), i + 2);
+            }
+            assert!(!uprobe_core::set_thread_observed(true));
+            // Observed again.
+            call(counted_fn, 0);
+            call(handled_fn, 0);
+        });
+    });
+    // The observed calls only: one of each, and the nested call of the
+    // counted function from the handler.
+    assert_eq!(ran.load(SeqCst), 1);
+    assert_eq!(trapped.load(SeqCst), 1);
+    assert_eq!(counting.hits(), 2);
+    assert_eq!(handled.missed(), 0);
+    for p in [counting, handled, on_trap] {
+        p.detach().unwrap();
+    }
+}

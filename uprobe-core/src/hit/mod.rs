@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use crate::site::Site;
 use crate::site::consumer::Consumer;
 use crate::site::returns::ReturnProbe;
-use crate::thread::{AbortOnUnwind, current_tid, enter, leave};
+use crate::thread::{AbortOnUnwind, current_tid, enter, leave, observed};
 
 /// Runs the consumers of `site` with the registers `frame` (unless the
 /// thread is already inside the engine: then the hit is counted as
@@ -53,7 +53,7 @@ pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool
 /// handler moved the instruction pointer. Async-signal-safe.
 #[inline]
 fn run_one(c: &Consumer, addr: usize, frame: &mut crate::arch::Frame) -> bool {
-    c.hits.add(1);
+    c.count_hit();
     let out = c.handler.run(frame, addr, c.usdt_args.as_deref());
     if out.remove() {
         c.removed.store(true, Ordering::Relaxed);
@@ -84,14 +84,17 @@ fn run_each(consumers: &[Arc<Consumer>], addr: usize, frame: &mut crate::arch::F
 
 /// A hit of a thread already inside the engine: no handler runs; counted
 /// as missed, and for counting probes as a hit (their counts stay exact).
-/// Async-signal-safe.
+/// A thread that is not observed counts nothing. Async-signal-safe.
 #[cold]
 fn nested(site: &Site) {
+    if !observed() {
+        return;
+    }
     site.missed.add(1);
     // SAFETY: as in `run_consumers`.
     let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
     for c in consumers.iter().filter(|c| c.counting) {
-        c.hits.add(1);
+        c.count_hit();
     }
 }
 

@@ -454,7 +454,9 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
             }
             tr.finish(inst, |part, inst| {
                 if was_inside {
-                    part.counters.missed.fetch_add(1, Ordering::Relaxed);
+                    if crate::thread::observed() {
+                        part.counters.missed.fetch_add(1, Ordering::Relaxed);
+                    }
                     return;
                 }
                 crate::table::lookup::with_read_side(|| {
@@ -577,6 +579,8 @@ extern "C" fn after_fork_in_child() {
 /// fork child, where the lease set's expiry thread does not exist, it also
 /// expires every lease each round (as the kernel expires a child's).
 fn service(threads: &'static Threads, forked: bool) {
+    // Its calls (frees of stacks) are not the program's.
+    crate::thread::set_observed(false);
     loop {
         std::thread::sleep(SERVICE_PERIOD);
         reap(threads);

@@ -38,13 +38,28 @@ pub(crate) struct Consumer {
     /// its hits are counted even where no handler may run (a hit nested
     /// in the engine).
     pub(crate) counting: bool,
-    /// A counting probe's counts taken by trampolines themselves (see
-    /// [`super::count`]); `None` for a probe with a handler, or where
-    /// trampolines do not count.
+    /// Where trampolines count a counting probe's hits (see
+    /// [`super::count`]), and where every hit of a probe made with
+    /// [`Uprobe::count_into`](crate::Uprobe::count_into) is counted;
+    /// `None` for a probe with a handler and the engine's counters, or
+    /// where trampolines do not count.
     pub(crate) fast: Option<super::count::FastCount>,
 }
 
 impl Consumer {
+    /// Counts a hit the engine saw (in the caller's cells, or the
+    /// consumer's own counter). Async-signal-safe.
+    #[inline]
+    pub(crate) fn count_hit(&self) {
+        if !self
+            .fast
+            .as_ref()
+            .is_some_and(super::count::FastCount::count_slow)
+        {
+            self.hits.add(1);
+        }
+    }
+
     /// Hits counted: by the full path and by the trampolines' own
     /// counting. Async-signal-safe.
     pub(crate) fn hits(&self) -> u64 {

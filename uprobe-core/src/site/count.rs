@@ -34,11 +34,75 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use pcpu::PerCpu;
 
+/// One CPU's counter of a counting probe whose counts live in memory the
+/// caller provides ([`Uprobe::count_into`](crate::Uprobe::count_into)):
+/// a 64-bit count alone on 128 bytes, the stride trampolines index.
+///
+/// A probe counting into a slice of them adds to cell `n` only while it
+/// runs on CPU `n`, inside a restartable sequence, and to the last cell
+/// (index [`count_cells()`]` - 1`) with an atomic add where no sequence
+/// can run (a thread without rseq, a hit the engine itself counts); so
+/// the cells may be shared with other processes (a `MAP_SHARED` mapping:
+/// restartable sequences are per CPU, whatever process runs there) and
+/// read at any time by summing them.
+///
+/// ```
+/// use uprobe_core::{CountCell, count_cells};
+/// let cells: &'static [CountCell] =
+///     Box::leak((0..count_cells()).map(|_| CountCell::new()).collect());
+/// assert_eq!(CountCell::sum(cells), 0);
+/// ```
+#[repr(C, align(128))]
+#[derive(Debug, Default)]
+pub struct CountCell {
+    count: AtomicU64,
+}
+
+impl CountCell {
+    /// A cell at zero.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// This cell's count. Async-signal-safe.
+    #[must_use]
+    pub fn get(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// The wrapping sum of `cells`' counts: the hits of the probes that
+    /// count into them. Async-signal-safe.
+    #[must_use]
+    pub fn sum(cells: &[Self]) -> u64 {
+        cells.iter().fold(0, |s, c| s.wrapping_add(c.get()))
+    }
+}
+
+/// How many [`CountCell`]s a probe counting into caller memory needs: one
+/// per possible CPU, and one more for hits counted without a restartable
+/// sequence. The same in every process of this machine. Not
+/// async-signal-safe on the first call (it reads the possible CPUs).
+#[must_use]
+pub fn count_cells() -> usize {
+    pcpu::possible_cpus() + 1
+}
+
+/// Where a counting probe's fast-path counts go.
+enum Cells {
+    /// The engine's own per-CPU counters.
+    Owned(PerCpu<AtomicU64>),
+    /// The caller's ([`count_cells`] of them at least, checked at attach).
+    Borrowed(&'static [CountCell]),
+}
+
 /// The per-CPU counts of a counting probe's fast path: what its
 /// trampolines add to, one slot per CPU (the layout the architecture's
 /// prelude indexes).
 pub(crate) struct FastCount {
-    slots: PerCpu<AtomicU64>,
+    cells: Cells,
 }
 
 impl FastCount {
@@ -55,20 +119,63 @@ impl FastCount {
             crate::arch::count::fits(slot(1) - slot(0), slots.cpus()),
             "per-CPU counters laid out as trampolines do not expect"
         );
-        Self { slots }
+        Self {
+            cells: Cells::Owned(slots),
+        }
+    }
+
+    /// The caller's cells, or `None` where fewer than [`count_cells`]
+    /// are given. Where trampolines count, they add to these; the
+    /// engine's path adds to the last one (see [`CountCell`]). Not
+    /// async-signal-safe.
+    pub(crate) fn borrowed(cells: &'static [CountCell]) -> Option<Self> {
+        Some(Self {
+            cells: Cells::Borrowed(cells.get(..count_cells())?),
+        })
     }
 
     /// Slot 0's counter: what a trampoline's cell points at (on the
     /// heap: it stays where it is when the `FastCount` moves).
     pub(crate) fn base(&self) -> *mut AtomicU64 {
-        core::ptr::from_ref(self.slots.get(0).expect("slot 0")).cast_mut()
+        match &self.cells {
+            Cells::Owned(slots) => core::ptr::from_ref(slots.get(0).expect("slot 0")).cast_mut(),
+            Cells::Borrowed(cells) => core::ptr::from_ref(&cells[0].count).cast_mut(),
+        }
+    }
+
+    /// Whether trampolines may count into these cells (the engine's own
+    /// always fit; the caller's where trampolines count at all).
+    pub(crate) fn trampolines_count(&self) -> bool {
+        match &self.cells {
+            Cells::Owned(_) => true,
+            Cells::Borrowed(_) => enabled(),
+        }
+    }
+
+    /// Counts a hit the engine's path saw, for a probe counting into the
+    /// caller's cells (`false`: the engine's own counters are not
+    /// these; the caller counts in the consumer's). Async-signal-safe.
+    #[inline]
+    pub(crate) fn count_slow(&self) -> bool {
+        match &self.cells {
+            Cells::Owned(_) => false,
+            Cells::Borrowed(cells) => {
+                if let Some(last) = cells.last() {
+                    last.count.fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            }
+        }
     }
 
     /// Hits counted on the fast path. Async-signal-safe.
     pub(crate) fn sum(&self) -> u64 {
-        self.slots
-            .iter()
-            .fold(0, |s, c| s.wrapping_add(c.load(Ordering::Relaxed)))
+        match &self.cells {
+            Cells::Owned(slots) => slots
+                .iter()
+                .fold(0, |s, c| s.wrapping_add(c.load(Ordering::Relaxed))),
+            Cells::Borrowed(cells) => CountCell::sum(cells),
+        }
     }
 }
 

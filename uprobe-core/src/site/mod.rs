@@ -191,9 +191,10 @@ impl Site {
 /// thread can still add to it (see [`count`]). The attach lock is held.
 fn sync_fast(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
     let want = match list {
-        [only] => only
+        [only] if only.counting => only
             .fast
             .as_ref()
+            .filter(|f| f.trampolines_count())
             .map_or(core::ptr::null_mut(), count::FastCount::base),
         _ => core::ptr::null_mut(),
     };

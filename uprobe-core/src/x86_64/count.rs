@@ -27,20 +27,23 @@
 //!  +59  lea rax, [rip + descriptor]     (re)start: arm the section
 //!  +66  mov fs:[area+8], rax            rseq->rseq_cs
 //!  +75  mov edx, fs:[area+4]            section start: rseq->cpu_id
-//!  +83  mov eax, 63
-//!  +88  lea rcx, [rdx - cpus]           negative iff cpu_id < cpus
-//!  +95  shrx rcx, rcx, rax              1 iff so (an unregistered
-//! +100  jrcxz full                        thread's id is 2^32 - 1 or - 2)
-//! +102  mov rax, [rip + cell pointer]
-//! +109  mov rcx, [rax + fast]           slot 0 of the counter, or null
-//! +113  jrcxz full
-//! +115  rorx rdx, rdx, 57               cpu_id * 128 (the slot stride)
-//! +121  mov rax, [rcx + rdx]
-//! +125  lea rax, [rax + 1]
-//! +129  mov [rcx + rdx], rax            the commit
-//! +133  pop rdx; pop rax; pop rcx
-//! +136  lea rsp, [rsp+128]
-//! +144  copy: the relocated code, then the jump back
+//!  +83  mov ecx, fs:[flags]             the engine's per-thread flags
+//!  +91  mov eax, 63
+//!  +96  lea rcx, [rdx + rcx - cpus]     negative iff cpu_id < cpus and
+//! +104  shrx rcx, rcx, rax                no flag is set: 1 iff so (an
+//! +109  jrcxz full                        unregistered thread's id is
+//!                                         2^32 - 1 or - 2; a flag is
+//!                                         2^30 or more)
+//! +111  mov rax, [rip + cell pointer]
+//! +118  mov rcx, [rax + fast]           slot 0 of the counter, or null
+//! +122  jrcxz full
+//! +124  rorx rdx, rdx, 57               cpu_id * 128 (the slot stride)
+//! +130  mov rax, [rcx + rdx]
+//! +134  lea rax, [rax + 1]
+//! +138  mov [rcx + rdx], rax            the commit
+//! +142  pop rdx; pop rax; pop rcx
+//! +145  lea rsp, [rsp+128]
+//! +153  copy: the relocated code, then the jump back
 //!       the abort handler: the signature, then jmp +59
 //! +224  the section's descriptor (32 bytes, 32-aligned)
 //! ```
@@ -48,6 +51,11 @@
 //! The early look reads `fast` outside the section only to skip it: the
 //! section reads it again, and only that read decides where a hit is
 //! counted.
+//!
+//! The thread's flags (`crate::thread`) send a thread that is inside the
+//! engine (a handler calling a probed function) or not observed to the
+//! full path, which counts the first and not the second: one load and
+//! an index in the `lea`, no branch of their own.
 //!
 //! The counting path runs straight through into the relocated code; the
 //! full path lies before it, so that the call's return address (and so
@@ -75,12 +83,12 @@ const EARLY_CHECK_AT: usize = 55;
 const RESTART_AT: usize = 59;
 /// The section: from the CPU id's load to the commit (inclusive).
 const START_AT: usize = 75;
-const POST_COMMIT_AT: usize = 133;
+const POST_COMMIT_AT: usize = 142;
 /// The two `jrcxz full` instructions.
-const CPU_CHECK_AT: usize = 100;
-const FAST_CHECK_AT: usize = 113;
+const CPU_CHECK_AT: usize = 109;
+const FAST_CHECK_AT: usize = 122;
 /// Where the relocated code starts.
-pub(crate) const COPY_AT: usize = 144;
+pub(crate) const COPY_AT: usize = 153;
 /// The section's descriptor, from the end of the trampoline.
 const DESCRIPTOR_FROM_END: usize = 32;
 /// The abort handler's bytes: the signature glibc registered, as the tail
@@ -88,11 +96,12 @@ const DESCRIPTOR_FROM_END: usize = 32;
 const ABORT_LEN: usize = 7 + 5;
 
 /// What counting trampolines need of the process, decided once: the rseq
-/// area's offset from the thread pointer, and the possible CPUs (the
-/// counters' CPU slots).
+/// area's and the engine's per-thread flags' offsets from the thread
+/// pointer, and the possible CPUs (the counters' CPU slots).
 #[derive(Clone, Copy)]
 struct Counting {
     area: i32,
+    flags: i32,
     cpus: u32,
 }
 
@@ -106,6 +115,7 @@ fn counting() -> Option<Counting> {
         let adder = pcpu::rseq::GatedAdder::get()?;
         Some(Counting {
             area: i32::try_from(adder.area_offset()).ok()?,
+            flags: i32::try_from(crate::thread::flags_offset()).ok()?,
             cpus: u32::try_from(pcpu::possible_cpus()).ok()?,
         })
         .filter(|_| bmi2)
@@ -177,10 +187,13 @@ pub(crate) fn prelude(code: &mut [u8], cell_at: usize, entry_at: usize, fast_at:
     // mov edx, fs:[area + 4]
     p.extend_from_slice(&[0x64, 0x8b, 0x14, 0x25]);
     p.extend_from_slice(&(c.area + 4).to_le_bytes());
+    // mov ecx, fs:[flags]
+    p.extend_from_slice(&[0x64, 0x8b, 0x0c, 0x25]);
+    p.extend_from_slice(&c.flags.to_le_bytes());
     // mov eax, 63
     p.extend_from_slice(&[0xb8, 63, 0, 0, 0]);
-    // lea rcx, [rdx - cpus]
-    p.extend_from_slice(&[0x48, 0x8d, 0x8a]);
+    // lea rcx, [rdx + rcx - cpus]
+    p.extend_from_slice(&[0x48, 0x8d, 0x8c, 0x0a]);
     p.extend_from_slice(&(-(c.cpus as i32)).to_le_bytes());
     // shrx rcx, rcx, rax
     p.extend_from_slice(&[0xc4, 0xe2, 0xfb, 0xf7, 0xc9]);
