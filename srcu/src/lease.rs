@@ -577,6 +577,7 @@ impl<T: Send + Sync + 'static> std::fmt::Debug for LeaseSet<'_, T> {
 
 #[cfg(not(pcpu_loom))]
 fn expiry_loop<T>(shared: &Shared<T>, period: Duration) {
+    crate::service::started();
     let (ctl, cv) = &shared.ctl;
     let mut guard = ctl.lock().unwrap_or_else(PoisonError::into_inner);
     // Parked: consecutive ticks with nothing held and nothing to drop.

@@ -111,6 +111,7 @@ mod fork;
 mod lease;
 mod readers;
 mod reclaim;
+mod service;
 
 pub use cell::{CellRef, SrcuCell, Strong};
 pub use domain::{ReadGuard, ReadIndex, Srcu};
@@ -118,3 +119,4 @@ pub use fork::after_fork_in_child;
 pub use lease::{
     DEFAULT_TIMEOUT, Held, Lease, LeaseBlock, LeaseError, LeaseSet, LeasedValue, RawLease,
 };
+pub use service::set_service_thread_hook;

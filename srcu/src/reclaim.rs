@@ -251,6 +251,7 @@ impl Reclaimer {
 const IDLE_EXIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn reclaim_loop<D: Domain>(inner: &D) {
+    crate::service::started();
     let r = inner.reclaimer();
     loop {
         {

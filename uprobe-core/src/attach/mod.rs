@@ -39,7 +39,8 @@ use modes::{choose_modes, take_back_covering_jump, to_traps};
 use writer::writer;
 
 /// Makes the engine ready, once: the table's domain usable from a signal
-/// handler, the attach lock held across forks, the SIGTRAP handler in.
+/// handler, the attach lock held across forks, srcu's service threads
+/// not observed, the SIGTRAP handler in.
 /// Not async-signal-safe.
 fn init() -> Result<(), AttachError> {
     static ONCE: Once = Once::new();
@@ -52,6 +53,11 @@ fn init() -> Result<(), AttachError> {
     ONCE.call_once(|| {
         DOMAIN.prepare();
         writer::hold_across_fork();
+        // The engine's SRCU threads (reclaimer, lease expiry) free and
+        // allocate: not the program's calls.
+        srcu::set_service_thread_hook(Some(|| {
+            crate::thread::set_observed(false);
+        }));
     });
     trap::install()
 }
