@@ -185,6 +185,13 @@ impl ProbeSpec {
         matches!(self.target, Target::Function { .. })
             && (self.latency || self.print || self.hist == Some(Drawn::Ret))
     }
+
+    /// Whether the probe only counts calls: no handler needed, the
+    /// engine's counting probes count for it.
+    #[must_use]
+    pub fn only_counts(&self) -> bool {
+        !self.latency && !self.print && self.hist.is_none() && !self.stacks
+    }
 }
 
 /// How the report names function `name` of `object`.

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use uprobe_core::{AttachError, Probe, Uprobe};
 
 use super::Agent;
-use super::threads::{AGENT_THREADS, gettid};
+use super::threads::{mark_self, unmark_self};
 use crate::shared::Slot;
 use crate::spec::{self, ProbeSpec, Target};
 
@@ -74,9 +74,9 @@ impl Agent {
         if self.stopping.load(Relaxed) {
             return;
         }
-        AGENT_THREADS[2].store(gettid(), Relaxed);
+        let observed = mark_self(2);
         self.attach_pending();
-        AGENT_THREADS[2].store(0, Relaxed);
+        unmark_self(2, observed);
     }
 
     /// The agent's thread, after the first round: attaches waiting probes

@@ -1,6 +1,7 @@
 //! What a hit does: count into the probe's slot, take the time for
 //! `--latency`, draw a value for `--hist`, write a line for `--print`.
-//! Every handler is async-signal-safe.
+//! Every handler is async-signal-safe. A probe that only counts has no
+//! handler: the engine counts its calls into the slot's count cells.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -19,8 +20,17 @@ impl Agent {
         spec: &ProbeSpec,
         builder: Uprobe,
     ) -> Uprobe {
+        let index = self.report.index_of(slot);
+        if spec.only_counts()
+            && let Some(cells) = self.report.count_cells(index)
+        {
+            // No handler: the trampoline counts each call itself, on its
+            // CPU, into the report (a few nanoseconds a call); the agent's
+            // threads are not observed, so their calls count nothing.
+            return builder.count_into(cells);
+        }
         let (latency, print, hist, stacks) = (spec.latency, spec.print, spec.hist, spec.stacks);
-        let index = self.report.index_of(slot) as u32;
+        let index = index as u32;
         let usdt = matches!(spec.target, Target::Usdt { .. });
         // Owned by the handlers, freed with them (never in a hit).
         let types: Box<[ArgType]> = spec.args.clone().into_boxed_slice();

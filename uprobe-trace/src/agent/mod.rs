@@ -39,7 +39,7 @@ use uprobe_core::Probe;
 
 use crate::shared::Report;
 use crate::spec::Plan;
-use threads::{AGENT_THREADS, MAIN_THREAD, gettid};
+use threads::{MAIN_THREAD, gettid};
 
 // Run `init` when the dynamic linker loads the agent.
 #[used]
@@ -132,11 +132,10 @@ extern "C" fn init() {
     }
     // Everything the agent allocates and frees on the program's thread
     // (reading the environment, starting its own thread) is not counted.
-    let main = gettid();
-    AGENT_THREADS[0].store(main, Relaxed);
-    MAIN_THREAD.store(main, Relaxed);
+    let observed = threads::mark_self(0);
+    MAIN_THREAD.store(gettid(), Relaxed);
     preloaded();
-    AGENT_THREADS[0].store(0, Relaxed);
+    threads::unmark_self(0, observed);
 }
 
 /// Preloaded: reads the settings from the environment, then attaches on
@@ -295,7 +294,7 @@ fn begin(
 extern "C" fn agent_thread(agent: *mut libc::c_void) -> *mut libc::c_void {
     // SAFETY: the leaked agent `begin` passes.
     let agent: &'static Agent = unsafe { &*agent.cast::<Agent>() };
-    AGENT_THREADS[1].store(gettid(), Relaxed);
+    let observed = threads::mark_self(1);
     if agent.stacks {
         uprobe_core::unwind::refresh();
         agent.list_objects();
@@ -308,7 +307,7 @@ extern "C" fn agent_thread(agent: *mut libc::c_void) -> *mut libc::c_void {
     agent.watch();
     agent.stop();
     // Its id may now be another thread's.
-    AGENT_THREADS[1].store(0, Relaxed);
+    threads::unmark_self(1, observed);
     core::ptr::null_mut()
 }
 

@@ -6,8 +6,8 @@
 //! attaches after its `dlopen` (interposed too) or runs the engine's fork
 //! handlers.
 
-use std::sync::atomic::AtomicI32;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicI32};
 
 use super::AGENT;
 
@@ -50,6 +50,21 @@ pub unsafe extern "C" fn dlopen(file: *const libc::c_char, mode: libc::c_int) ->
     handle
 }
 
+/// Marks the calling thread as the agent's in `AGENT_THREADS[k]` and
+/// its probe hits as not observed (counting probes count nothing for it,
+/// handlers do not run); returns what [`unmark_self`] restores.
+/// Async-signal-safe.
+pub(super) fn mark_self(k: usize) -> bool {
+    AGENT_THREADS[k].store(gettid(), Relaxed);
+    uprobe_core::set_thread_observed(false)
+}
+
+/// Undoes [`mark_self`]`(k)`, given what it returned. Async-signal-safe.
+pub(super) fn unmark_self(k: usize, observed: bool) {
+    uprobe_core::set_thread_observed(observed);
+    AGENT_THREADS[k].store(0, Relaxed);
+}
+
 /// The process that is forking (0: none): in its child, until the
 /// engine's fork handlers are done, every call is theirs (the child has
 /// one thread, whose id is not the parent's).
@@ -78,6 +93,7 @@ static ENGINE_THREADS: [AtomicI32; 16] = [const { AtomicI32::new(0) }; 16];
 /// runs what it was started for.
 extern "C" fn engine_thread(p: *mut libc::c_void) -> *mut libc::c_void {
     mark_engine_thread(gettid());
+    let _ = uprobe_core::set_thread_observed(false);
     // SAFETY: boxed below, taken once.
     let (start, arg) = *unsafe {
         Box::from_raw(p.cast::<(extern "C" fn(*mut libc::c_void) -> *mut libc::c_void, usize)>())
@@ -187,13 +203,16 @@ fn mark_engine_thread(tid: i32) {
     }
 }
 
+/// Whether the forking thread's hits were observed before the fork.
+static FORK_OBSERVED: AtomicBool = AtomicBool::new(true);
+
 extern "C" fn forking() {
-    AGENT_THREADS[2].store(gettid(), Relaxed);
+    FORK_OBSERVED.store(mark_self(2), Relaxed);
     // SAFETY: getpid has no preconditions.
     FORKING.store(unsafe { libc::getpid() }, Relaxed);
 }
 
 extern "C" fn forked() {
-    AGENT_THREADS[2].store(0, Relaxed);
+    unmark_self(2, FORK_OBSERVED.load(Relaxed));
     FORKING.store(0, Relaxed);
 }

@@ -16,6 +16,8 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
+use uprobe_core::CountCell;
+
 /// Marks a report file (and its layout version).
 pub const MAGIC: u64 = 0x7570_7472_6163_6502;
 /// Slots a report holds at most: the probes asked for plus the functions
@@ -24,6 +26,8 @@ pub const MAX_SLOTS: usize = 8192;
 /// Histogram buckets: bucket `k` counts values in `[2^(k-1), 2^k)`
 /// (bucket 0: the value 0).
 pub const BUCKETS: usize = 64;
+/// Count cells per slot at most (a machine with 4096 possible CPUs).
+const MAX_CELLS: usize = 4097;
 /// Bytes of an error message kept per probe.
 const ERROR_LEN: usize = 240;
 /// Bytes of a slot's label.
@@ -61,6 +65,9 @@ pub struct Header {
     pub lost_stacks: AtomicU64,
     /// Object entries handed out (may pass their capacity).
     pub objects_used: AtomicU64,
+    /// Count cells per slot ([`uprobe_core::count_cells`] on this
+    /// machine): where counting probes count a slot's calls.
+    pub count_cells: AtomicU64,
     /// An agent's error that concerns no single probe (length, text).
     pub error_len: AtomicU32,
     _pad: u32,
@@ -129,7 +136,9 @@ pub struct Slot {
     pub sites: AtomicU64,
     /// Of those, sites on the trap path (no jump).
     pub trap_sites: AtomicU64,
-    /// Calls (hits of the entry probe).
+    /// Calls (hits of the entry probe) that ran a handler; a counting
+    /// probe's are in the slot's count cells ([`Report::calls`] sums
+    /// both).
     pub hits: Sharded,
     /// Returns seen (latency probes).
     pub returns: Sharded,
@@ -185,10 +194,17 @@ impl core::fmt::Debug for Report {
 }
 
 impl Report {
-    fn size(slots: usize) -> usize {
-        Self::stacks_at(slots)
+    fn size(slots: usize, cells: usize) -> usize {
+        Self::cells_at(slots) + slots * cells * size_of::<CountCell>()
+    }
+
+    /// Where the slots' count cells start (after the stack and object
+    /// tables), aligned as cells are.
+    fn cells_at(slots: usize) -> usize {
+        (Self::stacks_at(slots)
             + stacks::STACKS * size_of::<StackEntry>()
-            + stacks::OBJECTS * size_of::<ObjectEntry>()
+            + stacks::OBJECTS * size_of::<ObjectEntry>())
+        .next_multiple_of(align_of::<CountCell>())
     }
 
     /// Where the stack table starts, after `slots` slots.
@@ -213,10 +229,13 @@ impl Report {
             .create_new(true)
             .mode(0o600)
             .open(path)?;
-        file.set_len(Self::size(capacity) as u64)?;
-        let report = Self::map(&file, Self::size(capacity))?;
+        let cells = uprobe_core::count_cells();
+        let size = Self::size(capacity, cells);
+        file.set_len(size as u64)?;
+        let report = Self::map(&file, size)?;
         let header = report.header();
         header.capacity.store(capacity as u64, Ordering::Relaxed);
+        header.count_cells.store(cells as u64, Ordering::Relaxed);
         header.layout.store(layout(), Ordering::Relaxed);
         header.used.store(labels.len() as u64, Ordering::Relaxed);
         for (i, label) in labels.iter().enumerate() {
@@ -237,7 +256,12 @@ impl Report {
         }
         let report = Self::map(&file, len)?;
         let capacity = report.header().capacity.load(Ordering::Relaxed) as usize;
-        if report.header().magic.load(Ordering::Acquire) != MAGIC || len < Self::size(capacity) {
+        let cells = report.header().count_cells.load(Ordering::Relaxed) as usize;
+        if report.header().magic.load(Ordering::Acquire) != MAGIC
+            || capacity > MAX_SLOTS
+            || cells > MAX_CELLS
+            || len < Self::size(capacity, cells)
+        {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "not a report"));
         }
         if report.header().layout.load(Ordering::Relaxed) != layout() {
@@ -304,6 +328,33 @@ impl Report {
         };
         slot.fill(probe, label);
         Some((i, slot))
+    }
+
+    /// Slot `i`'s count cells, where counting probes count its calls
+    /// (`None`: the report has no room for them, or this machine's
+    /// counters need more cells than the tool that made it laid out).
+    #[must_use]
+    #[allow(clippy::cast_ptr_alignment)] // aligned by `cells_at`
+    pub fn count_cells(&self, i: usize) -> Option<&[CountCell]> {
+        let capacity = self.header().capacity.load(Ordering::Relaxed) as usize;
+        let n = self.header().count_cells.load(Ordering::Relaxed) as usize;
+        let at = Self::cells_at(capacity) + i * n * size_of::<CountCell>();
+        // SAFETY: inside the mapping (checked), aligned (the mapping is
+        // page-aligned, `cells_at` a multiple of the cells' alignment);
+        // zero bytes are a `CountCell` at zero, and cells are atomics.
+        (i < capacity
+            && n >= uprobe_core::count_cells()
+            && at + n * size_of::<CountCell>() <= self.len)
+            .then(|| unsafe {
+                core::slice::from_raw_parts(self.base.add(at).cast::<CountCell>(), n)
+            })
+    }
+
+    /// Calls of slot `i`: counted by its handlers and in its count cells.
+    #[must_use]
+    pub fn calls(&self, i: usize) -> u64 {
+        let cells = self.count_cells(i).map_or(0, CountCell::sum);
+        self.slot(i).map_or(0, |s| s.hits.sum()).wrapping_add(cells)
     }
 
     /// The index of `slot`, one of this report's.

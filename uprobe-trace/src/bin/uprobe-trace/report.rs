@@ -133,10 +133,11 @@ struct Row {
 }
 
 impl Row {
-    fn add(&mut self, slot: &Slot) {
+    /// Adds slot `slot`, which has `calls` calls.
+    fn add(&mut self, slot: &Slot, calls: u64) {
         self.sites += slot.sites.load(Relaxed);
         self.trap_sites += slot.trap_sites.load(Relaxed);
-        self.hits += slot.hits.sum();
+        self.hits += calls;
         self.returns += slot.returns.sum();
         self.negative += slot.negative.load(Relaxed);
         let add = |into: &mut Vec<u64>, from: &[std::sync::atomic::AtomicU64; BUCKETS]| {
@@ -174,8 +175,9 @@ fn rows(report: &Report, plan: &Plan) -> Vec<Row> {
         let Some(row) = rows.get_mut(probe) else {
             continue;
         };
+        let calls = report.calls(i);
         if i == probe {
-            row.add(slot);
+            row.add(slot, calls);
         } else {
             row.matched
                 .entry(slot.label())
@@ -183,7 +185,7 @@ fn rows(report: &Report, plan: &Plan) -> Vec<Row> {
                     label: slot.label(),
                     ..Row::default()
                 })
-                .add(slot);
+                .add(slot, calls);
         }
     }
     rows
