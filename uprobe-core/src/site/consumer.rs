@@ -51,12 +51,9 @@ impl Consumer {
     /// consumer's own counter). Async-signal-safe.
     #[inline]
     pub(crate) fn count_hit(&self) {
-        if !self
-            .fast
-            .as_ref()
-            .is_some_and(super::count::FastCount::count_slow)
-        {
-            self.hits.add(1);
+        match &self.fast {
+            Some(f) if f.borrowed_cells() => f.count_in_last_cell(),
+            _ => self.hits.add(1),
         }
     }
 

@@ -152,19 +152,22 @@ impl FastCount {
         }
     }
 
-    /// Counts a hit the engine's path saw, for a probe counting into the
-    /// caller's cells (`false`: the engine's own counters are not
-    /// these; the caller counts in the consumer's). Async-signal-safe.
+    /// Whether the counts are the caller's ([`Uprobe::count_into`](crate::Uprobe::count_into)).
     #[inline]
-    pub(crate) fn count_slow(&self) -> bool {
-        match &self.cells {
-            Cells::Owned(_) => false,
-            Cells::Borrowed(cells) => {
-                if let Some(last) = cells.last() {
-                    last.count.fetch_add(1, Ordering::Relaxed);
-                }
-                true
-            }
+    pub(crate) fn borrowed_cells(&self) -> bool {
+        matches!(self.cells, Cells::Borrowed(_))
+    }
+
+    /// Counts a hit the engine's path saw into the last of the caller's
+    /// cells (nothing for the engine's own counters: the consumer counts
+    /// those hits in its own). Out of line: the hit path of a handler
+    /// keeps its registers. Async-signal-safe.
+    #[inline(never)]
+    pub(crate) fn count_in_last_cell(&self) {
+        if let Cells::Borrowed(cells) = &self.cells
+            && let Some(last) = cells.last()
+        {
+            last.count.fetch_add(1, Ordering::Relaxed);
         }
     }
 
