@@ -470,6 +470,7 @@ pub use memory::{CodeMemory, code_memory};
 pub use mode::{Mode, NotOptimized, Tactic};
 #[cfg(uprobe_engine)]
 pub use probe::{Probe, Uprobe};
+#[cfg(uprobe_engine)]
 pub use site::count::{CountCell, count_cells};
 
 /// Makes probe hits of the calling thread observed or not, and returns
@@ -498,6 +499,7 @@ pub use site::count::{CountCell, count_cells};
 /// # }
 /// # Ok::<(), uprobe_core::AttachError>(())
 /// ```
+#[cfg(uprobe_engine)]
 #[allow(clippy::must_use_candidate)] // called for its effect; the old setting is a convenience
 pub fn set_thread_observed(observed: bool) -> bool {
     thread::set_observed(observed)
