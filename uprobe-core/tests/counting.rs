@@ -80,19 +80,16 @@ fn pin_to(cpu: usize) {
     unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) };
 }
 
-#[test]
-fn counts_are_exact_from_threads_that_migrate() {
-    let _s = serial();
-    let probe = counting_probe();
+/// Calls the counted function `calls` times from each of `threads`
+/// threads, each moved to another CPU every thousand calls (the count
+/// moves between CPU slots mid-run); returns the calls made.
+fn calls_from_migrating_threads(threads: u64, calls: u64) -> u64 {
     let cpus = allowed_cpus();
-    let (threads, calls) = (4u64, if common::emulated() { 10_000 } else { 100_000 });
     std::thread::scope(|s| {
         for t in 0..threads {
             let cpus = &cpus;
             s.spawn(move || {
                 for i in 0..calls {
-                    // A new CPU every thousand calls: the count moves
-                    // between CPU slots mid-run.
                     if i % 1_000 == 0 {
                         pin_to(cpus[(t as usize + (i / 1_000) as usize) % cpus.len()]);
                     }
@@ -101,7 +98,15 @@ fn counts_are_exact_from_threads_that_migrate() {
             });
         }
     });
-    assert_eq!(probe.hits(), threads * calls);
+    threads * calls
+}
+
+#[test]
+fn counts_are_exact_from_threads_that_migrate() {
+    let _s = serial();
+    let probe = counting_probe();
+    let calls = calls_from_migrating_threads(4, if common::emulated() { 10_000 } else { 100_000 });
+    assert_eq!(probe.hits(), calls);
     probe.detach().unwrap();
 }
 
@@ -285,22 +290,8 @@ fn counts_into_caller_cells_are_exact_from_threads_and_a_child() {
         .unwrap();
     #[cfg(target_arch = "x86_64")]
     assert!(probe.mode().is_jump(), "{:?}", probe.mode());
-    let cpus = allowed_cpus();
-    let (threads, calls) = (3u64, if common::emulated() { 5_000 } else { 50_000 });
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let cpus = &cpus;
-            s.spawn(move || {
-                for i in 0..calls {
-                    if i % 1_000 == 0 {
-                        pin_to(cpus[(t as usize + (i / 1_000) as usize) % cpus.len()]);
-                    }
-                    assert_eq!(call(counted_fn, i), i + 1);
-                }
-            });
-        }
-    });
-    let mut expected = threads * calls;
+    let mut expected =
+        calls_from_migrating_threads(3, if common::emulated() { 5_000 } else { 50_000 });
     assert_eq!(probe.hits(), expected);
     assert_eq!(uprobe_core::CountCell::sum(memory), expected);
     if !common::emulated() {
