@@ -413,8 +413,10 @@ fn a_thread_not_observed_runs_no_handler_and_counts_nothing() {
         .unwrap();
     let trapped = std::sync::Arc::new(AtomicU64::new(0));
     let t2 = std::sync::Arc::clone(&trapped);
-    // The handler probe's site on a breakpoint too: the other way in.
-    let on_trap = probe_at(fn_addr(handled_fn) + 5)
+    // The handler probe's second instruction on a breakpoint: the other
+    // way in.
+    let second = if cfg!(target_arch = "x86_64") { 5 } else { 4 };
+    let on_trap = probe_at(fn_addr(handled_fn) + second)
         .trap_only()
         .on_entry(move |_| {
             t2.fetch_add(1, SeqCst);
