@@ -135,7 +135,7 @@ pub const MAX_DEPTH: usize = 16;
 /// - a refused charge undoes exactly what it did (a level it took from
 ///   0 -> 1 releases its pin again);
 /// - uncharging (dropping the [`Charge`]) is one atomic decrement per
-///   level between the transitions, and the 1 -> 0 one compare-and-swap
+///   level between the transitions, and the 1 -> 0 one `fetch_sub`
 ///   (count and pin off together) until a charge first races it; from
 ///   then on that level's 1 -> 0 takes two steps (a decrement, then the
 ///   pin off unless a charge came in between), which keep the pin for a

@@ -332,21 +332,20 @@ fn counts_into_caller_cells_are_exact_from_threads_and_a_child() {
 
 #[test]
 fn a_handler_probe_counts_the_hits_it_ran_into_caller_cells() {
+    static SEEN: AtomicU64 = AtomicU64::new(0);
     let _s = serial();
     let cells = shared_cells();
-    let seen = std::sync::Arc::new(AtomicU64::new(0));
-    let s2 = std::sync::Arc::clone(&seen);
     let probe = probe_at(fn_addr(counted_fn))
         .count_into(cells)
-        .on_entry(move |_| {
-            s2.fetch_add(1, SeqCst);
+        .on_entry(|_| {
+            SEEN.fetch_add(1, SeqCst);
         })
         .attach()
         .unwrap();
     for i in 0..1_000 {
         call(counted_fn, i);
     }
-    assert_eq!(seen.load(SeqCst), 1_000);
+    assert_eq!(SEEN.load(SeqCst), 1_000);
     assert_eq!(uprobe_core::CountCell::sum(cells), 1_000);
     assert_eq!(probe.hits(), 1_000);
     probe.detach().unwrap();
@@ -398,28 +397,26 @@ unsafe extern "C" {
 
 #[test]
 fn a_thread_not_observed_runs_no_handler_and_counts_nothing() {
+    static RAN: AtomicU64 = AtomicU64::new(0);
+    static TRAPPED: AtomicU64 = AtomicU64::new(0);
     let _s = serial();
     // A counting probe, and a handler probe whose handler calls the
     // counted function (a hit nested in the engine, which counts).
     let counting = counting_probe();
-    let ran = std::sync::Arc::new(AtomicU64::new(0));
-    let r2 = std::sync::Arc::clone(&ran);
     let handled = probe_at(fn_addr(handled_fn))
-        .on_entry(move |_| {
-            r2.fetch_add(1, SeqCst);
+        .on_entry(|_| {
+            RAN.fetch_add(1, SeqCst);
             call(counted_fn, 0);
         })
         .attach()
         .unwrap();
-    let trapped = std::sync::Arc::new(AtomicU64::new(0));
-    let t2 = std::sync::Arc::clone(&trapped);
     // The handler probe's second instruction on a breakpoint: the other
     // way in.
     let second = if cfg!(target_arch = "x86_64") { 5 } else { 4 };
     let on_trap = probe_at(fn_addr(handled_fn) + second)
         .trap_only()
-        .on_entry(move |_| {
-            t2.fetch_add(1, SeqCst);
+        .on_entry(|_| {
+            TRAPPED.fetch_add(1, SeqCst);
         })
         .attach()
         .unwrap();
@@ -438,8 +435,8 @@ fn a_thread_not_observed_runs_no_handler_and_counts_nothing() {
     });
     // The observed calls only: one of each, and the nested call of the
     // counted function from the handler.
-    assert_eq!(ran.load(SeqCst), 1);
-    assert_eq!(trapped.load(SeqCst), 1);
+    assert_eq!(RAN.load(SeqCst), 1);
+    assert_eq!(TRAPPED.load(SeqCst), 1);
     assert_eq!(counting.hits(), 2);
     assert_eq!(handled.missed(), 0);
     for p in [counting, handled, on_trap] {

@@ -51,9 +51,13 @@ impl Consumer {
     /// consumer's own counter). Async-signal-safe.
     #[inline]
     pub(crate) fn count_hit(&self) {
-        match &self.fast {
-            Some(f) if f.borrowed_cells() => f.count_in_last_cell(),
-            _ => self.hits.add(1),
+        match self
+            .fast
+            .as_ref()
+            .and_then(super::count::FastCount::caller_cells)
+        {
+            Some(cells) => super::count::count_in_last(cells),
+            None => self.hits.add(1),
         }
     }
 

@@ -81,6 +81,16 @@ impl CountCell {
     }
 }
 
+/// Counts a hit the engine's path saw into the last of the caller's
+/// `cells` (the one no restartable sequence writes), atomically. Out of
+/// line: the hit path of a handler keeps its registers. Async-signal-safe.
+#[inline(never)]
+pub(crate) fn count_in_last(cells: &[CountCell]) {
+    if let Some(last) = cells.last() {
+        last.count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// How many [`CountCell`]s a probe counting into caller memory needs: one
 /// per possible CPU, and one more for hits counted without a restartable
 /// sequence. The same in every process of this machine. Not
@@ -152,22 +162,13 @@ impl FastCount {
         }
     }
 
-    /// Whether the counts are the caller's ([`Uprobe::count_into`](crate::Uprobe::count_into)).
+    /// The caller's cells, for a probe made with
+    /// [`Uprobe::count_into`](crate::Uprobe::count_into).
     #[inline]
-    pub(crate) fn borrowed_cells(&self) -> bool {
-        matches!(self.cells, Cells::Borrowed(_))
-    }
-
-    /// Counts a hit the engine's path saw into the last of the caller's
-    /// cells (nothing for the engine's own counters: the consumer counts
-    /// those hits in its own). Out of line: the hit path of a handler
-    /// keeps its registers. Async-signal-safe.
-    #[inline(never)]
-    pub(crate) fn count_in_last_cell(&self) {
-        if let Cells::Borrowed(cells) = &self.cells
-            && let Some(last) = cells.last()
-        {
-            last.count.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn caller_cells(&self) -> Option<&'static [CountCell]> {
+        match self.cells {
+            Cells::Borrowed(cells) => Some(cells),
+            Cells::Owned(_) => None,
         }
     }
 

@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use uprobe_core::{EntryContext, ReturnContext, Uprobe};
 
-use super::threads::is_agent;
 use super::{Agent, now};
 use crate::shared::{MAX_FRAMES, Slot};
 use crate::spec::{ArgType, Drawn, ProbeSpec, Target, Value};
@@ -36,11 +35,9 @@ impl Agent {
         let types: Box<[ArgType]> = spec.args.clone().into_boxed_slice();
         let label: Box<str> = slot.label().into_boxed_str();
         let return_label = label.clone();
+        // The agent's threads are not observed (`threads::mark_self`, the
+        // engine's own service threads likewise): no handler runs there.
         let builder = builder.on_entry(move |cx| {
-            if is_agent(cx.tid()) {
-                cx.skip_return();
-                return;
-            }
             slot.hits.add(1);
             if latency {
                 cx.set_cookie(now());

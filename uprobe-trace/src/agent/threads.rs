@@ -4,7 +4,11 @@
 //! `pthread_create` the agent interposes when preloaded, or found by name
 //! when loaded into a running process), and a program thread while it
 //! attaches after its `dlopen` (interposed too) or runs the engine's fork
-//! handlers.
+//! handlers. Each makes itself not observed by the engine
+//! ([`mark_self`]; the engine's own threads do so as they start), so no
+//! handler runs and nothing counts there; the ids kept here let the
+//! interposed `dlopen` and `pthread_create` tell the agent's calls from
+//! the program's.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicI32};
@@ -71,7 +75,7 @@ pub(super) fn unmark_self(k: usize, observed: bool) {
 static FORKING: AtomicI32 = AtomicI32::new(0);
 
 /// Whether thread `tid` is the agent's. Async-signal-safe.
-pub(super) fn is_agent(tid: i32) -> bool {
+fn is_agent(tid: i32) -> bool {
     let forking = FORKING.load(Relaxed);
     // SAFETY: getpid has no preconditions (asked only during a fork).
     (forking != 0 && forking != unsafe { libc::getpid() })
