@@ -10,7 +10,8 @@
 //! `uprobe-jump`: a trap-free hit (a 5-byte nop at the entry, one counting
 //! consumer; and a counting probe, which its trampoline counts itself)
 //! against the bare call of the same function, and an entry and return
-//! through a jump on a real prologue:
+//! through a jump on a real prologue (a return probe with one counting
+//! handler; a timing probe):
 //!
 //! ```sh
 //! cargo bench -p uprobe-core --bench hit -- uprobe-jump
@@ -62,6 +63,18 @@ mod x86 {
         "pop rbp",
         "ret",
         ".size hit_entry, . - hit_entry",
+        ".globl hit_timed",
+        ".type hit_timed, @function",
+        "hit_timed:",
+        "push rbp",
+        "mov rbp, rsp",
+        "push rbx",
+        "mov rbx, rdi",
+        "lea rax, [rbx + 1]",
+        "pop rbx",
+        "pop rbp",
+        "ret",
+        ".size hit_timed, . - hit_timed",
     );
 
     unsafe extern "C" {
@@ -71,6 +84,7 @@ mod x86 {
         fn hit_bare5();
         fn hit_cnt5();
         fn hit_entry();
+        fn hit_timed();
     }
 
     /// Hits the trap-free consumer counted.
@@ -113,8 +127,25 @@ mod x86 {
             // SAFETY: as above.
             b.iter(|| unsafe { hit_entry() });
         });
+        // A timing probe: the call counted and timed by the trampoline's
+        // routines themselves.
+        let cells: &'static [uprobe_core::LatencyCell] = Box::leak(
+            (0..uprobe_core::latency_cells())
+                .map(|_| uprobe_core::LatencyCell::new())
+                .collect(),
+        );
+        let timed = uprobe_core::Uprobe::at(hit_timed as *const () as usize)
+            .expect("symbol")
+            .time_into(cells)
+            .attach()
+            .expect("attach");
+        assert!(timed.mode().is_jump(), "{:?}", timed.mode());
+        g.bench_function("prologue entry+return, timing probe", |b| {
+            // SAFETY: as above.
+            b.iter(|| unsafe { hit_timed() });
+        });
         g.finish();
-        drop((probe, counting, ret));
+        drop((probe, counting, ret, timed));
     }
 
     pub fn hits(c: &mut Criterion) {

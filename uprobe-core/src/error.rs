@@ -103,8 +103,8 @@ pub enum AttachError {
         /// Their thread ids.
         tids: Vec<i32>,
     },
-    /// A return handler needs the probe at a function's first instruction
-    /// (where the return address is known); `addr` is inside `function`.
+    /// A return handler, or a timing probe, needs the probe at a
+    /// function's first instruction (where the return address is known); `addr` is inside `function`.
     ReturnProbeNotAtEntry {
         /// The address.
         addr: usize,
@@ -179,6 +179,19 @@ pub enum AttachError {
         /// Cells needed.
         needed: usize,
     },
+    /// [`Uprobe::time_into`](crate::Uprobe::time_into) was given fewer
+    /// cells than a timing probe needs on this machine
+    /// ([`latency_cells`](crate::latency_cells)).
+    TooFewLatencyCells {
+        /// Cells given.
+        given: usize,
+        /// Cells needed.
+        needed: usize,
+    },
+    /// A probe was given both [`count_into`](crate::Uprobe::count_into)
+    /// and [`time_into`](crate::Uprobe::time_into): a timing probe counts
+    /// its calls in its latency cells.
+    CountAndTime,
     /// This architecture has no engine yet.
     UnsupportedArch,
     /// A system call failed while installing the handler or patching.
@@ -282,15 +295,37 @@ impl core::fmt::Display for AttachError {
                 f,
                 "{addr:#x} is part of the one-byte jump of the probe at {site:#x}, in code that runs with signals blocked: it cannot change while that probe is attached"
             ),
-            Self::TooFewCountCells { given, needed } => {
-                write!(f, "{given} count cells given, but counting needs {needed} here (a CPU's each, and one)")
-            }
+            Self::TooFewCountCells { .. }
+            | Self::TooFewLatencyCells { .. }
+            | Self::CountAndTime => self.fmt_cells(f),
             Self::UnsupportedArch => f.write_str("no probe engine for this architecture yet"),
             Self::Os { what, errno } => write!(
                 f,
                 "{what} failed: {}",
                 std::io::Error::from_raw_os_error(*errno)
             ),
+        }
+    }
+}
+
+impl AttachError {
+    /// [`Display`](core::fmt::Display) for the errors about a probe's
+    /// count or latency cells.
+    fn fmt_cells(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::TooFewCountCells { given, needed }
+            | Self::TooFewLatencyCells { given, needed } => {
+                let (cells, work) = if matches!(self, Self::TooFewCountCells { .. }) {
+                    ("count", "counting")
+                } else {
+                    ("latency", "timing")
+                };
+                write!(f, "{given} {cells} cells given, but {work} needs {needed} here (a CPU's each, and one)")
+            }
+            Self::CountAndTime => f.write_str(
+                "a probe cannot both count into count cells and time into latency cells: its latency cells count its calls",
+            ),
+            _ => Ok(()),
         }
     }
 }

@@ -304,6 +304,38 @@
 //!   uses as a veneer may), not the upper halves of `ymm`/`zmm`/SVE `z`
 //!   registers or the x87 stack (the engine's code does not touch them).
 //!
+//! # Timing probes
+//! [`Uprobe::time_into`] makes a probe at a function's entry that counts
+//! its calls and adds each call's time to return (nanoseconds) to a log2
+//! histogram, in [`LatencyCell`]s the caller provides (one per possible
+//! CPU and one more, [`latency_cells`]; a `MAP_SHARED` mapping another
+//! process reads works). No handler runs, so nothing needs the register
+//! frame, the read section or the lease of a return probe:
+//!
+//! - **On x86-64, where the site runs through a jump and the timing probe
+//!   is its only probe**, the trampoline calls a routine of its own that
+//!   counts the call in its CPU's cell (a restartable sequence), pushes
+//!   the call on the thread's stack of timed calls with the TSC, and
+//!   swaps the return address for the call site's stub; the stub calls a
+//!   routine that pops it, reads the TSC again and adds one to the
+//!   bucket in its CPU's cell (`lock inc`). Each saves only the
+//!   registers it uses (and the status flags with `lahf`/`seto`, not
+//!   `pushfq`). It needs the TSC as the kernel's clocksource (its scale
+//!   is measured once against `CLOCK_MONOTONIC_RAW`), BMI2 and `lzcnt`,
+//!   and glibc's rseq registration; anything it does not handle (a
+//!   thread inside the engine or not observed, a thread's first return
+//!   probe hit, a call site without a stub yet, a full stack, a chained
+//!   or abandoned call, a return probe's instance on the same frame) goes
+//!   to the engine's routines with every register as it was.
+//! - **Elsewhere** (a breakpoint site, another probe on the same address,
+//!   aarch64, no TSC) the engine does the same work on its ordinary path.
+//!
+//! A call that cannot be tracked (32 timed calls pending on the thread,
+//! more than 16384 call sites, left by `longjmp` or unwinding, nested in
+//! the engine) is counted, not timed; a call pending at the probe's
+//! detach is still timed when it returns. Measured with `bench
+//! uretprobe-entry` (its `uprobe-core+time` row).
+//!
 //! # aarch64
 //! The breakpoint is `BRK #5` written over the 4-byte instruction with one
 //! aligned store, then `DC CVAU` / `DSB ISH` / `IC IVAU` / `DSB ISH` /
@@ -418,6 +450,8 @@ compile_error!(
 #[cfg(uprobe_engine)]
 mod attach;
 #[cfg(uprobe_engine)]
+mod clock;
+#[cfg(uprobe_engine)]
 mod code;
 #[cfg(uprobe_engine)]
 mod context;
@@ -472,6 +506,8 @@ pub use mode::{Mode, NotOptimized, Tactic};
 pub use probe::{Probe, Uprobe};
 #[cfg(uprobe_engine)]
 pub use site::count::{CountCell, count_cells};
+#[cfg(uprobe_engine)]
+pub use site::timing::{LATENCY_BUCKETS, LatencyCell, latency_cells};
 
 /// Makes probe hits of the calling thread observed or not, and returns
 /// whether they were. A hit in a thread that is not observed runs no

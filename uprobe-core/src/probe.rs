@@ -51,6 +51,8 @@ pub struct Uprobe {
     usdt: Option<(Arc<[crate::usdt::UsdtArg]>, Option<usize>)>,
     /// Where its hits are counted, if not in the engine's own counters.
     cells: Option<&'static [crate::CountCell]>,
+    /// Where a timing probe counts its calls and their times.
+    timed: Option<&'static [crate::LatencyCell]>,
 }
 
 impl Uprobe {
@@ -74,6 +76,7 @@ impl Uprobe {
             function: None,
             invalid: None,
             cells: None,
+            timed: None,
             allow_blocked: false,
             trap_only: false,
             usdt: None,
@@ -168,6 +171,7 @@ impl Uprobe {
             function: Some(function),
             invalid: None,
             cells: None,
+            timed: None,
             allow_blocked: false,
             trap_only: false,
             usdt: None,
@@ -239,7 +243,7 @@ impl Uprobe {
         if self.addr == f.start {
             return Ok(());
         }
-        if self.ret_handler.is_some() {
+        if self.ret_handler.is_some() || self.timed.is_some() {
             return Err(AttachError::ReturnProbeNotAtEntry {
                 addr: self.addr,
                 function: f.name.clone(),
@@ -410,6 +414,55 @@ impl Uprobe {
         self
     }
 
+    /// Makes this a *timing probe*: it counts the calls of the function it
+    /// is at the entry of, and how long each took to return, as a log2
+    /// histogram of nanoseconds, in `cells` (memory the caller owns, a
+    /// `MAP_SHARED` mapping another process reads, say; see
+    /// [`LatencyCell`](crate::LatencyCell)). No handler runs. Where its
+    /// site runs through a jump and it is the site's only probe, the
+    /// entry and the return do this themselves, at a few nanoseconds
+    /// each (see the crate docs' "Timing probes"); elsewhere the engine
+    /// does the same, at the cost of an ordinary return probe.
+    ///
+    /// Like a return probe's, the probe must be at the function's first
+    /// instruction ([`AttachError::ReturnProbeNotAtEntry`]), and
+    /// [`Probe::hits`] counts the calls (the sum of the cells' calls, so
+    /// probes timing into the same cells share it); the histogram's total
+    /// is the returns timed. A call whose return the engine cannot track
+    /// (64 returns pending on the thread, more than 16384 call sites, a
+    /// `longjmp` over it) is counted but not timed. A call pending when
+    /// the probe is detached is still timed at its return: the cells are
+    /// `'static`. Fewer than [`latency_cells()`](crate::latency_cells)
+    /// cells: [`AttachError::TooFewLatencyCells`]; with
+    /// [`count_into`](Self::count_into) too: [`AttachError::CountAndTime`].
+    ///
+    /// ```
+    /// # #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))] {
+    /// use uprobe_core::{LatencyCell, Uprobe, latency_cells};
+    /// #[inline(never)]
+    /// extern "C" fn work(x: u64) -> u64 { std::hint::black_box(x + 1) }
+    /// let cells: &'static [LatencyCell] =
+    ///     Box::leak((0..latency_cells()).map(|_| LatencyCell::new()).collect());
+    /// // SAFETY: a function's address is its first instruction.
+    /// let probe = unsafe { Uprobe::address(work as usize) }.time_into(cells).attach()?;
+    /// for i in 0..10 { work(i); }
+    /// let returns: u64 = LatencyCell::histogram(cells).iter().sum();
+    /// assert_eq!((probe.hits(), returns), (10, 10));
+    /// # }
+    /// # Ok::<(), uprobe_core::AttachError>(())
+    /// ```
+    #[must_use]
+    pub fn time_into(mut self, cells: &'static [crate::LatencyCell]) -> Self {
+        if self.invalid.is_none() && cells.len() < crate::latency_cells() {
+            self.invalid = Some(AttachError::TooFewLatencyCells {
+                given: cells.len(),
+                needed: crate::latency_cells(),
+            });
+        }
+        self.timed = Some(cells);
+        self
+    }
+
     /// Keeps the probe on the trap path (a breakpoint and the SIGTRAP
     /// handler) even where its site could take a jump. The mode is the
     /// address's: a trap-only probe joining an optimized address turns it
@@ -436,6 +489,9 @@ impl Uprobe {
         let probes: Vec<Self> = probes.into_iter().collect();
         let mut blocked = Vec::with_capacity(probes.len());
         for p in &probes {
+            if p.cells.is_some() && p.timed.is_some() {
+                return Err(AttachError::CountAndTime);
+            }
             p.check_boundary()?;
             blocked.push(if p.allow_blocked {
                 None
@@ -449,7 +505,9 @@ impl Uprobe {
             .map(|(p, blocked)| {
                 // A probe with no handler only counts: its trampoline may
                 // count for it (`crate::site::count`).
-                let counting = p.handler.is_none() && p.ret_handler.is_none() && p.only_tid == 0;
+                let no_handler = p.handler.is_none() && p.ret_handler.is_none() && p.only_tid == 0;
+                let counting = no_handler && p.timed.is_none();
+                let only_times = no_handler && p.timed.is_some();
                 let consumer = Arc::new(Consumer {
                     handler: p.handler.unwrap_or_else(Handler::none),
                     ret: p.ret_handler.map(|h| ReturnProbe::new(h, p.max_active)),
@@ -469,6 +527,8 @@ impl Uprobe {
                         None => (counting && crate::site::count::enabled())
                             .then(crate::site::count::FastCount::new),
                     },
+                    only_times,
+                    timed: p.timed,
                 });
                 (p.addr, consumer)
             })

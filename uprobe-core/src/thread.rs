@@ -258,6 +258,15 @@ pub(crate) fn flags_offset() -> isize {
     (core::ptr::from_ref(&state().flags) as usize).wrapping_sub(tp) as isize
 }
 
+/// Where the calling thread's pointer to its stack of pending returns
+/// lies, from the thread pointer (static TLS, as [`flags_offset`]). What
+/// the x86-64 timing routines read. Async-signal-safe.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn return_stack_offset() -> isize {
+    flags_offset() + core::mem::offset_of!(State, return_stack) as isize
+        - core::mem::offset_of!(State, flags) as isize
+}
+
 /// Runs `f` as one more nested trap handler of the engine on this thread
 /// (aborting past [`MAX_TRAP_DEPTH`]). Async-signal-safe.
 #[inline]

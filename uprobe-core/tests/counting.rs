@@ -56,42 +56,18 @@ fn counting_probe() -> uprobe_core::Probe {
     probe
 }
 
-/// The CPUs this process may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
-    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-    // SAFETY: our own set, of its own size.
-    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) };
-    assert_eq!(rc, 0);
-    // SAFETY: reading a filled set.
-    (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
-}
-
-/// Pins the calling thread to `cpu` (an emulator may refuse: then the
-/// thread just stays where it is).
-fn pin_to(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is valid.
-    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE (from `allowed_cpus`).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: the calling thread, a set of its own size.
-    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) };
-}
-
 /// Calls the counted function `calls` times from each of `threads`
 /// threads, each moved to another CPU every thousand calls (the count
 /// moves between CPU slots mid-run); returns the calls made.
 fn calls_from_migrating_threads(threads: u64, calls: u64) -> u64 {
-    let cpus = allowed_cpus();
+    let cpus = common::allowed_cpus();
     std::thread::scope(|s| {
         for t in 0..threads {
             let cpus = &cpus;
             s.spawn(move || {
                 for i in 0..calls {
                     if i % 1_000 == 0 {
-                        pin_to(cpus[(t as usize + (i / 1_000) as usize) % cpus.len()]);
+                        common::pin_to(cpus[(t as usize + (i / 1_000) as usize) % cpus.len()]);
                     }
                     assert_eq!(call(counted_fn, i), i + 1);
                 }

@@ -87,7 +87,13 @@ fn every_exported_function_of_libc_while_threads_come_and_go_and_processes_spawn
         .map(|(_, n)| n)
         .collect();
     let plain = workload();
-    for returns in [false, true] {
+    // Every timing probe times into the same cells.
+    let cells: &'static [uprobe_core::LatencyCell] = Box::leak(
+        (0..uprobe_core::latency_cells())
+            .map(|_| uprobe_core::LatencyCell::new())
+            .collect(),
+    );
+    for kind in ["entry", "return", "timing"] {
         // Which probes attach, one at a time (each detached at once, so
         // the engine's own use of libc meets few breakpoints meanwhile);
         // then all of those in one batch.
@@ -97,10 +103,10 @@ fn every_exported_function_of_libc_while_threads_come_and_go_and_processes_spawn
         let mut seen = std::collections::HashSet::new();
         let make = |name: &str| {
             let probe = Uprobe::in_object("libc.so.6", name).unwrap();
-            if returns {
-                probe.on_return(|_| {})
-            } else {
-                probe.on_entry(|_| {})
+            match kind {
+                "entry" => probe.on_entry(|_| {}),
+                "return" => probe.on_return(|_| {}),
+                _ => probe.time_into(cells),
             }
         };
         for name in &names {
@@ -131,10 +137,11 @@ fn every_exported_function_of_libc_while_threads_come_and_go_and_processes_spawn
         }
         let probes = Uprobe::attach_all(accepted.iter().map(|name| make(name))).unwrap();
         let under_probes = workload();
-        let hits: u64 = probes
-            .iter()
-            .map(|p| if returns { p.returns() } else { p.hits() })
-            .sum();
+        let hits: u64 = match kind {
+            "entry" => probes.iter().map(Probe::hits).sum(),
+            "return" => probes.iter().map(Probe::returns).sum(),
+            _ => uprobe_core::LatencyCell::histogram(cells).iter().sum(),
+        };
         println!(
             "libc ({} exported functions{}), {} probes: {} attached, {hits} hits; \
              refused for blocked signals: {blocked:?}; other refusals: {refused:?}",
@@ -144,42 +151,49 @@ fn every_exported_function_of_libc_while_threads_come_and_go_and_processes_spawn
             } else {
                 ""
             },
-            if returns { "return" } else { "entry" },
+            kind,
             probes.len(),
         );
         let modes = common::modes(&probes);
         println!("  modes: {modes:?}");
-        let one_byte = probes
-            .iter()
-            .filter(|p| {
-                matches!(
-                    p.mode(),
-                    Mode::Jump(Tactic::Pun {
-                        written: 1,
-                        prefixes: 0
-                    })
-                )
-            })
-            .count();
-        println!("  {one_byte} probes run through a one-byte jump");
-        if cfg!(target_arch = "x86_64") {
-            // Signal-blocked code takes one-byte jumps: a few functions of
-            // each path attached that way.
-            assert!(one_byte > 0, "no one-byte jump");
-        } else {
-            // No punned jumps: every signal-blocked function is refused.
-            for path in [
-                BlockedPath::ThreadStart,
-                BlockedPath::ThreadExit,
-                BlockedPath::SpawnParent,
-                BlockedPath::SpawnChild,
-            ] {
-                assert!(blocked.contains_key(&path), "nothing refused for {path}");
-            }
-        }
+        check_signal_blocked_code(&probes, &blocked);
         assert!(hits > 0, "the workload reached no probe");
         assert_eq!(under_probes, plain, "results changed under the probes");
         Probe::detach_all(probes).unwrap();
+    }
+}
+
+/// Signal-blocked code: on x86-64 it takes one-byte jumps (a few
+/// functions of each path attach that way); elsewhere (no punned jumps)
+/// every signal-blocked path has a function refused.
+fn check_signal_blocked_code(probes: &[Probe], blocked: &BTreeMap<BlockedPath, Vec<&'static str>>) {
+    let one_byte = probes
+        .iter()
+        .filter(|p| {
+            matches!(
+                p.mode(),
+                Mode::Jump(Tactic::Pun {
+                    written: 1,
+                    prefixes: 0
+                })
+            )
+        })
+        .count();
+    println!("  {one_byte} probes run through a one-byte jump");
+    if cfg!(target_arch = "x86_64") {
+        // Signal-blocked code takes one-byte jumps: a few functions of
+        // each path attached that way.
+        assert!(one_byte > 0, "no one-byte jump");
+    } else {
+        // No punned jumps: every signal-blocked function is refused.
+        for path in [
+            BlockedPath::ThreadStart,
+            BlockedPath::ThreadExit,
+            BlockedPath::SpawnParent,
+            BlockedPath::SpawnChild,
+        ] {
+            assert!(blocked.contains_key(&path), "nothing refused for {path}");
+        }
     }
 }
 

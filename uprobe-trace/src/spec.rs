@@ -192,6 +192,17 @@ impl ProbeSpec {
     pub fn only_counts(&self) -> bool {
         !self.latency && !self.print && self.hist.is_none() && !self.stacks
     }
+
+    /// Whether the probe only counts calls and times their returns: no
+    /// handler needed, the engine's timing probes do it.
+    #[must_use]
+    pub fn only_times(&self) -> bool {
+        matches!(self.target, Target::Function { .. })
+            && self.latency
+            && !self.print
+            && self.hist.is_none()
+            && !self.stacks
+    }
 }
 
 /// How the report names function `name` of `object`.

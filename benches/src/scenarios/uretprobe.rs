@@ -6,7 +6,8 @@
 //! copy of the function), and unprobed (`none`). `uretprobe-lifetime`: the engine's
 //! return probe with each pending return holding an SRCU lease on the
 //! probe (`lease`, seed 002) or a reference count (`refcount`, the kernel
-//! before the seed).
+//! before the seed). `uretprobe-entry`'s `uprobe-core+time` is a timing
+//! probe (`Uprobe::time_into`) on the same function.
 
 use std::num::NonZeroUsize;
 
@@ -55,8 +56,14 @@ pub const LIFETIME: Scenario = Scenario {
 
 pub const ENTRY: Scenario = Scenario {
     name: "uretprobe-entry",
-    about: "call uprobe-entry's function (a real prologue: push rbp; mov rbp, rsp; push rbx; ...) with a return probe, one counting return handler: uprobe-core enters through a jump and returns through the plain-code trampoline (no signal at all), +trap enters by a breakpoint; the kernel's uretprobe",
-    impls: &["uprobe-core", "uprobe-core+trap", "kernel", "none"],
+    about: "call uprobe-entry's function (a real prologue: push rbp; mov rbp, rsp; push rbx; ...) with a return probe, one counting return handler: uprobe-core enters through a jump and returns through the plain-code trampoline (no signal at all), +trap enters by a breakpoint; +time: a timing probe instead (no handler: each call counted and its time to return added to a log2 histogram, by the entry routine and the return trampoline themselves); the kernel's uretprobe",
+    impls: &[
+        "uprobe-core",
+        "uprobe-core+time",
+        "uprobe-core+trap",
+        "kernel",
+        "none",
+    ],
     build: build_entry,
 };
 
@@ -117,11 +124,39 @@ fn other(
     }
 }
 
+/// A timing probe on `target`: its calls counted, and each one's time to
+/// return, into cells of its own.
+fn timing_probe(target: unsafe extern "C" fn()) -> Result<Box<dyn Workload>, String> {
+    use uprobe_core::{LatencyCell, latency_cells};
+    let cells: &'static [LatencyCell] =
+        Box::leak((0..latency_cells()).map(|_| LatencyCell::new()).collect());
+    let probe = super::uprobe::engine_probe("uprobe-core", target as *const () as usize)?
+        .time_into(cells)
+        .attach()
+        .map_err(|e| e.to_string())?;
+    Ok(Box::new(Calls {
+        target,
+        guard: (probe, cells),
+        check: |(probe, cells), ops| {
+            let returns: u64 = LatencyCell::histogram(cells).iter().sum();
+            if probe.hits() >= ops && returns >= ops {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} calls, {returns} timed, for {ops} calls",
+                    probe.hits()
+                ))
+            }
+        },
+    }))
+}
+
 fn build_entry(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     set_return_hold(ReturnHold::Lease);
     set_in_flight_pinning(Pinning::OnTransition);
     match imp {
         "uprobe-core" | "uprobe-core+trap" => engine_probe(imp, bench_u_entry, false),
+        "uprobe-core+time" => timing_probe(bench_u_entry),
         _ => other(imp, bench_u_entry, bench_k_entry),
     }
 }

@@ -109,13 +109,23 @@ pub(crate) unsafe fn attach_many(
     // Counted before the service threads are asked for, uncounted below
     // for the items that do not end up attached.
     let with_returns =
-        |items: &[(usize, Arc<Consumer>)]| items.iter().filter(|(_, c)| c.ret.is_some()).count();
+        |items: &[(usize, Arc<Consumer>)]| items.iter().filter(|(_, c)| c.tracks_returns()).count();
+    if items.iter().any(|(_, c)| c.timed.is_some()) {
+        crate::clock::init();
+    }
     returns::consumers_attached(with_returns(items));
     if with_returns(items) > 0
         && let Err(e) = returns::init(crate::arch::return_entry::trampoline())
     {
         returns::consumers_detached(with_returns(items));
         return Err((0, e));
+    }
+    // Timing probes' own routines, where the architecture has them (on
+    // from the first timing probe's attach, once the clock and the stubs
+    // are ready; off where the process or processor does not allow them).
+    #[cfg(uprobe_arch = "x86_64")]
+    if items.iter().any(|(_, c)| c.only_times) {
+        crate::arch::timing::enable();
     }
     let result = attach_batch(items);
     let attached = match &result {
@@ -400,7 +410,7 @@ pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), Attach
         .filter_map(|(addr, consumer)| detach_one(*addr, consumer, &mut garbage))
         .collect();
     let result = unpublish(&last, &Snapshot::read(), &mut garbage);
-    let with_returns = items.iter().filter(|(_, c)| c.ret.is_some()).count();
+    let with_returns = items.iter().filter(|(_, c)| c.tracks_returns()).count();
     collect(garbage, &table, with_returns > 0);
     // Past the grace period no hit of these consumers takes a lease: with
     // the last return consumer gone, the service threads may end.

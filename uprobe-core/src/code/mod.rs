@@ -49,6 +49,32 @@ pub(crate) fn write_code(at: usize, code: &[u8]) -> Result<(), AttachError> {
     Ok(())
 }
 
+/// Stores `value` at `at` (8-byte aligned, in a region of generated code
+/// this module mapped) in one atomic store: a word that running code
+/// reads as data (a trampoline's entry pointer) changes with no reader
+/// seeing half of it. The page stays executable throughout. Not
+/// async-signal-safe.
+pub(crate) fn write_word(at: usize, value: u64) -> Result<(), AttachError> {
+    assert_eq!(at % 8, 0, "an aligned word");
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let base = at & !(page - 1);
+    let rx = libc::PROT_READ | libc::PROT_EXEC;
+    // SAFETY: `base` is a page of a region we mapped.
+    if unsafe { libc::mprotect(base as *mut libc::c_void, page, rx | libc::PROT_WRITE) } != 0 {
+        return Err(os_error("mprotect (generated code)"));
+    }
+    // SAFETY: an aligned word of our region, writable now; readers load
+    // it whole.
+    let word = unsafe { &*(at as *const core::sync::atomic::AtomicU64) };
+    word.store(value, core::sync::atomic::Ordering::Release);
+    // SAFETY: as above.
+    if unsafe { libc::mprotect(base as *mut libc::c_void, page, rx) } != 0 {
+        return Err(os_error("mprotect (generated code)"));
+    }
+    Ok(())
+}
+
 /// Maps `size` bytes (a power of two, at least a page) readable and
 /// executable, aligned to `size`, within reach of `addr`: in the free gap
 /// of the address space nearest to it, away from where the main stack

@@ -45,7 +45,11 @@ const REGION_SIZE: usize = FIRST_STUB + STUB_SIZE * MAX_STUBS;
 /// The original return address of each stub (0: unused). Assigned by
 /// hashing the return address; entries are never removed, so a stub's
 /// target never changes once set.
-static TARGETS: [AtomicUsize; MAX_STUBS] = [const { AtomicUsize::new(0) }; MAX_STUBS];
+pub(crate) static TARGETS: [AtomicUsize; MAX_STUBS] = [const { AtomicUsize::new(0) }; MAX_STUBS];
+
+/// The first stub's address, once the region is mapped (0 before): what
+/// the x86-64 timing routines index stubs from.
+pub(crate) static FIRST_STUB_AT: AtomicUsize = AtomicUsize::new(0);
 
 /// The mapped stub region's base address.
 static REGION: OnceLock<Result<usize, AttachError>> = OnceLock::new();
@@ -98,6 +102,7 @@ fn map_region(trampoline: usize) -> Result<usize, AttachError> {
         return Err(os_error("mprotect(return trampoline stubs)"));
     }
     crate::arch::flush_code(base, REGION_SIZE);
+    FIRST_STUB_AT.store(base + FIRST_STUB, Ordering::Release);
     let eh_frame = Box::leak(unwind_info(base).into_boxed_slice());
     // SAFETY: well-formed `.eh_frame` data (see `unwind_info`), leaked so
     // it stays alive as long as the unwinder may read it.
@@ -185,12 +190,17 @@ fn push_record(out: &mut Vec<u8>, body: &[u8]) {
     out.resize(out.len() + padded - body.len(), 0);
 }
 
+/// The multiplier of the hash that picks the first stub tried for a
+/// return address: `(ret * STUB_HASH >> 40) % MAX_STUBS` (the x86-64
+/// entry routine tries that one).
+pub(crate) const STUB_HASH: usize = 0x9e37_79b9_7f4a_7c15;
+
 /// The stub that returns to `ret`: the existing one, or a new one. `None`
 /// if every stub is taken by other call sites (or the region could not be
 /// mapped). Lock-free, no allocation: async-signal-safe.
 pub(crate) fn stub_for(ret: usize) -> Option<usize> {
     let base = *REGION.get()?.as_ref().ok()?;
-    let start = (ret.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) % MAX_STUBS;
+    let start = (ret.wrapping_mul(STUB_HASH) >> 40) % MAX_STUBS;
     for i in 0..MAX_STUBS {
         let k = (start + i) % MAX_STUBS;
         let t = TARGETS[k].load(Ordering::Acquire);

@@ -8,6 +8,7 @@
 //! thread id once per thread).
 
 pub(crate) mod returns;
+pub(crate) mod timing;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -64,6 +65,9 @@ fn run_one(c: &Consumer, addr: usize, frame: &mut crate::arch::Frame) -> bool {
     if let Some(ret) = c.ret.as_ref().filter(|_| !out.skip_return()) {
         track_return_of(ret, addr, out.cookie, frame);
     }
+    if let Some(cells) = c.timed {
+        time_return_of(cells, frame);
+    }
     out.ip_changed()
 }
 
@@ -86,7 +90,8 @@ fn run_each(consumers: &[Arc<Consumer>], addr: usize, frame: &mut crate::arch::F
 }
 
 /// A hit of a thread already inside the engine: no handler runs; counted
-/// as missed, and for counting probes as a hit (their counts stay exact).
+/// as missed, and for counting and timing probes as a hit (their counts
+/// stay exact; the call is not timed).
 /// A thread that is not observed counts nothing. Async-signal-safe.
 #[cold]
 fn nested(site: &Site) {
@@ -96,7 +101,7 @@ fn nested(site: &Site) {
     site.missed.add(1);
     // SAFETY: as in `run_consumers`.
     let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
-    for c in consumers.iter().filter(|c| c.counting) {
+    for c in consumers.iter().filter(|c| c.counting || c.timed.is_some()) {
         c.count_hit();
     }
 }
@@ -111,4 +116,14 @@ fn track_return_of(ret: &ReturnProbe, func: usize, cookie: u64, frame: &mut crat
     // instruction, where `ret_at` holds its return address (checked at
     // attach, or `Uprobe::address`'s contract).
     unsafe { returns::prepare(ret, func, cookie, sp, ret_at) };
+}
+
+/// Times the call entered at a timing probe's site (out of line, as
+/// [`track_return_of`]). Async-signal-safe.
+#[inline(never)]
+fn time_return_of(cells: &'static [crate::LatencyCell], frame: &mut crate::arch::Frame) {
+    let (sp, ret_at) = crate::arch::return_address_at(frame);
+    // SAFETY: timing probes are attached at a function's first
+    // instruction, as return probes are.
+    unsafe { returns::prepare_timed(cells, sp, ret_at) };
 }

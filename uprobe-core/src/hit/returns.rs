@@ -44,6 +44,7 @@ use pcpu_freelist::FreeList;
 use sigpending::Account;
 use srcu::{LeaseBlock, LeaseSet, RawLease, Strong};
 
+use super::timing::TimedStack;
 use crate::AttachError;
 use crate::arch::trampoline;
 use crate::code::return_stubs;
@@ -98,6 +99,23 @@ pub(crate) struct ThreadReturns {
     block: LeaseBlock<'static, 'static, ReturnPart>,
     depth: Cell<usize>,
     instances: [Instance; MAX_RETURN_DEPTH],
+    /// Its pending calls of timing probes.
+    timed: TimedStack,
+}
+
+/// Where a thread's stack of pending returns keeps what the
+/// architecture's timing routines read: its timed calls, and the depth
+/// and the top instance's slot of its other pending returns (a return
+/// with an instance of its frame there goes to the engine).
+#[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
+pub(crate) mod layout {
+    use super::{Instance, ThreadReturns};
+    use core::mem::{offset_of, size_of};
+    pub(crate) const TIMED_AT: usize = offset_of!(ThreadReturns, timed);
+    pub(crate) const DEPTH_AT: usize = offset_of!(ThreadReturns, depth);
+    pub(crate) const INSTANCES_AT: usize = offset_of!(ThreadReturns, instances);
+    pub(crate) const INSTANCE_SIZE: usize = size_of::<Instance>();
+    pub(crate) const SLOT_AT: usize = offset_of!(Instance, slot);
 }
 
 // SAFETY: the cells are used by the owning thread only (its trap handler
@@ -152,6 +170,7 @@ impl Threads {
                             block: leases.block(MAX_RETURN_DEPTH),
                             depth: Cell::new(0),
                             instances: core::array::from_fn(|_| Instance::default()),
+                            timed: TimedStack::new(),
                         })
                         .collect(),
                     free: FreeList::new(0..n as u32),
@@ -345,6 +364,44 @@ pub(crate) unsafe fn prepare(
     tr.depth.set(depth + 1);
 }
 
+/// At the entry of a function a timing probe (`cells`) times: pushes the
+/// call on the thread's timed calls with the clock now, and replaces its
+/// return address (at `*ret_at`, the stack slot at `sp`) with the stub
+/// of its call site, unless a return probe already did (a tail call, or
+/// another probe on the function). A call that cannot be tracked is not
+/// timed. Async-signal-safe; called with the thread inside the engine.
+///
+/// # Safety
+/// As [`prepare`]'s.
+pub(crate) unsafe fn prepare_timed(
+    cells: &'static [crate::LatencyCell],
+    sp: usize,
+    ret_at: *mut usize,
+) {
+    let Some(tr) = current() else {
+        return;
+    };
+    // SAFETY: the caller's contract.
+    let ret = unsafe { ret_at.read() };
+    let chained = return_stubs::target_of(ret).is_some();
+    tr.timed
+        .drop_abandoned(|slot| slot < sp || (slot == sp && !chained));
+    let stub = if chained {
+        None
+    } else {
+        let Some(stub) = return_stubs::stub_for(ret) else {
+            return;
+        };
+        Some(stub)
+    };
+    if tr.timed.push(sp, crate::clock::now(), cells)
+        && let Some(stub) = stub
+    {
+        // SAFETY: the caller's contract.
+        unsafe { ret_at.write(stub) };
+    }
+}
+
 impl ThreadReturns {
     /// Pops, from the top, the instances whose slot `gone` says is left,
     /// releasing them without running their handlers (counted as missed).
@@ -447,6 +504,10 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
     let slot = regs.entry_sp();
     if let Some(tr) = owned() {
         let was_inside = enter();
+        // Inside the engine: the clock may be a probed libc function.
+        if tr.timed.pending() {
+            tr.timed.returned(slot, crate::clock::now());
+        }
         tr.drop_abandoned(|s| s < slot);
         while let Some(inst) = tr.top() {
             if inst.slot.get() != slot || inst.ret.get() != original {
@@ -616,6 +677,7 @@ fn reap(threads: &Threads) {
             }
             // The owner is gone: its stack is ours now.
             tr.drop_abandoned(|_| true);
+            tr.timed.clear();
             let element = tr.element.load(Ordering::Relaxed);
             tr.owner.store(0, Ordering::Release);
             threads.taken.fetch_sub(1, Ordering::Relaxed);

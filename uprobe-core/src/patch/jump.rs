@@ -59,7 +59,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicPtr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use super::original::code_as_original;
 use super::pun;
@@ -233,11 +233,14 @@ fn trampoline_for(
         addr: site,
         site: AtomicPtr::new(core::ptr::null_mut()),
         fast: AtomicPtr::new(core::ptr::null_mut()),
+        timed: AtomicPtr::new(core::ptr::null_mut()),
+        trampoline: AtomicUsize::new(0),
     });
     let cell_addr = core::ptr::from_ref(&*cell) as usize;
     let (base, moves) =
         trampolines::place(plan.start, |base| arch_jump::build(plan, base, cell_addr))?;
     let cell: &'static JumpCell = Box::leak(cell);
+    cell.trampoline.store(base, Ordering::Release);
     let t: &'static Trampoline = Box::leak(Box::new(Trampoline { base, cell, moves }));
     by_key.insert(key, t);
     Ok(t)

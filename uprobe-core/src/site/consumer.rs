@@ -44,6 +44,12 @@ pub(crate) struct Consumer {
     /// `None` for a probe with a handler and the engine's counters, or
     /// where trampolines do not count.
     pub(crate) fast: Option<super::count::FastCount>,
+    /// A timing probe's cells ([`Uprobe::time_into`](crate::Uprobe::time_into)):
+    /// its calls are counted there, and each call's time to return.
+    pub(crate) timed: Option<&'static [super::timing::LatencyCell]>,
+    /// A timing probe with no handler and no thread filter: its calls may
+    /// be timed without the engine (see [`super::timing`]).
+    pub(crate) only_times: bool,
 }
 
 impl Consumer {
@@ -51,6 +57,10 @@ impl Consumer {
     /// consumer's own counter). Async-signal-safe.
     #[inline]
     pub(crate) fn count_hit(&self) {
+        if let Some(cells) = self.timed {
+            super::timing::LatencyCell::count_call_in_last(cells);
+            return;
+        }
         match self
             .fast
             .as_ref()
@@ -61,9 +71,18 @@ impl Consumer {
         }
     }
 
+    /// Whether hits track the function's return: a return probe, or a
+    /// timing probe.
+    pub(crate) fn tracks_returns(&self) -> bool {
+        self.ret.is_some() || self.timed.is_some()
+    }
+
     /// Hits counted: by the full path and by the trampolines' own
     /// counting. Async-signal-safe.
     pub(crate) fn hits(&self) -> u64 {
+        if let Some(cells) = self.timed {
+            return super::timing::LatencyCell::total_calls(cells);
+        }
         let fast = self.fast.as_ref().map_or(0, super::count::FastCount::sum);
         self.hits.sum().wrapping_add(fast)
     }

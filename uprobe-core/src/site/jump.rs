@@ -3,11 +3,11 @@
 //! trampoline it goes to, whose [`JumpCell`] names the site it serves.
 //! Writing and taking back jumps is `crate::patch::jump`'s.
 
-use std::sync::atomic::AtomicPtr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use super::Site;
 use crate::arch::JUMP_LEN;
-use crate::code::trampolines::Moves;
+use crate::code::trampolines::{ENTRY_PTR_AT, Moves};
 use crate::mode::Tactic;
 use std::sync::atomic::AtomicU64;
 
@@ -23,11 +23,20 @@ pub(crate) struct JumpCell {
     /// only consumer is a counting probe (null: every hit runs the
     /// engine). See [`super::count`].
     pub(crate) fast: AtomicPtr<AtomicU64>,
+    /// The cells of the site's only consumer when that is a timing probe
+    /// the entry routine times itself (null: every hit runs the engine).
+    /// See [`super::timing`].
+    pub(crate) timed: AtomicPtr<super::timing::LatencyCell>,
+    /// The trampoline's address, once it is placed (0 before).
+    pub(crate) trampoline: AtomicUsize,
 }
 
 /// The offset of [`JumpCell::fast`] (read by x86-64's counting prelude).
 #[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
 pub(crate) const FAST_AT: usize = core::mem::offset_of!(JumpCell, fast);
+/// The offset of [`JumpCell::timed`] (read by x86-64's entry routine).
+#[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
+pub(crate) const TIMED_AT: usize = core::mem::offset_of!(JumpCell, timed);
 
 /// A trampoline: where it is, its cell, and where each instruction of
 /// the range runs relocated. Never freed.
@@ -140,4 +149,50 @@ pub(crate) struct Pun {
     pub(crate) fixed: Vec<u8>,
     pub(crate) lo: usize,
     pub(crate) size: usize,
+}
+
+/// The routines a trampoline's header may name: the engine's entry, and
+/// the timed entry that times a timing probe's calls itself (0: the
+/// architecture has none, or it is off). Set by the architecture's
+/// timing routines when they turn on (`crate::arch::timing`).
+static ENGINE_ENTRY: AtomicUsize = AtomicUsize::new(0);
+static TIMED_ENTRY: AtomicUsize = AtomicUsize::new(0);
+
+/// Names the two routines [`route`] chooses between. Not
+/// async-signal-safe.
+#[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn set_routes(engine: usize, timed: usize) {
+    ENGINE_ENTRY.store(engine, Ordering::Relaxed);
+    TIMED_ENTRY.store(timed, Ordering::Release);
+}
+
+/// Whether trampolines may time calls themselves in this process.
+pub(crate) fn trampolines_time() -> bool {
+    TIMED_ENTRY.load(Ordering::Acquire) != 0
+}
+
+/// Points the trampoline of `cell` at the timed entry (`timed`) or at the
+/// engine's: one aligned store to its header's entry pointer, which its
+/// full path calls through, written only if it changes. Either routine
+/// handles every hit (the timed one sends to the engine what it does not
+/// time), so a thread that read the old pointer is right too. The
+/// attach lock is held; not async-signal-safe.
+pub(crate) fn route(cell: &JumpCell, timed: bool) {
+    let base = cell.trampoline.load(Ordering::Acquire);
+    let entry = if timed {
+        TIMED_ENTRY.load(Ordering::Acquire)
+    } else {
+        ENGINE_ENTRY.load(Ordering::Acquire)
+    };
+    if base == 0 || entry == 0 {
+        return;
+    }
+    let at = base + ENTRY_PTR_AT;
+    // SAFETY: a trampoline's header, mapped and readable for as long as
+    // the process runs (trampolines are never unmapped).
+    let now = unsafe { (*(at as *const AtomicU64)).load(Ordering::Relaxed) };
+    if now != entry as u64 {
+        // A failed write leaves the old routine, which handles every hit.
+        let _ = crate::code::write_word(at, entry as u64);
+    }
 }

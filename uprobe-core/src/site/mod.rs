@@ -1,7 +1,8 @@
 //! The site model: a probed address, the instruction its breakpoint
 //! displaced, how it runs ([`SiteMode`]: breakpoint or jump) and its
 //! consumers ([`consumer`], their [`handler`]s), with the record of a jump
-//! ([`jump`]) and a consumer's return side ([`returns`]).
+//! ([`jump`]), a consumer's return side ([`returns`]) and what counting
+//! and timing probes count into ([`count`], [`timing`]).
 //!
 //! The hit path reads a site inside a read section of the table's SRCU
 //! domain (`crate::table::DOMAIN`): its consumer list is published with
@@ -14,6 +15,7 @@ pub(crate) mod count;
 pub(crate) mod handler;
 pub(crate) mod jump;
 pub(crate) mod returns;
+pub(crate) mod timing;
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -199,6 +201,31 @@ fn sync_fast(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
         _ => core::ptr::null_mut(),
     };
     let old = cell.fast.swap(want, Ordering::AcqRel);
+    if !old.is_null() && old != want {
+        pcpu::rseq::fence_all();
+    }
+    sync_timed(cell, list);
+}
+
+/// Points `cell`'s timed path at the cells of its only consumer if that
+/// is a timing probe with nothing else to run (see [`timing`]), routing
+/// its trampoline to the timed entry; else at nothing, routing it back
+/// to the engine. After taking cells away, waits until no thread can
+/// still count a call into them. The attach lock is held.
+fn sync_timed(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
+    let want = match list {
+        [only] if only.only_times && jump::trampolines_time() => only
+            .timed
+            .map_or(core::ptr::null_mut(), |c| c.as_ptr().cast_mut()),
+        _ => core::ptr::null_mut(),
+    };
+    if want.is_null() {
+        jump::route(cell, false);
+    }
+    let old = cell.timed.swap(want, Ordering::AcqRel);
+    if !want.is_null() {
+        jump::route(cell, true);
+    }
     if !old.is_null() && old != want {
         pcpu::rseq::fence_all();
     }

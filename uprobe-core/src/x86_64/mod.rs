@@ -11,6 +11,7 @@ pub(crate) mod jump_entry;
 pub(crate) mod pun;
 mod relocate;
 pub(crate) mod return_entry;
+pub(crate) mod timing;
 pub(crate) mod trampoline;
 pub(crate) mod usdt;
 pub(crate) mod xol;

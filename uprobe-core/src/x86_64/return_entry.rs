@@ -1,5 +1,7 @@
 //! The x86-64 return trampoline's code: plain code, no trap. A stub's
-//! `call` enters it at a probed function's return; it saves the
+//! `call` enters it at a probed function's return (through
+//! `super::timing`'s return routine, which handles a timing probe's
+//! return itself and jumps here for every other); it saves the
 //! caller-saved registers (`super::trampoline::SavedRegs`) and
 //! `xmm0`-`xmm15`, hands them to `crate::hit::returns::on_return`, which
 //! writes the original return address into the slot the stub's `call`
@@ -77,9 +79,12 @@ unsafe extern "C" {
     fn uprobe_core_return_trampoline();
 }
 
-/// The common trampoline's address, which every stub calls.
+/// What every stub calls: the timed return (`super::timing`), which
+/// comes here (`uprobe_core_return_trampoline`) for whatever it does not
+/// handle itself.
 pub(crate) fn trampoline() -> usize {
-    uprobe_core_return_trampoline as *const () as usize
+    let _ = uprobe_core_return_trampoline;
+    super::timing::return_routine()
 }
 
 /// What the trampoline calls: hands the saved registers to the engine,

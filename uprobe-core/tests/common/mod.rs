@@ -267,3 +267,27 @@ pub fn libz_round_trip(handle: *mut std::ffi::c_void, size: u32, level: i32) -> 
     assert_eq!(back, input, "the round trip");
     packed
 }
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: our own set, of its own size.
+    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) };
+    assert_eq!(rc, 0);
+    // SAFETY: reading a filled set.
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu` (an emulator may refuse: then the
+/// thread just stays where it is).
+pub fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (from `allowed_cpus`).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the calling thread, a set of its own size.
+    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) };
+}

@@ -1,7 +1,9 @@
 //! What a hit does: count into the probe's slot, take the time for
 //! `--latency`, draw a value for `--hist`, write a line for `--print`.
 //! Every handler is async-signal-safe. A probe that only counts has no
-//! handler: the engine counts its calls into the slot's count cells.
+//! handler: the engine counts its calls into the slot's count cells; one
+//! that only times calls (`--latency` alone) has none either: the engine
+//! times them into the slot's latency cells.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -27,6 +29,13 @@ impl Agent {
             // CPU, into the report (a few nanoseconds a call); the agent's
             // threads are not observed, so their calls count nothing.
             return builder.count_into(cells);
+        }
+        if spec.only_times()
+            && let Some(cells) = self.report.latency_cells(index)
+        {
+            // No handler either: the entry and the return count and time
+            // each call themselves, into the report.
+            return builder.time_into(cells);
         }
         let (latency, print, hist, stacks) = (spec.latency, spec.print, spec.hist, spec.stacks);
         let index = index as u32;

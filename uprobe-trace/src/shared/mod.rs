@@ -16,16 +16,16 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-use uprobe_core::CountCell;
+use uprobe_core::{CountCell, LatencyCell};
 
 /// Marks a report file (and its layout version).
-pub const MAGIC: u64 = 0x7570_7472_6163_6502;
+pub const MAGIC: u64 = 0x7570_7472_6163_6503;
 /// Slots a report holds at most: the probes asked for plus the functions
 /// their patterns match.
 pub const MAX_SLOTS: usize = 8192;
 /// Histogram buckets: bucket `k` counts values in `[2^(k-1), 2^k)`
-/// (bucket 0: the value 0).
-pub const BUCKETS: usize = 64;
+/// (bucket 0: the value 0), as a timing probe's latency cells do.
+pub const BUCKETS: usize = uprobe_core::LATENCY_BUCKETS;
 /// Count cells per slot at most (a machine with 4096 possible CPUs).
 const MAX_CELLS: usize = 4097;
 /// Bytes of an error message kept per probe.
@@ -195,7 +195,13 @@ impl core::fmt::Debug for Report {
 
 impl Report {
     fn size(slots: usize, cells: usize) -> usize {
-        Self::cells_at(slots) + slots * cells * size_of::<CountCell>()
+        Self::latency_at(slots, cells) + slots * cells * size_of::<LatencyCell>()
+    }
+
+    /// Where the slots' latency cells start (after their count cells).
+    fn latency_at(slots: usize, cells: usize) -> usize {
+        (Self::cells_at(slots) + slots * cells * size_of::<CountCell>())
+            .next_multiple_of(align_of::<LatencyCell>())
     }
 
     /// Where the slots' count cells start (after the stack and object
@@ -350,11 +356,52 @@ impl Report {
             })
     }
 
-    /// Calls of slot `i`: counted by its handlers and in its count cells.
+    /// Slot `i`'s latency cells, where a timing probe counts its calls
+    /// and times their returns (`None` as for
+    /// [`count_cells`](Self::count_cells)). The count cells' number.
+    #[must_use]
+    #[allow(clippy::cast_ptr_alignment)] // aligned by `latency_at`
+    pub fn latency_cells(&self, i: usize) -> Option<&[LatencyCell]> {
+        let capacity = self.header().capacity.load(Ordering::Relaxed) as usize;
+        let n = self.header().count_cells.load(Ordering::Relaxed) as usize;
+        let at = Self::latency_at(capacity, n) + i * n * size_of::<LatencyCell>();
+        // SAFETY: as in `count_cells`; zero bytes are a `LatencyCell` at
+        // zero.
+        (i < capacity
+            && n >= uprobe_core::latency_cells()
+            && at + n * size_of::<LatencyCell>() <= self.len)
+            .then(|| unsafe {
+                core::slice::from_raw_parts(self.base.add(at).cast::<LatencyCell>(), n)
+            })
+    }
+
+    /// Calls of slot `i`: counted by its handlers, in its count cells and
+    /// in its latency cells.
     #[must_use]
     pub fn calls(&self, i: usize) -> u64 {
-        let cells = self.count_cells(i).map_or(0, CountCell::sum);
-        self.slot(i).map_or(0, |s| s.hits.sum()).wrapping_add(cells)
+        let counted = self.count_cells(i).map_or(0, CountCell::sum);
+        let timed = self.latency_cells(i).map_or(0, LatencyCell::total_calls);
+        self.slot(i)
+            .map_or(0, |s| s.hits.sum())
+            .wrapping_add(counted)
+            .wrapping_add(timed)
+    }
+
+    /// Returns of slot `i` and their latencies by log2 bucket (ns): those
+    /// its return handlers recorded, and those its latency cells hold.
+    #[must_use]
+    pub fn latencies(&self, i: usize) -> (u64, [u64; BUCKETS]) {
+        let mut hist = self
+            .latency_cells(i)
+            .map_or([0; BUCKETS], LatencyCell::histogram);
+        let mut returns: u64 = hist.iter().sum();
+        if let Some(slot) = self.slot(i) {
+            returns = returns.wrapping_add(slot.returns.sum());
+            for (h, b) in hist.iter_mut().zip(&slot.histogram) {
+                *h = h.wrapping_add(b.load(Ordering::Relaxed));
+            }
+        }
+        (returns, hist)
     }
 
     /// The index of `slot`, one of this report's.

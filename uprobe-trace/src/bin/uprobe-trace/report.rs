@@ -133,21 +133,22 @@ struct Row {
 }
 
 impl Row {
-    /// Adds slot `slot`, which has `calls` calls.
-    fn add(&mut self, slot: &Slot, calls: u64) {
+    /// Adds slot `slot`, which has `calls` calls and `latencies` (returns,
+    /// their histogram).
+    fn add(&mut self, slot: &Slot, calls: u64, latencies: &(u64, [u64; BUCKETS])) {
         self.sites += slot.sites.load(Relaxed);
         self.trap_sites += slot.trap_sites.load(Relaxed);
         self.hits += calls;
-        self.returns += slot.returns.sum();
+        self.returns += latencies.0;
         self.negative += slot.negative.load(Relaxed);
-        let add = |into: &mut Vec<u64>, from: &[std::sync::atomic::AtomicU64; BUCKETS]| {
-            into.resize(BUCKETS, 0);
-            for (a, b) in into.iter_mut().zip(from) {
-                *a += b.load(Relaxed);
-            }
-        };
-        add(&mut self.latency, &slot.histogram);
-        add(&mut self.values, &slot.values);
+        self.latency.resize(BUCKETS, 0);
+        for (a, b) in self.latency.iter_mut().zip(&latencies.1) {
+            *a += b;
+        }
+        self.values.resize(BUCKETS, 0);
+        for (a, b) in self.values.iter_mut().zip(&slot.values) {
+            *a += b.load(Relaxed);
+        }
         if let Some(why) = slot.trap_why() {
             self.trap_why = Some(why);
         }
@@ -175,9 +176,9 @@ fn rows(report: &Report, plan: &Plan) -> Vec<Row> {
         let Some(row) = rows.get_mut(probe) else {
             continue;
         };
-        let calls = report.calls(i);
+        let (calls, latencies) = (report.calls(i), report.latencies(i));
         if i == probe {
-            row.add(slot, calls);
+            row.add(slot, calls, &latencies);
         } else {
             row.matched
                 .entry(slot.label())
@@ -185,7 +186,7 @@ fn rows(report: &Report, plan: &Plan) -> Vec<Row> {
                     label: slot.label(),
                     ..Row::default()
                 })
-                .add(slot, calls);
+                .add(slot, calls, &latencies);
         }
     }
     rows

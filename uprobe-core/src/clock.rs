@@ -1,0 +1,96 @@
+//! The clock timing probes read at a call's entry and at its return
+//! ([`Uprobe::time_into`](crate::Uprobe::time_into)), in *ticks*, and
+//! how a difference of ticks converts to nanoseconds.
+//!
+//! On x86-64, where the kernel itself keeps time with the TSC (its
+//! clocksource is `tsc`: constant, non-stop, synchronised between CPUs),
+//! a tick is a TSC cycle, read with `rdtsc` by the trampolines as well
+//! as here, and converted as `ticks * mult >> 32` (`mult` measured once
+//! against `CLOCK_MONOTONIC_RAW`, as [`Scale`]). Elsewhere a tick is a
+//! nanosecond of `CLOCK_MONOTONIC` (the vDSO's `clock_gettime`).
+//!
+//! The choice is made once, at the first attach of a timing probe
+//! ([`init`]), before any hit reads the clock.
+
+use std::sync::OnceLock;
+
+/// How TSC cycles convert to nanoseconds: `ns = cycles * mult >> 32`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scale {
+    pub(crate) mult: u64,
+}
+
+/// The TSC's scale, where the TSC is the kernel's clocksource; `None`
+/// until [`init`], or where it is not.
+static TSC: OnceLock<Option<Scale>> = OnceLock::new();
+
+/// Decides the clock, once (x86-64: measures the TSC against
+/// `CLOCK_MONOTONIC_RAW` for about a millisecond). Not async-signal-safe.
+pub(crate) fn init() {
+    TSC.get_or_init(measure_tsc);
+}
+
+/// The TSC's scale, when ticks are TSC cycles (after [`init`]).
+/// Async-signal-safe.
+pub(crate) fn tsc() -> Option<Scale> {
+    TSC.get().copied().flatten()
+}
+
+/// Now, in ticks. Async-signal-safe.
+#[inline]
+pub(crate) fn now() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if tsc().is_some() {
+        // SAFETY: `rdtsc` has no preconditions (user mode may run it
+        // wherever the kernel keeps time with it).
+        return unsafe { core::arch::x86_64::_rdtsc() };
+    }
+    monotonic(libc::CLOCK_MONOTONIC)
+}
+
+/// `ticks` in nanoseconds. Async-signal-safe.
+#[inline]
+pub(crate) fn nanos(ticks: u64) -> u64 {
+    match tsc() {
+        Some(s) => ((u128::from(ticks) * u128::from(s.mult)) >> 32) as u64,
+        None => ticks,
+    }
+}
+
+fn monotonic(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes `ts`; the monotonic clocks always exist on Linux.
+    unsafe { libc::clock_gettime(clock, &raw mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn measure_tsc() -> Option<Scale> {
+    let source =
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .ok()?;
+    if source.trim() != "tsc" {
+        return None;
+    }
+    // SAFETY: as in `now`.
+    let tsc = || unsafe { core::arch::x86_64::_rdtsc() };
+    let (t0, c0) = (monotonic(libc::CLOCK_MONOTONIC_RAW), tsc());
+    let (mut t1, mut c1) = (t0, c0);
+    while t1.wrapping_sub(t0) < 1_000_000 {
+        (t1, c1) = (monotonic(libc::CLOCK_MONOTONIC_RAW), tsc());
+    }
+    let (ns, cycles) = (t1 - t0, c1.checked_sub(c0)?);
+    (cycles > 0).then(|| Scale {
+        mult: ((u128::from(ns) << 32) / u128::from(cycles)) as u64,
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn measure_tsc() -> Option<Scale> {
+    None
+}

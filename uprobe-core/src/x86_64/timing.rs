@@ -1,0 +1,441 @@
+//! Timing probes without the engine (see `crate::site::timing`): the
+//! entry routine a trampoline calls when its site's only consumer is a
+//! timing probe, and the return routine every stub calls first. Both
+//! keep to the thread's own state (its timed calls,
+//! `crate::hit::timing`), a restartable sequence for the call count and
+//! an atomic add for the histogram: no register frame, no read section,
+//! no call into Rust. Whatever they cannot handle goes, with every
+//! register as it was, to the engine's routines (`super::jump_entry`,
+//! `super::return_entry`), which do the same work the slow way.
+//!
+//! **The entry** (`uprobe_core_timed_entry`). A trampoline's full path
+//! calls through its header's entry pointer; `crate::site::jump::route`
+//! points it here
+//! while the site's cell names a timing probe's cells
+//! (`JumpCell::timed`). It saves seven registers and the status flags
+//! (`lahf`, `seto`: no `pushfq`/`popfq`), then, in order:
+//! - goes to the engine if the thread is inside it or not observed (its
+//!   flags word), has no stack of pending returns yet, or the call's
+//!   return address has no stub yet in the slot its hash picks first
+//!   (the engine makes one), or its timed calls are full, or their top
+//!   is not a frame below this one (a chained or abandoned call: the
+//!   engine sorts those out);
+//! - counts the call in its CPU's cell inside a restartable sequence
+//!   that reads the cell's `timed` pointer again (so once a detach has
+//!   cleared it and fenced, no call is counted), or goes to the engine
+//!   where no sequence runs (an unregistered thread);
+//! - pushes the call: its slot, then the depth, then the slot again (a
+//!   signal handler's push in between cannot leave its slot there),
+//!   then its cells and the TSC;
+//! - replaces the return address with the stub, restores, and returns
+//!   into the trampoline, which runs the relocated code.
+//!
+//! **The return** (`uprobe_core_timed_return`). The stubs' `call` comes
+//! here (the stub region's pointer). With the thread's stack of pending
+//! returns, no instance of the engine's own for this frame (their top's
+//! slot above this one), and the top timed call's slot this frame's, it
+//! reads the TSC and, for each timed call of this frame (several when
+//! chained by tail calls), pops the call, converts the difference to nanoseconds
+//! (`mul`, `shrd`: `crate::clock`'s scale), finds its log2 bucket
+//! (`lzcnt`) and adds one to it in the current CPU's cell (`lock inc`:
+//! the histogram is only ever added to atomically), then returns to the
+//! stub's target. Anything else goes to `uprobe_core_return_trampoline`
+//! with every register and flag as it was.
+//!
+//! Both are off (straight to the engine) until [`enable`] fills in
+//! [`PARAMS`]: where trampolines count (BMI2, rseq with fences), the TSC
+//! keeps time, and the processor has `lzcnt`.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use super::count::RESUME_AT;
+use crate::code::return_stubs::{FIRST_STUB_AT, MAX_STUBS, STUB_HASH, TARGETS};
+use crate::code::trampolines::CELL_AT;
+use crate::hit::returns::layout as returns;
+use crate::hit::timing::{DEPTH_AT, ENTRIES_AT, ENTRY_SIZE, MAX_TIMED_DEPTH};
+use crate::site::jump::TIMED_AT;
+use crate::site::timing::{BUCKETS_AT, LatencyCell};
+
+/// What the routines need of the process, filled in once by [`enable`].
+/// `stack` is written last: 0 means off.
+#[repr(C)]
+struct Params {
+    /// The thread's pointer to its pending returns, from the thread
+    /// pointer (0: the routines are off).
+    stack: AtomicI64,
+    /// The engine's per-thread flags word, from the thread pointer.
+    flags: AtomicI64,
+    /// The rseq area, from the thread pointer.
+    area: AtomicI64,
+    /// Possible CPUs (the last cell's index).
+    cpus: AtomicU64,
+    /// The TSC's scale (`crate::clock::Scale::mult`).
+    mult: AtomicU64,
+    /// The first stub's address.
+    first_stub: AtomicU64,
+}
+
+static PARAMS: Params = Params {
+    stack: AtomicI64::new(0),
+    flags: AtomicI64::new(0),
+    area: AtomicI64::new(0),
+    cpus: AtomicU64::new(0),
+    mult: AtomicU64::new(0),
+    first_stub: AtomicU64::new(0),
+};
+
+/// Turns the routines on if this process and processor allow them (after
+/// `crate::clock::init` and the stubs' region). Returns whether they are
+/// on. Not async-signal-safe (the first time).
+pub(crate) fn enable() -> bool {
+    if PARAMS.stack.load(Ordering::Acquire) != 0 {
+        return true;
+    }
+    // `lzcnt`: CPUID 0x8000_0001, ECX bit 5.
+    let lzcnt = core::arch::x86_64::__cpuid(0x8000_0000).eax >= 0x8000_0001
+        && core::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 5) != 0;
+    let (Some(scale), Some(adder), first_stub) = (
+        crate::clock::tsc(),
+        pcpu::rseq::GatedAdder::get(),
+        FIRST_STUB_AT.load(Ordering::Acquire),
+    ) else {
+        return false;
+    };
+    if !lzcnt || !super::count::enabled() || first_stub == 0 {
+        return false;
+    }
+    PARAMS
+        .flags
+        .store(crate::thread::flags_offset() as i64, Ordering::Relaxed);
+    PARAMS
+        .area
+        .store(adder.area_offset() as i64, Ordering::Relaxed);
+    PARAMS
+        .cpus
+        .store(pcpu::possible_cpus() as u64, Ordering::Relaxed);
+    PARAMS.mult.store(scale.mult, Ordering::Relaxed);
+    PARAMS
+        .first_stub
+        .store(first_stub as u64, Ordering::Relaxed);
+    PARAMS.stack.store(
+        crate::thread::return_stack_offset() as i64,
+        Ordering::Release,
+    );
+    crate::site::jump::set_routes(
+        uprobe_core_jump_entry as *const () as usize,
+        uprobe_core_timed_entry as *const () as usize,
+    );
+    true
+}
+
+/// The address every stub calls.
+pub(crate) fn return_routine() -> usize {
+    uprobe_core_timed_return as *const () as usize
+}
+
+unsafe extern "C" {
+    fn uprobe_core_timed_entry();
+    fn uprobe_core_timed_return();
+    /// The engine's entry routine (`super::jump_entry`).
+    fn uprobe_core_jump_entry();
+}
+
+// The entry. On entry: [rsp] = the trampoline's resume address, the red
+// zone below the probed stack pointer (128 bytes) stepped over. Saved:
+// rcx rax rdx rsi rdi r8, then the flags image (ah: SF ZF AF PF CF, al:
+// OF), so the probed stack pointer is rsp + 7 * 8 + 8 + 128.
+core::arch::global_asm!(
+    ".pushsection .text.uprobe_core_timed_entry,\"ax\",@progbits",
+    ".p2align 4",
+    ".globl uprobe_core_timed_entry",
+    ".hidden uprobe_core_timed_entry",
+    "uprobe_core_timed_entry:",
+    "push rcx",
+    "push rax",
+    "push rdx",
+    "push rsi",
+    "push rdi",
+    "push r8",
+    "lahf",
+    "seto al",
+    "push rax",
+    // Inside the engine, or not observed: the engine's.
+    "mov rax, [rip + {params} + 8]",
+    "mov eax, fs:[rax]",
+    "test eax, eax",
+    "jnz 9f",
+    // The thread's pending returns (rsi), none yet: the engine's.
+    "mov rsi, [rip + {params}]",
+    "test rsi, rsi",
+    "jz 9f",
+    "mov rsi, fs:[rsi]",
+    "test rsi, rsi",
+    "jz 9f",
+    // The return address (rdi) and the stub its hash picks first: if
+    // that one is not its, the engine's (which finds or makes one).
+    "lea r8, [rsp + {probed}]",
+    "mov rdi, [r8]",
+    "movabs rax, {hash}",
+    "imul rax, rdi",
+    "shr rax, 40",
+    "and eax, {stubs_mask}",
+    "lea rdx, [rip + {targets}]",
+    "cmp [rdx + rax * 8], rdi",
+    "jne 9f",
+    "shl rax, 4",
+    "add rax, [rip + {params} + 40]",
+    "mov rdi, rax",
+    // The timed calls: full, or a top that is not a frame below this
+    // one: the engine's.
+    "mov rdx, [rsi + {timed} + {depth}]",
+    "cmp rdx, {max_depth}",
+    "jae 9f",
+    "test rdx, rdx",
+    "jz 2f",
+    "lea rax, [rdx + rdx * 2]",
+    "cmp [rsi + {timed} + {entries} - {entry_size} + rax * 8], r8",
+    "jbe 9f",
+    "2:",
+    // Count the call (rcx: the cells), in a restartable sequence.
+    "3:",
+    "lea rax, [rip + 8f]",
+    "mov rdx, [rip + {params} + 16]",
+    "mov fs:[rdx + 8], rax",
+    "4:",
+    "mov rdx, [rip + {params} + 16]",
+    "mov edx, fs:[rdx + 4]",
+    "cmp rdx, [rip + {params} + 24]",
+    "jae 9f",
+    "mov rcx, [rsp + {resume_slot}]",
+    "mov rcx, [rcx - {resume} + {cell}]",
+    "mov rcx, [rcx + {cell_timed}]",
+    "test rcx, rcx",
+    "jz 9f",
+    "imul rdx, rdx, {cell_size}",
+    "mov rax, [rcx + rdx]",
+    "lea rax, [rax + 1]",
+    "mov [rcx + rdx], rax",
+    "5:",
+    // Push the call: slot, depth, slot again, cells, then the clock.
+    "mov rdx, [rsi + {timed} + {depth}]",
+    "lea rax, [rdx + rdx * 2]",
+    "lea rax, [rsi + {timed} + {entries} + rax * 8]",
+    "mov [rax], r8",
+    "lea rdx, [rdx + 1]",
+    "mov [rsi + {timed} + {depth}], rdx",
+    "mov [rax], r8",
+    "mov [rax + 16], rcx",
+    "mov rsi, rax",
+    "rdtsc",
+    "shl rdx, 32",
+    "or rax, rdx",
+    "mov [rsi + 8], rax",
+    // Return through the stub from now on.
+    "mov [r8], rdi",
+    "pop rax",
+    "add al, 0x7f",
+    "sahf",
+    "pop r8",
+    "pop rdi",
+    "pop rsi",
+    "pop rdx",
+    "pop rax",
+    "pop rcx",
+    "ret",
+    // The engine's: everything back as it was, then its routine.
+    "9:",
+    "pop rax",
+    "add al, 0x7f",
+    "sahf",
+    "pop r8",
+    "pop rdi",
+    "pop rsi",
+    "pop rdx",
+    "pop rax",
+    "pop rcx",
+    "jmp uprobe_core_jump_entry",
+    // The sequence's abort handler: the signature glibc registered, as
+    // the tail of a `ud1`, then a restart.
+    ".byte 0x0f, 0xb9, 0x3d",
+    ".long 0x53053053",
+    "6:",
+    "jmp 3b",
+    ".popsection",
+    // The sequence's descriptor (struct rseq_cs).
+    ".pushsection .data.rel.ro.uprobe_core_timed_entry,\"aw\",@progbits",
+    ".p2align 5",
+    "8:",
+    ".long 0, 0",
+    ".quad 4b",
+    ".quad 5b - 4b",
+    ".quad 6b",
+    ".popsection",
+    params = sym PARAMS,
+    targets = sym TARGETS,
+    hash = const STUB_HASH,
+    stubs_mask = const MAX_STUBS - 1,
+    probed = const 7 * 8 + 8 + 128,
+    resume_slot = const 7 * 8,
+    resume = const RESUME_AT,
+    cell = const CELL_AT,
+    cell_timed = const TIMED_AT,
+    cell_size = const size_of::<LatencyCell>(),
+    timed = const returns::TIMED_AT,
+    depth = const DEPTH_AT,
+    entries = const ENTRIES_AT,
+    entry_size = const ENTRY_SIZE,
+    max_depth = const MAX_TIMED_DEPTH,
+);
+
+// The return. On entry: [rsp] = the stub's return address (rsp is the
+// slot the function's return address was in). Saved: rax rcx rdx rsi rdi
+// r8, then the flags image: the slot is rsp + 7 * 8 (r8 from then on).
+core::arch::global_asm!(
+    ".pushsection .text.uprobe_core_timed_return,\"ax\",@progbits",
+    ".p2align 4",
+    ".globl uprobe_core_timed_return",
+    ".hidden uprobe_core_timed_return",
+    "uprobe_core_timed_return:",
+    ".cfi_startproc",
+    "push rax",
+    ".cfi_adjust_cfa_offset 8",
+    "push rcx",
+    ".cfi_adjust_cfa_offset 8",
+    "push rdx",
+    ".cfi_adjust_cfa_offset 8",
+    "push rsi",
+    ".cfi_adjust_cfa_offset 8",
+    "push rdi",
+    ".cfi_adjust_cfa_offset 8",
+    "push r8",
+    ".cfi_adjust_cfa_offset 8",
+    "lahf",
+    "seto al",
+    "push rax",
+    ".cfi_adjust_cfa_offset 8",
+    // The thread's pending returns (rsi).
+    "mov rsi, [rip + {params}]",
+    "test rsi, rsi",
+    "jz 9f",
+    "mov rsi, fs:[rsi]",
+    "test rsi, rsi",
+    "jz 9f",
+    "lea r8, [rsp + 56]",
+    // An instance of the engine's at or below this frame: the engine's.
+    "mov rcx, [rsi + {r_depth}]",
+    "test rcx, rcx",
+    "jz 2f",
+    "imul rcx, rcx, {instance_size}",
+    "cmp [rsi + {instances} - {instance_size} + {slot} + rcx], r8",
+    "jbe 9f",
+    "2:",
+    // The top timed call, if it is this frame's; the clock (rdi).
+    "mov rcx, [rsi + {timed} + {depth}]",
+    "test rcx, rcx",
+    "jz 9f",
+    "lea rax, [rcx + rcx * 2]",
+    "cmp [rsi + {timed} + {entries} - {entry_size} + rax * 8], r8",
+    "jne 9f",
+    "rdtsc",
+    "shl rdx, 32",
+    "or rax, rdx",
+    "mov rdi, rax",
+    // Each timed call of this frame (several when chained: tail calls),
+    // from the top (rcx: the depth): read it, pop it, time it.
+    "3:",
+    "lea rax, [rcx + rcx * 2]",
+    "lea rax, [rsi + {timed} + {entries} - {entry_size} + rax * 8]",
+    "mov rdx, [rax + 8]",
+    "mov rcx, [rax + 16]",
+    "mov rax, [rsi + {timed} + {depth}]",
+    "lea rax, [rax - 1]",
+    "mov [rsi + {timed} + {depth}], rax",
+    // Nanoseconds since its entry, and their bucket (rdx).
+    "mov rax, rdi",
+    "sub rax, rdx",
+    "mul qword ptr [rip + {params} + 32]",
+    "shrd rax, rdx, 32",
+    "lzcnt rax, rax",
+    "mov edx, 64",
+    "sub edx, eax",
+    "mov eax, {last_bucket}",
+    "cmp edx, eax",
+    "cmova edx, eax",
+    // The current CPU's cell (the last one for an unregistered thread).
+    "mov rax, [rip + {params} + 16]",
+    "mov eax, fs:[rax + 4]",
+    "cmp rax, [rip + {params} + 24]",
+    "jb 4f",
+    "mov rax, [rip + {params} + 24]",
+    "4:",
+    "imul rax, rax, {cell_size}",
+    "add rcx, rax",
+    "lock inc qword ptr [rcx + rdx * 8 + {buckets}]",
+    // Another timed call of this frame under it?
+    "mov rcx, [rsi + {timed} + {depth}]",
+    "test rcx, rcx",
+    "jz 5f",
+    "lea rax, [rcx + rcx * 2]",
+    "cmp [rsi + {timed} + {entries} - {entry_size} + rax * 8], r8",
+    "je 3b",
+    // Back to the stub's target.
+    "5:",
+    "mov rax, [r8]",
+    "sub rax, [rip + {params} + 40]",
+    "shr rax, 4",
+    "lea rcx, [rip + {targets}]",
+    "mov rax, [rcx + rax * 8]",
+    "mov [r8], rax",
+    "pop rax",
+    ".cfi_adjust_cfa_offset -8",
+    "add al, 0x7f",
+    "sahf",
+    "pop r8",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rdi",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rsi",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rdx",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rcx",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rax",
+    ".cfi_adjust_cfa_offset -8",
+    "ret",
+    // The engine's: everything back as it was, then its trampoline.
+    "9:",
+    ".cfi_adjust_cfa_offset 56",
+    "pop rax",
+    ".cfi_adjust_cfa_offset -8",
+    "add al, 0x7f",
+    "sahf",
+    "pop r8",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rdi",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rsi",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rdx",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rcx",
+    ".cfi_adjust_cfa_offset -8",
+    "pop rax",
+    ".cfi_adjust_cfa_offset -8",
+    "jmp uprobe_core_return_trampoline",
+    ".cfi_endproc",
+    ".popsection",
+    params = sym PARAMS,
+    targets = sym TARGETS,
+    r_depth = const returns::DEPTH_AT,
+    instances = const returns::INSTANCES_AT,
+    instance_size = const returns::INSTANCE_SIZE,
+    slot = const returns::SLOT_AT,
+    timed = const returns::TIMED_AT,
+    depth = const DEPTH_AT,
+    entries = const ENTRIES_AT,
+    entry_size = const ENTRY_SIZE,
+    cell_size = const size_of::<LatencyCell>(),
+    buckets = const BUCKETS_AT,
+    last_bucket = const crate::LATENCY_BUCKETS - 1,
+);
