@@ -318,7 +318,7 @@
 //!   the call on the thread's stack of timed calls with the TSC, and
 //!   swaps the return address for the call site's stub; the stub calls a
 //!   routine that pops it, reads the TSC again and adds one to the
-//!   bucket in its CPU's cell (`lock inc`). Each saves only the
+//!   bucket in its CPU's cell (another restartable sequence). Each saves only the
 //!   registers it uses (and the status flags with `lahf`/`seto`, not
 //!   `pushfq`). It needs the TSC as the kernel's clocksource (its scale
 //!   is measured once against `CLOCK_MONOTONIC_RAW`), BMI2 and `lzcnt`,
@@ -332,8 +332,10 @@
 //!
 //! A call that cannot be tracked (32 timed calls pending on the thread,
 //! more than 16384 call sites, left by `longjmp` or unwinding, nested in
-//! the engine) is counted, not timed; a call pending at the probe's
-//! detach is still timed when it returns. Measured with `bench
+//! the engine) is counted, not timed. Once the probe's detach returns,
+//! nothing writes to its cells, not even a call that was pending then
+//! (each pending call names the probe's *switch*, which the detach turns
+//! off; see the source's `site::timing`). Measured with `bench
 //! uretprobe-entry` (its `uprobe-core+time` row).
 //!
 //! # aarch64

@@ -430,10 +430,12 @@ impl Uprobe {
     /// probes timing into the same cells share it); the histogram's total
     /// is the returns timed. A call whose return the engine cannot track
     /// (64 returns pending on the thread, more than 16384 call sites, a
-    /// `longjmp` over it) is counted but not timed. A call pending when
-    /// the probe is detached is still timed at its return: the cells are
-    /// `'static`. Fewer than [`latency_cells()`](crate::latency_cells)
-    /// cells: [`AttachError::TooFewLatencyCells`]; with
+    /// `longjmp` over it) is counted but not timed. Once
+    /// [`Probe::detach`] returns, nothing writes to `cells` any more, not
+    /// even a call that was pending then (it returns normally, untimed):
+    /// memory the caller maps may be unmapped then. Fewer than
+    /// [`latency_cells()`](crate::latency_cells) cells:
+    /// [`AttachError::TooFewLatencyCells`]; with
     /// [`count_into`](Self::count_into) too: [`AttachError::CountAndTime`].
     ///
     /// ```
@@ -528,6 +530,7 @@ impl Uprobe {
                             .then(crate::site::count::FastCount::new),
                     },
                     only_times,
+                    switch: p.timed.map(crate::site::timing::Switch::on),
                     timed: p.timed,
                 });
                 (p.addr, consumer)

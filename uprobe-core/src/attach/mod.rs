@@ -410,6 +410,11 @@ pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), Attach
         .filter_map(|(addr, consumer)| detach_one(*addr, consumer, &mut garbage))
         .collect();
     let result = unpublish(&last, &Snapshot::read(), &mut garbage);
+    if items.iter().any(|(_, c)| c.switch.is_some()) {
+        // Timing probes' switches are off: restart every sequence that may
+        // have read one on.
+        pcpu::rseq::fence_all();
+    }
     let with_returns = items.iter().filter(|(_, c)| c.tracks_returns()).count();
     collect(garbage, &table, with_returns > 0);
     // Past the grace period no hit of these consumers takes a lease: with
@@ -431,6 +436,11 @@ fn detach_one<'s>(
     if let Some(ret) = &consumer.ret {
         // No return handler of it runs once the grace period below is over.
         ret.detach();
+    }
+    if let Some(switch) = consumer.switch {
+        // No return of it records once the fence and the grace period
+        // below are over (see `crate::site::timing`).
+        switch.off();
     }
     let (slot, site) = table::find(addr)?;
     if !site.current_list().iter().any(|c| Arc::ptr_eq(c, consumer)) {

@@ -65,8 +65,8 @@ fn run_one(c: &Consumer, addr: usize, frame: &mut crate::arch::Frame) -> bool {
     if let Some(ret) = c.ret.as_ref().filter(|_| !out.skip_return()) {
         track_return_of(ret, addr, out.cookie, frame);
     }
-    if let Some(cells) = c.timed {
-        time_return_of(cells, frame);
+    if let Some(switch) = c.switch {
+        time_return_of(switch, frame);
     }
     out.ip_changed()
 }
@@ -121,9 +121,9 @@ fn track_return_of(ret: &ReturnProbe, func: usize, cookie: u64, frame: &mut crat
 /// Times the call entered at a timing probe's site (out of line, as
 /// [`track_return_of`]). Async-signal-safe.
 #[inline(never)]
-fn time_return_of(cells: &'static [crate::LatencyCell], frame: &mut crate::arch::Frame) {
+fn time_return_of(switch: &'static crate::site::timing::Switch, frame: &mut crate::arch::Frame) {
     let (sp, ret_at) = crate::arch::return_address_at(frame);
     // SAFETY: timing probes are attached at a function's first
     // instruction, as return probes are.
-    unsafe { returns::prepare_timed(cells, sp, ret_at) };
+    unsafe { returns::prepare_timed(switch, sp, ret_at) };
 }

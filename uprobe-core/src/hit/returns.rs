@@ -364,7 +364,7 @@ pub(crate) unsafe fn prepare(
     tr.depth.set(depth + 1);
 }
 
-/// At the entry of a function a timing probe (`cells`) times: pushes the
+/// At the entry of a function a timing probe (its `switch`) times: pushes the
 /// call on the thread's timed calls with the clock now, and replaces its
 /// return address (at `*ret_at`, the stack slot at `sp`) with the stub
 /// of its call site, unless a return probe already did (a tail call, or
@@ -374,7 +374,7 @@ pub(crate) unsafe fn prepare(
 /// # Safety
 /// As [`prepare`]'s.
 pub(crate) unsafe fn prepare_timed(
-    cells: &'static [crate::LatencyCell],
+    switch: &'static crate::site::timing::Switch,
     sp: usize,
     ret_at: *mut usize,
 ) {
@@ -394,7 +394,7 @@ pub(crate) unsafe fn prepare_timed(
         };
         Some(stub)
     };
-    if tr.timed.push(sp, crate::clock::now(), cells)
+    if tr.timed.push(sp, crate::clock::now(), switch)
         && let Some(stub) = stub
     {
         // SAFETY: the caller's contract.

@@ -1,7 +1,8 @@
 //! A thread's pending timed calls: the calls of timing probes
 //! ([`Uprobe::time_into`](crate::Uprobe::time_into)) that have not
 //! returned yet, each with the stack slot of its return address, the
-//! clock at its entry and the cells its time goes to.
+//! clock at its entry and its probe's switch (which holds the cells its
+//! time goes to while the probe is attached).
 //!
 //! The stack lives in the thread's stack of pending returns
 //! (`super::returns`), and is pushed and popped both here (the engine's
@@ -15,7 +16,7 @@
 
 use core::cell::Cell;
 
-use crate::site::timing::LatencyCell;
+use crate::site::timing::{LatencyCell, Switch};
 
 /// Timed calls a thread may have pending; a call past it is counted but
 /// not timed.
@@ -28,8 +29,8 @@ struct Entry {
     slot: Cell<usize>,
     /// The clock at its entry, in ticks (`crate::clock`).
     start: Cell<u64>,
-    /// Its probe's cells ([`latency_cells()`](crate::latency_cells) of them).
-    cells: Cell<*const LatencyCell>,
+    /// Its probe's switch (null: record nothing).
+    switch: Cell<*const Switch>,
 }
 
 /// A thread's pending timed calls. All zeros is empty.
@@ -49,7 +50,7 @@ pub(crate) const ENTRY_SIZE: usize = size_of::<Entry>();
 const _: () = assert!(
     core::mem::offset_of!(Entry, slot) == 0
         && core::mem::offset_of!(Entry, start) == 8
-        && core::mem::offset_of!(Entry, cells) == 16
+        && core::mem::offset_of!(Entry, switch) == 16
         && ENTRY_SIZE == 24
 );
 
@@ -61,7 +62,7 @@ impl TimedStack {
             entries: core::array::from_fn(|_| Entry {
                 slot: Cell::new(0),
                 start: Cell::new(0),
-                cells: Cell::new(core::ptr::null()),
+                switch: Cell::new(core::ptr::null()),
             }),
         }
     }
@@ -86,14 +87,14 @@ impl TimedStack {
     /// the depth that makes it visible (the engine's path runs with the
     /// thread inside the engine: no signal handler's hit pushes
     /// meanwhile). Async-signal-safe.
-    pub(crate) fn push(&self, slot: usize, start: u64, cells: &'static [LatencyCell]) -> bool {
+    pub(crate) fn push(&self, slot: usize, start: u64, switch: &'static Switch) -> bool {
         let depth = self.depth.get();
         let Some(e) = self.entries.get(depth) else {
             return false;
         };
         e.slot.set(slot);
         e.start.set(start);
-        e.cells.set(cells.as_ptr());
+        e.switch.set(switch);
         self.depth.set(depth + 1);
         true
     }
@@ -107,13 +108,20 @@ impl TimedStack {
         while let Some(e) = self.top().filter(|e| e.slot.get() == slot) {
             // Read before the pop: a signal handler's pushes may reuse
             // the entry once it is popped.
-            let (start, cells) = (e.start.get(), e.cells.get());
+            let (start, switch) = (e.start.get(), e.switch.get());
             self.depth.set(self.depth.get() - 1);
             let nanos = crate::clock::nanos(now.wrapping_sub(start));
-            // SAFETY: cells of a timing probe are `'static` and hold
-            // `latency_cells()` cells (checked at attach).
-            let cells = unsafe { core::slice::from_raw_parts(cells, crate::latency_cells()) };
-            LatencyCell::record(cells, nanos);
+            // SAFETY: switches are never freed.
+            if let Some(switch) = unsafe { switch.as_ref() } {
+                // In a read section: a detach (which turns the switch off,
+                // then waits for a grace period) returns once no return
+                // can still record into its cells.
+                crate::table::lookup::with_read_side(|| {
+                    if let Some(cells) = switch.cells() {
+                        LatencyCell::record_in_last(cells, nanos);
+                    }
+                });
+            }
         }
     }
 

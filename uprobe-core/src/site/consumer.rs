@@ -50,6 +50,18 @@ pub(crate) struct Consumer {
     /// A timing probe with no handler and no thread filter: its calls may
     /// be timed without the engine (see [`super::timing`]).
     pub(crate) only_times: bool,
+    /// A timing probe's switch: what its pending calls name.
+    pub(crate) switch: Option<&'static super::timing::Switch>,
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        // Dropped after the grace period that follows its detach (or
+        // never attached): its switch may serve another probe.
+        if let Some(switch) = self.switch {
+            switch.give_back();
+        }
+    }
 }
 
 impl Consumer {

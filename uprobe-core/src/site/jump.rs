@@ -23,10 +23,10 @@ pub(crate) struct JumpCell {
     /// only consumer is a counting probe (null: every hit runs the
     /// engine). See [`super::count`].
     pub(crate) fast: AtomicPtr<AtomicU64>,
-    /// The cells of the site's only consumer when that is a timing probe
+    /// The switch of the site's only consumer when that is a timing probe
     /// the entry routine times itself (null: every hit runs the engine).
     /// See [`super::timing`].
-    pub(crate) timed: AtomicPtr<super::timing::LatencyCell>,
+    pub(crate) timed: AtomicPtr<super::timing::Switch>,
     /// The trampoline's address, once it is placed (0 before).
     pub(crate) trampoline: AtomicUsize,
 }

@@ -207,16 +207,16 @@ fn sync_fast(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
     sync_timed(cell, list);
 }
 
-/// Points `cell`'s timed path at the cells of its only consumer if that
+/// Points `cell`'s timed path at the switch of its only consumer if that
 /// is a timing probe with nothing else to run (see [`timing`]), routing
 /// its trampoline to the timed entry; else at nothing, routing it back
-/// to the engine. After taking cells away, waits until no thread can
-/// still count a call into them. The attach lock is held.
+/// to the engine. After taking a switch away, waits until no thread can
+/// still count a call through it. The attach lock is held.
 fn sync_timed(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
     let want = match list {
         [only] if only.only_times && jump::trampolines_time() => only
-            .timed
-            .map_or(core::ptr::null_mut(), |c| c.as_ptr().cast_mut()),
+            .switch
+            .map_or(core::ptr::null_mut(), |s| core::ptr::from_ref(s).cast_mut()),
         _ => core::ptr::null_mut(),
     };
     if want.is_null() {

@@ -8,14 +8,31 @@
 //! (`crate::arch::timing`); elsewhere the engine's path does the same
 //! work (`crate::hit::returns::prepare_timed`).
 //!
-//! **Where counts go.** A call is counted in the cell of the CPU its
-//! entry runs on, inside a restartable sequence (as counting probes
-//! count, see [`super::count`]), or, where no sequence can run, in the
-//! last cell with an atomic add. A return's bucket is added to with an
-//! atomic add, in the cell of the CPU it runs on. So cells may be shared
-//! with other processes (`MAP_SHARED`) and read at any time.
+//! **Where counts go.** A call is counted, and a return added to its
+//! bucket, in the cell of the CPU it runs on, inside a restartable
+//! sequence (as counting probes count, see [`super::count`]), or, where
+//! no sequence runs (the engine's path, a thread without rseq), in the
+//! last cell with an atomic add: a CPU's cell is never written outside a
+//! sequence. So cells may be shared with other processes (`MAP_SHARED`:
+//! sequences are per CPU, whatever process runs there) and read at any
+//! time.
+//!
+//! **After detach, nothing.** A call still pending when its probe is
+//! detached must not write to the cells once the detach has returned
+//! (the caller may unmap them then). Each timing probe has a [`Switch`]:
+//! a word, never freed, that holds its cells while it is attached. Every
+//! pending call names the switch, not the cells, and its return reads the
+//! cells from it inside the restartable sequence that records (or, on
+//! the engine's path, inside a read section of the table's domain). The
+//! detach turns the switch off, restarts every sequence in flight
+//! (`pcpu::rseq::fence_all`) and waits for a grace period of the domain:
+//! from then on a return finds the switch off and records nothing.
+//! Switches are reused by later timing probes (a call left pending from
+//! before may then record into the new probe's cells: memory that is
+//! live, a sample that is off by one call).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 /// Buckets of a [`LatencyCell`]'s histogram: bucket 0 counts calls that
 /// took 0 ns, bucket `k` those that took `[2^(k-1), 2^k)` ns, the last
@@ -101,19 +118,18 @@ impl LatencyCell {
     }
 
     /// Counts a call the engine's path saw, in the last of `cells` (the
-    /// one no restartable sequence writes). Async-signal-safe.
+    /// one no restartable sequence writes), atomically. Async-signal-safe.
     pub(crate) fn count_call_in_last(cells: &[Self]) {
         if let Some(last) = cells.last() {
             last.calls.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Adds a return that took `nanos` to the histogram, in the cell of
-    /// the CPU this runs on. Async-signal-safe.
-    pub(crate) fn record(cells: &[Self], nanos: u64) {
-        let cpu = pcpu::current_cpu().min(cells.len().saturating_sub(1));
-        if let Some(cell) = cells.get(cpu) {
-            cell.buckets[Self::bucket_of(nanos)].fetch_add(1, Ordering::Relaxed);
+    /// Adds a return the engine's path timed (`nanos`) to the histogram,
+    /// in the last of `cells`, atomically. Async-signal-safe.
+    pub(crate) fn record_in_last(cells: &[Self], nanos: u64) {
+        if let Some(last) = cells.last() {
+            last.buckets[Self::bucket_of(nanos)].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -125,4 +141,60 @@ impl LatencyCell {
 #[must_use]
 pub fn latency_cells() -> usize {
     pcpu::possible_cpus() + 1
+}
+
+/// A timing probe's cells while it is attached, null once it is
+/// detached: what its pending calls name (see the module docs). Never
+/// freed; reused by later timing probes.
+#[derive(Debug)]
+pub(crate) struct Switch {
+    cells: AtomicPtr<LatencyCell>,
+}
+
+/// Switches no probe uses.
+static SPARE: Mutex<Vec<&'static Switch>> = Mutex::new(Vec::new());
+
+impl Switch {
+    /// A switch on, holding `cells` (a spare one, or a new one, leaked).
+    /// Not async-signal-safe.
+    pub(crate) fn on(cells: &'static [LatencyCell]) -> &'static Self {
+        let spare = SPARE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop();
+        let switch = spare.unwrap_or_else(|| {
+            Box::leak(Box::new(Self {
+                cells: AtomicPtr::new(core::ptr::null_mut()),
+            }))
+        });
+        switch
+            .cells
+            .store(cells.as_ptr().cast_mut(), Ordering::Release);
+        switch
+    }
+
+    /// The cells, while the switch is on. Async-signal-safe.
+    pub(crate) fn cells(&self) -> Option<&'static [LatencyCell]> {
+        let p = self.cells.load(Ordering::Acquire);
+        // SAFETY: a switch holds the cells of a timing probe, `'static`
+        // and `latency_cells()` of them (checked at attach).
+        (!p.is_null()).then(|| unsafe { core::slice::from_raw_parts(p, latency_cells()) })
+    }
+
+    /// Turns the switch off: returns read no cells from it once every
+    /// restartable sequence and read section in flight is over (the
+    /// caller's fence and grace period). Not async-signal-safe.
+    pub(crate) fn off(&self) {
+        self.cells.store(core::ptr::null_mut(), Ordering::Release);
+    }
+
+    /// Gives the switch back for a later probe (turning it off first).
+    /// Not async-signal-safe.
+    pub(crate) fn give_back(&'static self) {
+        self.off();
+        SPARE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(self);
+    }
 }

@@ -2,8 +2,8 @@
 //! entry routine a trampoline calls when its site's only consumer is a
 //! timing probe, and the return routine every stub calls first. Both
 //! keep to the thread's own state (its timed calls,
-//! `crate::hit::timing`), a restartable sequence for the call count and
-//! an atomic add for the histogram: no register frame, no read section,
+//! `crate::hit::timing`) and restartable sequences for the call count
+//! and the histogram: no register frame, no read section,
 //! no call into Rust. Whatever they cannot handle goes, with every
 //! register as it was, to the engine's routines (`super::jump_entry`,
 //! `super::return_entry`), which do the same work the slow way.
@@ -37,9 +37,9 @@
 //! reads the TSC and, for each timed call of this frame (several when
 //! chained by tail calls), pops the call, converts the difference to nanoseconds
 //! (`mul`, `shrd`: `crate::clock`'s scale), finds its log2 bucket
-//! (`lzcnt`) and adds one to it in the current CPU's cell (`lock inc`:
-//! the histogram is only ever added to atomically), then returns to the
-//! stub's target. Anything else goes to `uprobe_core_return_trampoline`
+//! (`lzcnt`) and adds one to it in the current CPU's cell inside a
+//! restartable sequence (the last cell, atomically, for a thread without
+//! one), then returns to the stub's target. Anything else goes to `uprobe_core_return_trampoline`
 //! with every register and flag as it was.
 //!
 //! Both are off (straight to the engine) until [`enable`] fills in
@@ -211,12 +211,20 @@ core::arch::global_asm!(
     "mov rcx, [rcx + {cell_timed}]",
     "test rcx, rcx",
     "jz 9f",
+    "mov rcx, [rcx]",
+    "test rcx, rcx",
+    "jz 9f",
     "imul rdx, rdx, {cell_size}",
     "mov rax, [rcx + rdx]",
     "lea rax, [rax + 1]",
     "mov [rcx + rdx], rax",
     "5:",
-    // Push the call: slot, depth, slot again, cells, then the clock.
+    // Push the call: slot, depth, slot again, the probe's switch (read
+    // again: a detach since the count leaves it null, and the return
+    // then records nothing), then the clock.
+    "mov rcx, [rsp + {resume_slot}]",
+    "mov rcx, [rcx - {resume} + {cell}]",
+    "mov rcx, [rcx + {cell_timed}]",
     "mov rdx, [rsi + {timed} + {depth}]",
     "lea rax, [rdx + rdx * 2]",
     "lea rax, [rsi + {timed} + {entries} + rax * 8]",
@@ -289,7 +297,7 @@ core::arch::global_asm!(
 
 // The return. On entry: [rsp] = the stub's return address (rsp is the
 // slot the function's return address was in). Saved: rax rcx rdx rsi rdi
-// r8, then the flags image: the slot is rsp + 7 * 8 (r8 from then on).
+// r8 r9, then the flags image: the slot is rsp + 8 * 8 (r8 from then on).
 core::arch::global_asm!(
     ".pushsection .text.uprobe_core_timed_return,\"ax\",@progbits",
     ".p2align 4",
@@ -309,6 +317,8 @@ core::arch::global_asm!(
     ".cfi_adjust_cfa_offset 8",
     "push r8",
     ".cfi_adjust_cfa_offset 8",
+    "push r9",
+    ".cfi_adjust_cfa_offset 8",
     "lahf",
     "seto al",
     "push rax",
@@ -320,7 +330,12 @@ core::arch::global_asm!(
     "mov rsi, fs:[rsi]",
     "test rsi, rsi",
     "jz 9f",
-    "lea r8, [rsp + 56]",
+    "lea r8, [rsp + 64]",
+    // A thread without a restartable sequence: the engine's.
+    "mov rax, [rip + {params} + 16]",
+    "mov eax, fs:[rax + 4]",
+    "cmp rax, [rip + {params} + 24]",
+    "jae 9f",
     // An instance of the engine's at or below this frame: the engine's.
     "mov rcx, [rsi + {r_depth}]",
     "test rcx, rcx",
@@ -341,15 +356,12 @@ core::arch::global_asm!(
     "or rax, rdx",
     "mov rdi, rax",
     // Each timed call of this frame (several when chained: tail calls),
-    // from the top (rcx: the depth): read it, pop it, time it.
+    // from the top (rcx: the depth): read it, time it, pop it.
     "3:",
     "lea rax, [rcx + rcx * 2]",
     "lea rax, [rsi + {timed} + {entries} - {entry_size} + rax * 8]",
     "mov rdx, [rax + 8]",
     "mov rcx, [rax + 16]",
-    "mov rax, [rsi + {timed} + {depth}]",
-    "lea rax, [rax - 1]",
-    "mov [rsi + {timed} + {depth}], rax",
     // Nanoseconds since its entry, and their bucket (rdx).
     "mov rax, rdi",
     "sub rax, rdx",
@@ -361,16 +373,32 @@ core::arch::global_asm!(
     "mov eax, {last_bucket}",
     "cmp edx, eax",
     "cmova edx, eax",
-    // The current CPU's cell (the last one for an unregistered thread).
-    "mov rax, [rip + {params} + 16]",
-    "mov eax, fs:[rax + 4]",
-    "cmp rax, [rip + {params} + 24]",
-    "jb 4f",
-    "mov rax, [rip + {params} + 24]",
+    // One more in that bucket of the current CPU's cell, in a restartable
+    // sequence that reads the probe's switch (rcx): nothing once it is
+    // detached (its switch off), even for a sequence it restarted.
+    "test rcx, rcx",
+    "jz 7f",
     "4:",
-    "imul rax, rax, {cell_size}",
-    "add rcx, rax",
-    "lock inc qword ptr [rcx + rdx * 8 + {buckets}]",
+    "lea rax, [rip + 8f]",
+    "mov r9, [rip + {params} + 16]",
+    "mov fs:[r9 + 8], rax",
+    "6:",
+    "mov rax, [rcx]",
+    "test rax, rax",
+    "jz 7f",
+    "mov r9d, fs:[r9 + 4]",
+    "cmp r9, [rip + {params} + 24]",
+    "jae 7f",
+    "imul r9, r9, {cell_size}",
+    "add rax, r9",
+    "mov r9, [rax + rdx * 8 + {buckets}]",
+    "lea r9, [r9 + 1]",
+    "mov [rax + rdx * 8 + {buckets}], r9",
+    "7:",
+    // Popped once timed: a signal handler's pushes meanwhile go above it.
+    "mov rax, [rsi + {timed} + {depth}]",
+    "lea rax, [rax - 1]",
+    "mov [rsi + {timed} + {depth}], rax",
     // Another timed call of this frame under it?
     "mov rcx, [rsi + {timed} + {depth}]",
     "test rcx, rcx",
@@ -390,6 +418,8 @@ core::arch::global_asm!(
     ".cfi_adjust_cfa_offset -8",
     "add al, 0x7f",
     "sahf",
+    "pop r9",
+    ".cfi_adjust_cfa_offset -8",
     "pop r8",
     ".cfi_adjust_cfa_offset -8",
     "pop rdi",
@@ -405,11 +435,13 @@ core::arch::global_asm!(
     "ret",
     // The engine's: everything back as it was, then its trampoline.
     "9:",
-    ".cfi_adjust_cfa_offset 56",
+    ".cfi_adjust_cfa_offset 64",
     "pop rax",
     ".cfi_adjust_cfa_offset -8",
     "add al, 0x7f",
     "sahf",
+    "pop r9",
+    ".cfi_adjust_cfa_offset -8",
     "pop r8",
     ".cfi_adjust_cfa_offset -8",
     "pop rdi",
@@ -423,7 +455,21 @@ core::arch::global_asm!(
     "pop rax",
     ".cfi_adjust_cfa_offset -8",
     "jmp uprobe_core_return_trampoline",
+    // The sequence's abort handler: the signature, then a restart.
+    ".byte 0x0f, 0xb9, 0x3d",
+    ".long 0x53053053",
+    "11:",
+    "jmp 4b",
     ".cfi_endproc",
+    ".popsection",
+    // The sequence's descriptor (struct rseq_cs).
+    ".pushsection .data.rel.ro.uprobe_core_timed_return,\"aw\",@progbits",
+    ".p2align 5",
+    "8:",
+    ".long 0, 0",
+    ".quad 6b",
+    ".quad 7b - 6b",
+    ".quad 11b",
     ".popsection",
     params = sym PARAMS,
     targets = sym TARGETS,
