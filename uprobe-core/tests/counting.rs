@@ -56,32 +56,15 @@ fn counting_probe() -> uprobe_core::Probe {
     probe
 }
 
-/// Calls the counted function `calls` times from each of `threads`
-/// threads, each moved to another CPU every thousand calls (the count
-/// moves between CPU slots mid-run); returns the calls made.
-fn calls_from_migrating_threads(threads: u64, calls: u64) -> u64 {
-    let cpus = common::allowed_cpus();
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let cpus = &cpus;
-            s.spawn(move || {
-                for i in 0..calls {
-                    if i % 1_000 == 0 {
-                        common::pin_to(cpus[(t as usize + (i / 1_000) as usize) % cpus.len()]);
-                    }
-                    assert_eq!(call(counted_fn, i), i + 1);
-                }
-            });
-        }
-    });
-    threads * calls
-}
-
 #[test]
 fn counts_are_exact_from_threads_that_migrate() {
     let _s = serial();
     let probe = counting_probe();
-    let calls = calls_from_migrating_threads(4, if common::emulated() { 10_000 } else { 100_000 });
+    let calls = common::calls_from_migrating_threads(
+        counted_fn,
+        4,
+        if common::emulated() { 10_000 } else { 100_000 },
+    );
     assert_eq!(probe.hits(), calls);
     probe.detach().unwrap();
 }
@@ -266,8 +249,11 @@ fn counts_into_caller_cells_are_exact_from_threads_and_a_child() {
         .unwrap();
     #[cfg(target_arch = "x86_64")]
     assert!(probe.mode().is_jump(), "{:?}", probe.mode());
-    let mut expected =
-        calls_from_migrating_threads(3, if common::emulated() { 5_000 } else { 50_000 });
+    let mut expected = common::calls_from_migrating_threads(
+        counted_fn,
+        3,
+        if common::emulated() { 5_000 } else { 50_000 },
+    );
     assert_eq!(probe.hits(), expected);
     assert_eq!(uprobe_core::CountCell::sum(memory), expected);
     if !common::emulated() {

@@ -80,26 +80,6 @@ fn timing_probe(
     probe_at(fn_addr(f)).time_into(cells).attach().unwrap()
 }
 
-/// Calls `timed_fn` `calls` times from each of `threads` threads, each
-/// moved to another CPU every thousand calls.
-fn calls_from_migrating_threads(threads: u64, calls: u64) -> u64 {
-    let cpus = common::allowed_cpus();
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let cpus = &cpus;
-            s.spawn(move || {
-                for i in 0..calls {
-                    if i % 1_000 == 0 {
-                        common::pin_to(cpus[(t as usize + (i / 1_000) as usize) % cpus.len()]);
-                    }
-                    assert_eq!(call(timed_fn, i), i + 1);
-                }
-            });
-        }
-    });
-    threads * calls
-}
-
 #[test]
 fn calls_and_returns_are_exact_from_threads_that_migrate() {
     let _s = serial();
@@ -107,7 +87,11 @@ fn calls_and_returns_are_exact_from_threads_that_migrate() {
     let probe = timing_probe(timed_fn, cells);
     #[cfg(target_arch = "x86_64")]
     assert!(probe.mode().is_jump(), "{:?}", probe.mode());
-    let made = calls_from_migrating_threads(4, if common::emulated() { 5_000 } else { 50_000 });
+    let made = common::calls_from_migrating_threads(
+        timed_fn,
+        4,
+        if common::emulated() { 5_000 } else { 50_000 },
+    );
     assert_eq!(probe.hits(), made);
     assert_eq!(LatencyCell::total_calls(cells), made);
     assert_eq!(returns(cells), made);

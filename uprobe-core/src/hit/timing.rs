@@ -31,6 +31,8 @@ struct Entry {
     start: Cell<u64>,
     /// Its probe's switch (null: record nothing).
     switch: Cell<*const Switch>,
+    /// The switch's generation at the call's entry.
+    generation: Cell<u64>,
 }
 
 /// A thread's pending timed calls. All zeros is empty.
@@ -51,7 +53,8 @@ const _: () = assert!(
     core::mem::offset_of!(Entry, slot) == 0
         && core::mem::offset_of!(Entry, start) == 8
         && core::mem::offset_of!(Entry, switch) == 16
-        && ENTRY_SIZE == 24
+        && core::mem::offset_of!(Entry, generation) == 24
+        && ENTRY_SIZE == 32
 );
 
 impl TimedStack {
@@ -63,6 +66,7 @@ impl TimedStack {
                 slot: Cell::new(0),
                 start: Cell::new(0),
                 switch: Cell::new(core::ptr::null()),
+                generation: Cell::new(0),
             }),
         }
     }
@@ -95,6 +99,7 @@ impl TimedStack {
         e.slot.set(slot);
         e.start.set(start);
         e.switch.set(switch);
+        e.generation.set(switch.generation());
         self.depth.set(depth + 1);
         true
     }
@@ -108,7 +113,7 @@ impl TimedStack {
         while let Some(e) = self.top().filter(|e| e.slot.get() == slot) {
             // Read before the pop: a signal handler's pushes may reuse
             // the entry once it is popped.
-            let (start, switch) = (e.start.get(), e.switch.get());
+            let (start, switch, generation) = (e.start.get(), e.switch.get(), e.generation.get());
             self.depth.set(self.depth.get() - 1);
             let nanos = crate::clock::nanos(now.wrapping_sub(start));
             // SAFETY: switches are never freed.
@@ -117,7 +122,7 @@ impl TimedStack {
                 // then waits for a grace period) returns once no return
                 // can still record into its cells.
                 crate::table::lookup::with_read_side(|| {
-                    if let Some(cells) = switch.cells() {
+                    if let Some(cells) = switch.cells_of(generation) {
                         LatencyCell::record_in_last(cells, nanos);
                     }
                 });

@@ -27,9 +27,10 @@
 //! detach turns the switch off, restarts every sequence in flight
 //! (`pcpu::rseq::fence_all`) and waits for a grace period of the domain:
 //! from then on a return finds the switch off and records nothing.
-//! Switches are reused by later timing probes (a call left pending from
-//! before may then record into the new probe's cells: memory that is
-//! live, a sample that is off by one call).
+//! Switches are reused by later timing probes, each time in a new
+//! generation: a call names the generation it was made in too, and a
+//! call left pending from an earlier probe records nothing into a later
+//! one's cells.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
@@ -147,9 +148,18 @@ pub fn latency_cells() -> usize {
 /// detached: what its pending calls name (see the module docs). Never
 /// freed; reused by later timing probes.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Switch {
     cells: AtomicPtr<LatencyCell>,
+    /// How many times it was given back: a call names the generation it
+    /// was made in, and records only while that is the switch's.
+    generation: AtomicU64,
 }
+
+// What the x86-64 return routine reads.
+const _: () = assert!(
+    core::mem::offset_of!(Switch, cells) == 0 && core::mem::offset_of!(Switch, generation) == 8
+);
 
 /// Switches no probe uses.
 static SPARE: Mutex<Vec<&'static Switch>> = Mutex::new(Vec::new());
@@ -165,6 +175,7 @@ impl Switch {
         let switch = spare.unwrap_or_else(|| {
             Box::leak(Box::new(Self {
                 cells: AtomicPtr::new(core::ptr::null_mut()),
+                generation: AtomicU64::new(0),
             }))
         });
         switch
@@ -173,9 +184,21 @@ impl Switch {
         switch
     }
 
-    /// The cells, while the switch is on. Async-signal-safe.
-    pub(crate) fn cells(&self) -> Option<&'static [LatencyCell]> {
+    /// The switch's generation now. Async-signal-safe.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// The cells, while the switch is on for the probe of `generation`.
+    /// Async-signal-safe.
+    pub(crate) fn cells_of(&self, generation: u64) -> Option<&'static [LatencyCell]> {
+        // The cells first: a switch turned on again for another probe has
+        // its new generation before its new cells (`give_back`, then
+        // `on`), so cells seen with this generation are its probe's.
         let p = self.cells.load(Ordering::Acquire);
+        if self.generation.load(Ordering::Acquire) != generation {
+            return None;
+        }
         // SAFETY: a switch holds the cells of a timing probe, `'static`
         // and `latency_cells()` of them (checked at attach).
         (!p.is_null()).then(|| unsafe { core::slice::from_raw_parts(p, latency_cells()) })
@@ -192,6 +215,7 @@ impl Switch {
     /// Not async-signal-safe.
     pub(crate) fn give_back(&'static self) {
         self.off();
+        self.generation.fetch_add(1, Ordering::Release);
         SPARE
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

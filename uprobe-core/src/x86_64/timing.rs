@@ -26,7 +26,9 @@
 //!   where no sequence runs (an unregistered thread);
 //! - pushes the call: its slot, then the depth, then the slot again (a
 //!   signal handler's push in between cannot leave its slot there),
-//!   then its cells and the TSC;
+//!   then its probe's switch and the switch's generation
+//!   (`crate::site::timing`: what lets a detach stop every later write
+//!   to the cells), and the TSC;
 //! - replaces the return address with the stub, restores, and returns
 //!   into the trampoline, which runs the relocated code.
 //!
@@ -37,9 +39,11 @@
 //! reads the TSC and, for each timed call of this frame (several when
 //! chained by tail calls), pops the call, converts the difference to nanoseconds
 //! (`mul`, `shrd`: `crate::clock`'s scale), finds its log2 bucket
-//! (`lzcnt`) and adds one to it in the current CPU's cell inside a
-//! restartable sequence (the last cell, atomically, for a thread without
-//! one), then returns to the stub's target. Anything else goes to `uprobe_core_return_trampoline`
+//! (`lzcnt`) and adds one to it in the current CPU's cell, inside a
+//! restartable sequence that first reads the call's switch (nothing if it
+//! is off, or on in another generation), then pops the call and returns
+//! to the stub's target. A thread without a restartable sequence goes to
+//! the engine. Anything else goes to `uprobe_core_return_trampoline`
 //! with every register and flag as it was.
 //!
 //! Both are off (straight to the engine) until [`enable`] fills in
@@ -140,6 +144,32 @@ unsafe extern "C" {
     fn uprobe_core_jump_entry();
 }
 
+/// The timed entry's way out: the flags image back into the status
+/// flags (`OF` through an `add` that overflows exactly when it was set,
+/// then `sahf`), then the registers it saved.
+macro_rules! restore_for_entry {
+    () => {
+        concat!(
+            "pop rax\n add al, 0x7f\n sahf\n",
+            "pop r8\n pop rdi\n pop rsi\n pop rdx\n pop rax\n pop rcx\n",
+        )
+    };
+}
+
+/// The timed return's way out, as [`restore_for_entry`], with its frame
+/// description kept up to date.
+macro_rules! restore_for_return {
+    () => {
+        concat!(
+            "pop rax\n .cfi_adjust_cfa_offset -8\n add al, 0x7f\n sahf\n",
+            "pop r10\n .cfi_adjust_cfa_offset -8\n pop r9\n .cfi_adjust_cfa_offset -8\n pop r8\n .cfi_adjust_cfa_offset -8\n",
+            "pop rdi\n .cfi_adjust_cfa_offset -8\n pop rsi\n .cfi_adjust_cfa_offset -8\n",
+            "pop rdx\n .cfi_adjust_cfa_offset -8\n pop rcx\n .cfi_adjust_cfa_offset -8\n",
+            "pop rax\n .cfi_adjust_cfa_offset -8\n",
+        )
+    };
+}
+
 // The entry. On entry: [rsp] = the trampoline's resume address, the red
 // zone below the probed stack pointer (128 bytes) stepped over. Saved:
 // rcx rax rdx rsi rdi r8, then the flags image (ah: SF ZF AF PF CF, al:
@@ -192,8 +222,9 @@ core::arch::global_asm!(
     "jae 9f",
     "test rdx, rdx",
     "jz 2f",
-    "lea rax, [rdx + rdx * 2]",
-    "cmp [rsi + {timed} + {entries} - {entry_size} + rax * 8], r8",
+    "mov rax, rdx",
+    "shl rax, {entry_shift}",
+    "cmp [rsi + {timed} + {entries} - {entry_size} + rax], r8",
     "jbe 9f",
     "2:",
     // Count the call (rcx: the cells), in a restartable sequence.
@@ -221,18 +252,32 @@ core::arch::global_asm!(
     "5:",
     // Push the call: slot, depth, slot again, the probe's switch (read
     // again: a detach since the count leaves it null, and the return
-    // then records nothing), then the clock.
+    // then records nothing) and its generation, then the clock.
     "mov rcx, [rsp + {resume_slot}]",
     "mov rcx, [rcx - {resume} + {cell}]",
     "mov rcx, [rcx + {cell_timed}]",
     "mov rdx, [rsi + {timed} + {depth}]",
-    "lea rax, [rdx + rdx * 2]",
-    "lea rax, [rsi + {timed} + {entries} + rax * 8]",
+    "mov rax, rdx",
+    "shl rax, {entry_shift}",
+    "lea rax, [rsi + {timed} + {entries} + rax]",
     "mov [rax], r8",
     "lea rdx, [rdx + 1]",
     "mov [rsi + {timed} + {depth}], rdx",
     "mov [rax], r8",
     "mov [rax + 16], rcx",
+    "test rcx, rcx",
+    "jz 1f",
+    "mov rdx, [rcx + 8]",
+    "mov [rax + 24], rdx",
+    // Still the cell's switch after its generation was read: else it may
+    // have been given back and turned on for another probe meanwhile,
+    // and the call records nothing.
+    "mov rdx, [rsp + {resume_slot}]",
+    "mov rdx, [rdx - {resume} + {cell}]",
+    "cmp rcx, [rdx + {cell_timed}]",
+    "je 1f",
+    "mov qword ptr [rax + 16], 0",
+    "1:",
     "mov rsi, rax",
     "rdtsc",
     "shl rdx, 32",
@@ -240,27 +285,11 @@ core::arch::global_asm!(
     "mov [rsi + 8], rax",
     // Return through the stub from now on.
     "mov [r8], rdi",
-    "pop rax",
-    "add al, 0x7f",
-    "sahf",
-    "pop r8",
-    "pop rdi",
-    "pop rsi",
-    "pop rdx",
-    "pop rax",
-    "pop rcx",
+    restore_for_entry!(),
     "ret",
     // The engine's: everything back as it was, then its routine.
     "9:",
-    "pop rax",
-    "add al, 0x7f",
-    "sahf",
-    "pop r8",
-    "pop rdi",
-    "pop rsi",
-    "pop rdx",
-    "pop rax",
-    "pop rcx",
+    restore_for_entry!(),
     "jmp uprobe_core_jump_entry",
     // The sequence's abort handler: the signature glibc registered, as
     // the tail of a `ud1`, then a restart.
@@ -292,12 +321,14 @@ core::arch::global_asm!(
     depth = const DEPTH_AT,
     entries = const ENTRIES_AT,
     entry_size = const ENTRY_SIZE,
+    entry_shift = const ENTRY_SIZE.trailing_zeros(),
     max_depth = const MAX_TIMED_DEPTH,
 );
 
 // The return. On entry: [rsp] = the stub's return address (rsp is the
 // slot the function's return address was in). Saved: rax rcx rdx rsi rdi
-// r8 r9, then the flags image: the slot is rsp + 8 * 8 (r8 from then on).
+// r8 r9 r10, then the flags image: the slot is rsp + 9 * 8 (r8 from then
+// on).
 core::arch::global_asm!(
     ".pushsection .text.uprobe_core_timed_return,\"ax\",@progbits",
     ".p2align 4",
@@ -319,6 +350,8 @@ core::arch::global_asm!(
     ".cfi_adjust_cfa_offset 8",
     "push r9",
     ".cfi_adjust_cfa_offset 8",
+    "push r10",
+    ".cfi_adjust_cfa_offset 8",
     "lahf",
     "seto al",
     "push rax",
@@ -330,7 +363,7 @@ core::arch::global_asm!(
     "mov rsi, fs:[rsi]",
     "test rsi, rsi",
     "jz 9f",
-    "lea r8, [rsp + 64]",
+    "lea r8, [rsp + 72]",
     // A thread without a restartable sequence: the engine's.
     "mov rax, [rip + {params} + 16]",
     "mov eax, fs:[rax + 4]",
@@ -348,8 +381,9 @@ core::arch::global_asm!(
     "mov rcx, [rsi + {timed} + {depth}]",
     "test rcx, rcx",
     "jz 9f",
-    "lea rax, [rcx + rcx * 2]",
-    "cmp [rsi + {timed} + {entries} - {entry_size} + rax * 8], r8",
+    "mov rax, rcx",
+    "shl rax, {entry_shift}",
+    "cmp [rsi + {timed} + {entries} - {entry_size} + rax], r8",
     "jne 9f",
     "rdtsc",
     "shl rdx, 32",
@@ -358,10 +392,11 @@ core::arch::global_asm!(
     // Each timed call of this frame (several when chained: tail calls),
     // from the top (rcx: the depth): read it, time it, pop it.
     "3:",
-    "lea rax, [rcx + rcx * 2]",
-    "lea rax, [rsi + {timed} + {entries} - {entry_size} + rax * 8]",
+    "shl rcx, {entry_shift}",
+    "lea rax, [rsi + {timed} + {entries} - {entry_size} + rcx]",
     "mov rdx, [rax + 8]",
     "mov rcx, [rax + 16]",
+    "mov r10, [rax + 24]",
     // Nanoseconds since its entry, and their bucket (rdx).
     "mov rax, rdi",
     "sub rax, rdx",
@@ -375,7 +410,9 @@ core::arch::global_asm!(
     "cmova edx, eax",
     // One more in that bucket of the current CPU's cell, in a restartable
     // sequence that reads the probe's switch (rcx): nothing once it is
-    // detached (its switch off), even for a sequence it restarted.
+    // detached (its switch off, or on again for another probe: another
+    // generation than the call's, r10), even for a sequence it
+    // restarted.
     "test rcx, rcx",
     "jz 7f",
     "4:",
@@ -386,6 +423,10 @@ core::arch::global_asm!(
     "mov rax, [rcx]",
     "test rax, rax",
     "jz 7f",
+    // The generation after the cells: a switch turned on again holds
+    // its new generation before its new cells.
+    "cmp r10, [rcx + 8]",
+    "jne 7f",
     "mov r9d, fs:[r9 + 4]",
     "cmp r9, [rip + {params} + 24]",
     "jae 7f",
@@ -403,8 +444,9 @@ core::arch::global_asm!(
     "mov rcx, [rsi + {timed} + {depth}]",
     "test rcx, rcx",
     "jz 5f",
-    "lea rax, [rcx + rcx * 2]",
-    "cmp [rsi + {timed} + {entries} - {entry_size} + rax * 8], r8",
+    "mov rax, rcx",
+    "shl rax, {entry_shift}",
+    "cmp [rsi + {timed} + {entries} - {entry_size} + rax], r8",
     "je 3b",
     // Back to the stub's target.
     "5:",
@@ -414,46 +456,12 @@ core::arch::global_asm!(
     "lea rcx, [rip + {targets}]",
     "mov rax, [rcx + rax * 8]",
     "mov [r8], rax",
-    "pop rax",
-    ".cfi_adjust_cfa_offset -8",
-    "add al, 0x7f",
-    "sahf",
-    "pop r9",
-    ".cfi_adjust_cfa_offset -8",
-    "pop r8",
-    ".cfi_adjust_cfa_offset -8",
-    "pop rdi",
-    ".cfi_adjust_cfa_offset -8",
-    "pop rsi",
-    ".cfi_adjust_cfa_offset -8",
-    "pop rdx",
-    ".cfi_adjust_cfa_offset -8",
-    "pop rcx",
-    ".cfi_adjust_cfa_offset -8",
-    "pop rax",
-    ".cfi_adjust_cfa_offset -8",
+    restore_for_return!(),
     "ret",
     // The engine's: everything back as it was, then its trampoline.
     "9:",
-    ".cfi_adjust_cfa_offset 64",
-    "pop rax",
-    ".cfi_adjust_cfa_offset -8",
-    "add al, 0x7f",
-    "sahf",
-    "pop r9",
-    ".cfi_adjust_cfa_offset -8",
-    "pop r8",
-    ".cfi_adjust_cfa_offset -8",
-    "pop rdi",
-    ".cfi_adjust_cfa_offset -8",
-    "pop rsi",
-    ".cfi_adjust_cfa_offset -8",
-    "pop rdx",
-    ".cfi_adjust_cfa_offset -8",
-    "pop rcx",
-    ".cfi_adjust_cfa_offset -8",
-    "pop rax",
-    ".cfi_adjust_cfa_offset -8",
+    ".cfi_adjust_cfa_offset 72",
+    restore_for_return!(),
     "jmp uprobe_core_return_trampoline",
     // The sequence's abort handler: the signature, then a restart.
     ".byte 0x0f, 0xb9, 0x3d",
@@ -481,6 +489,7 @@ core::arch::global_asm!(
     depth = const DEPTH_AT,
     entries = const ENTRIES_AT,
     entry_size = const ENTRY_SIZE,
+    entry_shift = const ENTRY_SIZE.trailing_zeros(),
     cell_size = const size_of::<LatencyCell>(),
     buckets = const BUCKETS_AT,
     last_bucket = const crate::LATENCY_BUCKETS - 1,

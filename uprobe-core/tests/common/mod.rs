@@ -291,3 +291,28 @@ pub fn pin_to(cpu: usize) {
     // SAFETY: the calling thread, a set of its own size.
     unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) };
 }
+
+/// Calls `f` `calls` times from each of `threads` threads, each moved to
+/// another CPU every thousand calls (a per-CPU count moves between CPU
+/// slots mid-run), checking each result (`x + 1`); returns the calls made.
+pub fn calls_from_migrating_threads(
+    f: unsafe extern "C" fn(u64) -> u64,
+    threads: u64,
+    calls: u64,
+) -> u64 {
+    let cpus = allowed_cpus();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let cpus = &cpus;
+            s.spawn(move || {
+                for i in 0..calls {
+                    if i % 1_000 == 0 {
+                        pin_to(cpus[(t as usize + (i / 1_000) as usize) % cpus.len()]);
+                    }
+                    assert_eq!(call(f, i), i + 1);
+                }
+            });
+        }
+    });
+    threads * calls
+}
