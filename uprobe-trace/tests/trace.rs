@@ -406,6 +406,20 @@ impl Running {
         code
     }
 
+    /// Its threads' names once they are `threads` again, or after 10 s:
+    /// the agent's thread ends just after it reports the session stopped,
+    /// and the engine's service threads once their last lease is gone.
+    fn threads_back_to(&self, threads: &[String]) -> Vec<String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let now = self.threads();
+            if now == threads || std::time::Instant::now() > deadline {
+                return now;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Its threads' names.
     fn threads(&self) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", self.0.id()))
@@ -450,7 +464,7 @@ fn attaches_to_a_running_process_and_leaves_it_as_it_was() {
             target.libc_code() == code,
             "round {round}: libc's code changed"
         );
-        assert_eq!(target.threads(), threads, "round {round}");
+        assert_eq!(target.threads_back_to(&threads), threads, "round {round}");
     }
 }
 
@@ -468,11 +482,7 @@ fn latency_of_a_running_process() {
     let report = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{report}");
     assert!(report.contains("latency (ns)"), "{report}");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while target.threads() != threads && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert_eq!(target.threads(), threads, "{report}");
+    assert_eq!(target.threads_back_to(&threads), threads, "{report}");
     assert!(target.is_running(), "{report}");
     assert!(target.libc_code() == code, "libc's code changed");
 }
@@ -940,6 +950,6 @@ fn a_hundred_attach_detach_cycles() {
     }
     assert!(target.is_running());
     assert!(target.libc_code() == code, "libc's code changed");
-    assert_eq!(target.threads(), threads);
+    assert_eq!(target.threads_back_to(&threads), threads);
     assert_eq!(fds(), open);
 }

@@ -10,8 +10,7 @@
 //!
 //! **The entry** (`uprobe_core_timed_entry`). A trampoline's full path
 //! calls through its header's entry pointer; `crate::site::jump::route`
-//! points it here
-//! while the site's cell names a timing probe's cells
+//! points it here while the site's cell names a timing probe's switch
 //! (`JumpCell::timed`). It saves seven registers and the status flags
 //! (`lahf`, `seto`: no `pushfq`/`popfq`), then, in order:
 //! - goes to the engine if the thread is inside it or not observed (its
@@ -37,12 +36,12 @@
 //! returns, no instance of the engine's own for this frame (their top's
 //! slot above this one), and the top timed call's slot this frame's, it
 //! reads the TSC and, for each timed call of this frame (several when
-//! chained by tail calls), pops the call, converts the difference to nanoseconds
+//! chained by tail calls), converts the difference to nanoseconds
 //! (`mul`, `shrd`: `crate::clock`'s scale), finds its log2 bucket
 //! (`lzcnt`) and adds one to it in the current CPU's cell, inside a
 //! restartable sequence that first reads the call's switch (nothing if it
-//! is off, or on in another generation), then pops the call and returns
-//! to the stub's target. A thread without a restartable sequence goes to
+//! is off, or on in another generation), and pops the call; then it
+//! returns to the stub's target. A thread without a restartable sequence goes to
 //! the engine. Anything else goes to `uprobe_core_return_trampoline`
 //! with every register and flag as it was.
 //!
@@ -190,7 +189,7 @@ core::arch::global_asm!(
     "seto al",
     "push rax",
     // Inside the engine, or not observed: the engine's.
-    "mov rax, [rip + {params} + 8]",
+    "mov rax, [rip + {params} + {p_flags}]",
     "mov eax, fs:[rax]",
     "test eax, eax",
     "jnz 9f",
@@ -213,7 +212,7 @@ core::arch::global_asm!(
     "cmp [rdx + rax * 8], rdi",
     "jne 9f",
     "shl rax, 4",
-    "add rax, [rip + {params} + 40]",
+    "add rax, [rip + {params} + {p_first_stub}]",
     "mov rdi, rax",
     // The timed calls: full, or a top that is not a frame below this
     // one: the engine's.
@@ -230,12 +229,12 @@ core::arch::global_asm!(
     // Count the call (rcx: the cells), in a restartable sequence.
     "3:",
     "lea rax, [rip + 8f]",
-    "mov rdx, [rip + {params} + 16]",
+    "mov rdx, [rip + {params} + {p_area}]",
     "mov fs:[rdx + 8], rax",
     "4:",
-    "mov rdx, [rip + {params} + 16]",
+    "mov rdx, [rip + {params} + {p_area}]",
     "mov edx, fs:[rdx + 4]",
-    "cmp rdx, [rip + {params} + 24]",
+    "cmp rdx, [rip + {params} + {p_cpus}]",
     "jae 9f",
     "mov rcx, [rsp + {resume_slot}]",
     "mov rcx, [rcx - {resume} + {cell}]",
@@ -308,6 +307,10 @@ core::arch::global_asm!(
     ".quad 6b",
     ".popsection",
     params = sym PARAMS,
+    p_flags = const core::mem::offset_of!(Params, flags),
+    p_area = const core::mem::offset_of!(Params, area),
+    p_cpus = const core::mem::offset_of!(Params, cpus),
+    p_first_stub = const core::mem::offset_of!(Params, first_stub),
     targets = sym TARGETS,
     hash = const STUB_HASH,
     stubs_mask = const MAX_STUBS - 1,
@@ -365,9 +368,9 @@ core::arch::global_asm!(
     "jz 9f",
     "lea r8, [rsp + 72]",
     // A thread without a restartable sequence: the engine's.
-    "mov rax, [rip + {params} + 16]",
+    "mov rax, [rip + {params} + {p_area}]",
     "mov eax, fs:[rax + 4]",
-    "cmp rax, [rip + {params} + 24]",
+    "cmp rax, [rip + {params} + {p_cpus}]",
     "jae 9f",
     // An instance of the engine's at or below this frame: the engine's.
     "mov rcx, [rsi + {r_depth}]",
@@ -400,7 +403,7 @@ core::arch::global_asm!(
     // Nanoseconds since its entry, and their bucket (rdx).
     "mov rax, rdi",
     "sub rax, rdx",
-    "mul qword ptr [rip + {params} + 32]",
+    "mul qword ptr [rip + {params} + {p_mult}]",
     "shrd rax, rdx, 32",
     "lzcnt rax, rax",
     "mov edx, 64",
@@ -417,7 +420,7 @@ core::arch::global_asm!(
     "jz 7f",
     "4:",
     "lea rax, [rip + 8f]",
-    "mov r9, [rip + {params} + 16]",
+    "mov r9, [rip + {params} + {p_area}]",
     "mov fs:[r9 + 8], rax",
     "6:",
     "mov rax, [rcx]",
@@ -428,7 +431,7 @@ core::arch::global_asm!(
     "cmp r10, [rcx + 8]",
     "jne 7f",
     "mov r9d, fs:[r9 + 4]",
-    "cmp r9, [rip + {params} + 24]",
+    "cmp r9, [rip + {params} + {p_cpus}]",
     "jae 7f",
     "imul r9, r9, {cell_size}",
     "add rax, r9",
@@ -451,7 +454,7 @@ core::arch::global_asm!(
     // Back to the stub's target.
     "5:",
     "mov rax, [r8]",
-    "sub rax, [rip + {params} + 40]",
+    "sub rax, [rip + {params} + {p_first_stub}]",
     "shr rax, 4",
     "lea rcx, [rip + {targets}]",
     "mov rax, [rcx + rax * 8]",
@@ -480,6 +483,10 @@ core::arch::global_asm!(
     ".quad 11b",
     ".popsection",
     params = sym PARAMS,
+    p_area = const core::mem::offset_of!(Params, area),
+    p_cpus = const core::mem::offset_of!(Params, cpus),
+    p_mult = const core::mem::offset_of!(Params, mult),
+    p_first_stub = const core::mem::offset_of!(Params, first_stub),
     targets = sym TARGETS,
     r_depth = const returns::DEPTH_AT,
     instances = const returns::INSTANCES_AT,
