@@ -428,7 +428,7 @@ impl Uprobe {
     /// instruction ([`AttachError::ReturnProbeNotAtEntry`]), and
     /// [`Probe::hits`] counts the calls (the sum of the cells' calls, so
     /// probes timing into the same cells share it); the histogram's total
-    /// is the returns timed. A call whose return the engine cannot track
+    /// is the returns timed ([`Probe::returns`]). A call whose return the engine cannot track
     /// (64 returns pending on the thread, more than 16384 call sites, a
     /// `longjmp` over it) is counted but not timed. Once
     /// [`Probe::detach`] returns, nothing writes to `cells` any more, not
@@ -509,6 +509,7 @@ impl Uprobe {
                 // count for it (`crate::site::count`).
                 let no_handler = p.handler.is_none() && p.ret_handler.is_none() && p.only_tid == 0;
                 let counting = no_handler && p.timed.is_none();
+                let returns = p.ret_handler.is_some() || p.timed.is_some();
                 let only_times = no_handler && p.timed.is_some();
                 let consumer = Arc::new(Consumer {
                     handler: p.handler.unwrap_or_else(Handler::none),
@@ -522,13 +523,15 @@ impl Uprobe {
                     usdt_args: p.usdt.as_ref().map(|(args, _)| Arc::clone(args)),
                     semaphore: p.usdt.as_ref().and_then(|&(_, sem)| sem),
                     counting,
-                    fast: match p.cells {
+                    fast: match (p.cells, p.timed) {
                         // Checked by `count_into` (an invalid probe does
                         // not get here).
-                        Some(cells) => crate::site::count::FastCount::borrowed(cells),
-                        None => (counting && crate::site::count::enabled())
+                        (Some(cells), _) => crate::site::count::FastCount::borrowed(cells),
+                        (None, Some(cells)) => Some(crate::site::count::FastCount::latency(cells)),
+                        (None, None) => (counting && crate::site::count::enabled())
                             .then(crate::site::count::FastCount::new),
                     },
+                    returns,
                     only_times,
                     switch: p.timed.map(crate::site::timing::Switch::on),
                     timed: p.timed,
@@ -600,9 +603,14 @@ impl Probe {
         queries::mode(self.addr).unwrap_or(crate::Mode::Trap(crate::NotOptimized::CodeChanged))
     }
 
-    /// Return handlers of this probe run so far.
+    /// Return handlers of this probe run so far; for a timing probe
+    /// ([`Uprobe::time_into`]), the returns timed into its cells (their
+    /// histogram's total). Async-signal-safe.
     #[must_use]
     pub fn returns(&self) -> u64 {
+        if let Some(cells) = self.consumer.timed {
+            return crate::LatencyCell::histogram(cells).iter().sum();
+        }
         self.consumer
             .ret
             .as_ref()

@@ -15,7 +15,6 @@ use std::sync::atomic::Ordering;
 
 use crate::site::Site;
 use crate::site::consumer::Consumer;
-use crate::site::returns::ReturnProbe;
 use crate::thread::{AbortOnUnwind, current_tid, enter, leave, observed};
 
 /// Runs the consumers of `site` with the registers `frame` (unless the
@@ -62,11 +61,8 @@ fn run_one(c: &Consumer, addr: usize, frame: &mut crate::arch::Frame) -> bool {
     if out.remove() {
         c.removed.store(true, Ordering::Relaxed);
     }
-    if let Some(ret) = c.ret.as_ref().filter(|_| !out.skip_return()) {
-        track_return_of(ret, addr, out.cookie, frame);
-    }
-    if let Some(switch) = c.switch {
-        time_return_of(switch, frame);
+    if c.returns && !out.skip_return() {
+        track_return_of(c, addr, out.cookie, frame);
     }
     out.ip_changed()
 }
@@ -106,24 +102,21 @@ fn nested(site: &Site) {
     }
 }
 
-/// Tracks the return of the function entered at `func` (kept out of
-/// line: most hits have no return probe, and their path stays short).
-/// Async-signal-safe.
+/// Tracks the return of the function entered at `func` for `c`'s return
+/// handler or its timing (kept out of line: most hits have neither, and
+/// their path stays short). Async-signal-safe.
 #[inline(never)]
-fn track_return_of(ret: &ReturnProbe, func: usize, cookie: u64, frame: &mut crate::arch::Frame) {
+fn track_return_of(c: &Consumer, func: usize, cookie: u64, frame: &mut crate::arch::Frame) {
     let (sp, ret_at) = crate::arch::return_address_at(frame);
-    // SAFETY: return consumers are attached at a function's first
+    // SAFETY: return and timing probes are attached at a function's first
     // instruction, where `ret_at` holds its return address (checked at
     // attach, or `Uprobe::address`'s contract).
-    unsafe { returns::prepare(ret, func, cookie, sp, ret_at) };
-}
-
-/// Times the call entered at a timing probe's site (out of line, as
-/// [`track_return_of`]). Async-signal-safe.
-#[inline(never)]
-fn time_return_of(switch: &'static crate::site::timing::Switch, frame: &mut crate::arch::Frame) {
-    let (sp, ret_at) = crate::arch::return_address_at(frame);
-    // SAFETY: timing probes are attached at a function's first
-    // instruction, as return probes are.
-    unsafe { returns::prepare_timed(switch, sp, ret_at) };
+    unsafe {
+        if let Some(ret) = &c.ret {
+            returns::prepare(ret, func, cookie, sp, ret_at);
+        }
+        if let Some(switch) = c.switch {
+            returns::prepare_timed(switch, sp, ret_at);
+        }
+    }
 }

@@ -11,6 +11,9 @@ use super::handler::Handler;
 use crate::usdt::arg::UsdtArg;
 
 /// One consumer of a site: its handlers and counters.
+// Each flag is what one check on the hit path or at attach reads, a
+// load away (a bit set would cost a mask on every hit).
+#[allow(clippy::struct_excessive_bools)]
 pub(crate) struct Consumer {
     pub(crate) handler: Handler,
     /// The return handler's side, for a return probe.
@@ -52,6 +55,9 @@ pub(crate) struct Consumer {
     pub(crate) only_times: bool,
     /// A timing probe's switch: what its pending calls name.
     pub(crate) switch: Option<&'static super::timing::Switch>,
+    /// A return probe or a timing probe: hits track the function's
+    /// return (one flag for the hit path to test).
+    pub(crate) returns: bool,
 }
 
 impl Drop for Consumer {
@@ -69,32 +75,24 @@ impl Consumer {
     /// consumer's own counter). Async-signal-safe.
     #[inline]
     pub(crate) fn count_hit(&self) {
-        if let Some(cells) = self.timed {
-            super::timing::LatencyCell::count_call_in_last(cells);
-            return;
-        }
-        match self
+        if !self
             .fast
             .as_ref()
-            .and_then(super::count::FastCount::caller_cells)
+            .is_some_and(super::count::FastCount::count_in_caller_cells)
         {
-            Some(cells) => super::count::count_in_last(cells),
-            None => self.hits.add(1),
+            self.hits.add(1);
         }
     }
 
     /// Whether hits track the function's return: a return probe, or a
     /// timing probe.
     pub(crate) fn tracks_returns(&self) -> bool {
-        self.ret.is_some() || self.timed.is_some()
+        self.returns
     }
 
     /// Hits counted: by the full path and by the trampolines' own
     /// counting. Async-signal-safe.
     pub(crate) fn hits(&self) -> u64 {
-        if let Some(cells) = self.timed {
-            return super::timing::LatencyCell::total_calls(cells);
-        }
         let fast = self.fast.as_ref().map_or(0, super::count::FastCount::sum);
         self.hits.sum().wrapping_add(fast)
     }

@@ -34,6 +34,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use pcpu::PerCpu;
 
+use super::timing::LatencyCell;
+
 /// One CPU's counter of a counting probe whose counts live in memory the
 /// caller provides ([`Uprobe::count_into`](crate::Uprobe::count_into)):
 /// a 64-bit count alone on 128 bytes, the stride trampolines index.
@@ -106,6 +108,9 @@ enum Cells {
     Owned(PerCpu<AtomicU64>),
     /// The caller's ([`count_cells`] of them at least, checked at attach).
     Borrowed(&'static [CountCell]),
+    /// A timing probe's (`super::timing`): its calls, counted by the
+    /// timed entry routine, never by the counting prelude.
+    Latency(&'static [LatencyCell]),
 }
 
 /// The per-CPU counts of a counting probe's fast path: what its
@@ -144,12 +149,21 @@ impl FastCount {
         })
     }
 
+    /// A timing probe's cells, where the engine counts its calls too.
+    pub(crate) fn latency(cells: &'static [LatencyCell]) -> Self {
+        Self {
+            cells: Cells::Latency(cells),
+        }
+    }
+
     /// Slot 0's counter: what a trampoline's cell points at (on the
-    /// heap: it stays where it is when the `FastCount` moves).
+    /// heap: it stays where it is when the `FastCount` moves); null for
+    /// a timing probe's cells, which no counting prelude adds to.
     pub(crate) fn base(&self) -> *mut AtomicU64 {
         match &self.cells {
             Cells::Owned(slots) => core::ptr::from_ref(slots.get(0).expect("slot 0")).cast_mut(),
             Cells::Borrowed(cells) => core::ptr::from_ref(&cells[0].count).cast_mut(),
+            Cells::Latency(_) => core::ptr::null_mut(),
         }
     }
 
@@ -159,16 +173,33 @@ impl FastCount {
         match &self.cells {
             Cells::Owned(_) => true,
             Cells::Borrowed(_) => enabled(),
+            Cells::Latency(_) => false,
         }
     }
 
-    /// The caller's cells, for a probe made with
-    /// [`Uprobe::count_into`](crate::Uprobe::count_into).
+    /// Counts a hit the engine saw in the caller's cells (the last one,
+    /// atomically: [`Uprobe::count_into`](crate::Uprobe::count_into)'s
+    /// or a timing probe's), and says so; false for the engine's own
+    /// counters, which the consumer's own counter stands in for on that
+    /// path. The adds are out of line. Async-signal-safe.
     #[inline]
-    pub(crate) fn caller_cells(&self) -> Option<&'static [CountCell]> {
+    pub(crate) fn count_in_caller_cells(&self) -> bool {
+        // Tested apart from the rest: a `match` of all three compiles to
+        // an indirect jump through a table.
+        if let Cells::Owned(_) = self.cells {
+            return false;
+        }
+        self.count_in_last_cell();
+        true
+    }
+
+    /// [`count_in_caller_cells`](Self::count_in_caller_cells)'s add.
+    #[inline(never)]
+    fn count_in_last_cell(&self) {
         match self.cells {
-            Cells::Borrowed(cells) => Some(cells),
-            Cells::Owned(_) => None,
+            Cells::Borrowed(cells) => count_in_last(cells),
+            Cells::Latency(cells) => LatencyCell::count_call_in_last(cells),
+            Cells::Owned(_) => {}
         }
     }
 
@@ -179,6 +210,7 @@ impl FastCount {
                 .iter()
                 .fold(0, |s, c| s.wrapping_add(c.load(Ordering::Relaxed))),
             Cells::Borrowed(cells) => CountCell::sum(cells),
+            Cells::Latency(cells) => LatencyCell::total_calls(cells),
         }
     }
 }

@@ -119,7 +119,9 @@ impl LatencyCell {
     }
 
     /// Counts a call the engine's path saw, in the last of `cells` (the
-    /// one no restartable sequence writes), atomically. Async-signal-safe.
+    /// one no restartable sequence writes), atomically. Out of line: the
+    /// hit path of a handler keeps its registers. Async-signal-safe.
+    #[inline(never)]
     pub(crate) fn count_call_in_last(cells: &[Self]) {
         if let Some(last) = cells.last() {
             last.calls.fetch_add(1, Ordering::Relaxed);
