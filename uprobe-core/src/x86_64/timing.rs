@@ -11,7 +11,7 @@
 //! **The entry** (`uprobe_core_timed_entry`). A trampoline's full path
 //! calls through its header's entry pointer; `crate::site::jump::route`
 //! points it here while the site's cell names a timing probe's switch
-//! (`JumpCell::timed`). It saves seven registers and the status flags
+//! (`JumpCell::timed`). It saves six registers and the status flags
 //! (`lahf`, `seto`: no `pushfq`/`popfq`), then, in order:
 //! - goes to the engine if the thread is inside it or not observed (its
 //!   flags word), has no stack of pending returns yet, or the call's
