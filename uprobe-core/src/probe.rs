@@ -534,7 +534,6 @@ impl Uprobe {
                     returns,
                     only_times,
                     switch: p.timed.map(crate::site::timing::Switch::on),
-                    timed: p.timed,
                 });
                 (p.addr, consumer)
             })
@@ -608,7 +607,12 @@ impl Probe {
     /// histogram's total). Async-signal-safe.
     #[must_use]
     pub fn returns(&self) -> u64 {
-        if let Some(cells) = self.consumer.timed {
+        if let Some(cells) = self
+            .consumer
+            .fast
+            .as_ref()
+            .and_then(crate::site::count::FastCount::latency_cells)
+        {
             return crate::LatencyCell::histogram(cells).iter().sum();
         }
         self.consumer

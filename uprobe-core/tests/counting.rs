@@ -80,18 +80,10 @@ extern "C" fn hit_in_handler(_: libc::c_int) {
 #[test]
 fn counts_are_exact_when_signal_handlers_hit_the_probe_mid_count() {
     let _s = serial();
-    // SAFETY: installs a handler for SIGUSR2, which nothing else in this
+    // A handler for SIGUSR2, which nothing else in this
     // test binary uses; the handler only calls the probed function and
     // adds to an atomic (async-signal-safe).
-    unsafe {
-        let mut sa: libc::sigaction = core::mem::zeroed();
-        sa.sa_sigaction = hit_in_handler as *const () as usize;
-        sa.sa_flags = libc::SA_RESTART;
-        assert_eq!(
-            libc::sigaction(libc::SIGUSR2, &raw const sa, core::ptr::null_mut()),
-            0
-        );
-    }
+    common::install(libc::SIGUSR2, hit_in_handler, libc::SA_RESTART);
     IN_HANDLER.store(0, SeqCst);
     let probe = counting_probe();
     let stop = AtomicBool::new(false);

@@ -3,6 +3,8 @@
 //! too) never run inside it, and they may call probed code themselves.
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
@@ -18,17 +20,6 @@ extern "C" fn probed_triple(x: u64) -> u64 {
     std::hint::black_box(x) * 3
 }
 
-fn install(sig: libc::c_int, handler: extern "C" fn(libc::c_int), flags: libc::c_int) {
-    // SAFETY: a plain handler that only touches atomics and probed code.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = handler as *const () as libc::sighandler_t;
-        sa.sa_flags = flags;
-        libc::sigemptyset(&raw mut sa.sa_mask);
-        assert_eq!(libc::sigaction(sig, &raw const sa, std::ptr::null_mut()), 0);
-    }
-}
-
 static USR1_RAN: AtomicBool = AtomicBool::new(false);
 static RAN_INSIDE: AtomicBool = AtomicBool::new(true);
 static BLOCKED_INSIDE: AtomicBool = AtomicBool::new(false);
@@ -39,7 +30,7 @@ extern "C" fn on_usr1(_: libc::c_int) {
 
 #[test]
 fn a_signal_raised_in_a_handler_is_delivered_after_it() {
-    install(libc::SIGUSR1, on_usr1, 0);
+    common::install(libc::SIGUSR1, on_usr1, 0);
     let f: extern "C" fn(u64) -> u64 = probed_square;
     // SAFETY: a function's address starts an instruction.
     // On the trap path: a trampoline's handlers run with the thread's
@@ -196,7 +187,7 @@ fn nested_program_signal_handlers_may_call_probed_code() {
 }
 
 fn nested_ticks_calling_probed_code() {
-    install(libc::SIGALRM, on_alarm, libc::SA_NODEFER | libc::SA_RESTART);
+    common::install(libc::SIGALRM, on_alarm, libc::SA_NODEFER | libc::SA_RESTART);
     let f: extern "C" fn(u64) -> u64 = probed_triple;
     // SAFETY: a function's address starts an instruction.
     let probe = unsafe { Uprobe::address(f as *const () as usize) }

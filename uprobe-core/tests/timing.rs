@@ -212,18 +212,10 @@ extern "C" fn time_in_handler(_: libc::c_int) {
 #[test]
 fn signal_handlers_timing_the_same_function_mid_call_lose_nothing() {
     let _s = serial();
-    // SAFETY: installs a handler for SIGUSR1, which nothing else in this
+    // A handler for SIGUSR1, which nothing else in this
     // test binary uses; the handler only calls the timed function and
     // adds to an atomic (async-signal-safe).
-    unsafe {
-        let mut sa: libc::sigaction = core::mem::zeroed();
-        sa.sa_sigaction = time_in_handler as *const () as usize;
-        sa.sa_flags = libc::SA_RESTART;
-        assert_eq!(
-            libc::sigaction(libc::SIGUSR1, &raw const sa, core::ptr::null_mut()),
-            0
-        );
-    }
+    common::install(libc::SIGUSR1, time_in_handler, libc::SA_RESTART);
     let cells = cells();
     let probe = timing_probe(timed_fn, cells);
     let done = AtomicBool::new(false);

@@ -110,7 +110,7 @@ pub(crate) unsafe fn attach_many(
     // for the items that do not end up attached.
     let with_returns =
         |items: &[(usize, Arc<Consumer>)]| items.iter().filter(|(_, c)| c.tracks_returns()).count();
-    if items.iter().any(|(_, c)| c.timed.is_some()) {
+    if items.iter().any(|(_, c)| c.switch.is_some()) {
         crate::clock::init();
     }
     returns::consumers_attached(with_returns(items));

@@ -97,7 +97,10 @@ fn nested(site: &Site) {
     site.missed.add(1);
     // SAFETY: as in `run_consumers`.
     let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
-    for c in consumers.iter().filter(|c| c.counting || c.timed.is_some()) {
+    for c in consumers
+        .iter()
+        .filter(|c| c.counting || c.switch.is_some())
+    {
         c.count_hit();
     }
 }

@@ -47,9 +47,6 @@ pub(crate) struct Consumer {
     /// `None` for a probe with a handler and the engine's counters, or
     /// where trampolines do not count.
     pub(crate) fast: Option<super::count::FastCount>,
-    /// A timing probe's cells ([`Uprobe::time_into`](crate::Uprobe::time_into)):
-    /// its calls are counted there, and each call's time to return.
-    pub(crate) timed: Option<&'static [super::timing::LatencyCell]>,
     /// A timing probe with no handler and no thread filter: its calls may
     /// be timed without the engine (see [`super::timing`]).
     pub(crate) only_times: bool,

@@ -156,6 +156,14 @@ impl FastCount {
         }
     }
 
+    /// A timing probe's cells, if these are.
+    pub(crate) fn latency_cells(&self) -> Option<&'static [LatencyCell]> {
+        match self.cells {
+            Cells::Latency(cells) => Some(cells),
+            Cells::Owned(_) | Cells::Borrowed(_) => None,
+        }
+    }
+
     /// Slot 0's counter: what a trampoline's cell points at (on the
     /// heap: it stays where it is when the `FastCount` moves); null for
     /// a timing probe's cells, which no counting prelude adds to.

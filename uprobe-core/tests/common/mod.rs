@@ -316,3 +316,16 @@ pub fn calls_from_migrating_threads(
     });
     threads * calls
 }
+
+/// Installs `handler` for `sig` with `flags` (an empty mask); it must be
+/// async-signal-safe.
+pub fn install(sig: libc::c_int, handler: extern "C" fn(libc::c_int), flags: libc::c_int) {
+    // SAFETY: a plain handler that only touches atomics and probed code.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler as *const () as libc::sighandler_t;
+        sa.sa_flags = flags;
+        libc::sigemptyset(&raw mut sa.sa_mask);
+        assert_eq!(libc::sigaction(sig, &raw const sa, std::ptr::null_mut()), 0);
+    }
+}
