@@ -139,9 +139,14 @@
 //! that land on it, never freed) jumps on to the trampoline. No thread
 //! can be stopped inside a single instruction and no other instruction
 //! moves, so a branch or a jump table landing after it still finds the
-//! original code. A punned jump's bytes after the instruction must stay
-//! as they are: a later probe attached there takes it back to its
-//! breakpoint first ([`NotOptimized::OtherProbeInRange`]). Where the
+//! original code. The trampoline also runs, relocated, the instructions
+//! that start inside the jump's bytes (its *tail*, up to a return, a
+//! jump or a call, or an instruction that cannot run relocated): a hit
+//! that went back into the middle of the jump would cost as much again,
+//! the CPU's branch predictor and decoded-instruction cache holding the
+//! jump there. A punned jump's bytes after the instruction, and its
+//! tail, must stay as they are: a later probe attached there takes it
+//! back to its breakpoint first ([`NotOptimized::OtherProbeInRange`]). Where the
 //! window is taken (other mappings, the room the stack and the heap keep)
 //! the site stays on its breakpoint ([`NotOptimized::NoPunTarget`]).
 //! [`code_memory`] tells what generated code takes.

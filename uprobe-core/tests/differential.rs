@@ -24,7 +24,9 @@ const DATA_LEN: usize = 512;
 
 /// Loads `Regs` (rdi points to it), runs the instruction, stores it back.
 /// The instruction follows a marker (a 7-byte nop with displacement
-/// 0xaa55aa55) that the test finds by scanning.
+/// 0xaa55aa55) that the test finds by scanning, and a `nop`, which the
+/// tail pass probes: a jump punned over that `nop` runs the instruction
+/// in its trampoline's tail.
 macro_rules! prologue {
     () => {
         concat!(
@@ -41,6 +43,7 @@ macro_rules! prologue {
             "mov r12, [rdi + 96]\n mov r13, [rdi + 104]\n mov r14, [rdi + 112]\n mov r15, [rdi + 120]\n",
             "mov rdi, [rdi + 56]\n",
             ".byte 0x0f, 0x1f, 0x80, 0x55, 0xaa, 0x55, 0xaa\n",
+            "nop\n",
         )
     };
 }
@@ -186,7 +189,7 @@ fn insn_addr(f: unsafe extern "C" fn(*mut Regs)) -> usize {
             let bytes = unsafe { core::slice::from_raw_parts((start + i) as *const u8, 7) };
             bytes == MARKER
         })
-        .map(|i| start + i + MARKER.len())
+        .map(|i| start + i + MARKER.len() + 1)
         .expect("marker in harness")
 }
 
@@ -255,6 +258,11 @@ fn every_form_behaves_the_same_probed() {
         &[],
         Kind::Handler,
     );
+    compare_all(
+        "the instruction after a probed one-byte nop, in its punned jump's tail",
+        &[],
+        Kind::Tail,
+    );
     compare_all("out-of-line slots that jump back", &[], Kind::Trap);
     // Forcing trap-ended slots takes the benchmark switch.
     #[cfg(feature = "bench-variants")]
@@ -299,6 +307,9 @@ enum Kind {
     Handler,
     /// A handler, kept on the breakpoint.
     Trap,
+    /// No handler, on the `nop` before the instruction: punned (where a
+    /// stub can be placed), the instruction runs in the jump's tail.
+    Tail,
 }
 
 fn compare_all(how: &str, skip: &[&str], kind: Kind) {
@@ -324,6 +335,7 @@ fn compare_all(how: &str, skip: &[&str], kind: Kind) {
             Kind::Count => probe_at(at),
             Kind::Handler => probe_at(at).on_entry(|_| {}),
             Kind::Trap => probe_at(at).on_entry(|_| {}).trap_only(),
+            Kind::Tail => probe_at(at - 1),
         };
         let probe = probe
             .attach()
@@ -351,6 +363,14 @@ fn compare_all(how: &str, skip: &[&str], kind: Kind) {
         compared += 1;
     }
     assert_eq!(compared, CORPUS.len() - skip.len());
+    if kind == Kind::Tail {
+        // A pun's target is fixed by the bytes after the `nop`: where it is
+        // mapped the `nop` stays on its breakpoint. Most are free.
+        assert!(
+            puns > compared / 2,
+            "only {puns} of {compared} tails ran through a punned jump"
+        );
+    }
     println!(
         "{compared} instruction forms identical with and without a probe ({how}; {jumps} through a jump, {puns} of them punned)"
     );

@@ -195,6 +195,23 @@ core::arch::global_asm!(
     "ret",
     ".size j_return_address, . - j_return_address",
     // A lone return (a handler's pushed return address can lead here).
+    // A 1-byte instruction with no known extent (no symbol size): punned,
+    // its jump's tail runs the load and the add after it.
+    ".globl j_tail_load",
+    "j_tail_load:",
+    "nop",
+    "mov eax, [rdi]",
+    "add eax, 1",
+    "ret",
+    // A 2-byte instruction with no known extent, then a 3-byte one, then
+    // one at +5: past the bytes a jump without prefixes punned over the
+    // first spans, inside its tail (which covers what starts before +6).
+    ".globl j_tail_wide",
+    "j_tail_wide:",
+    "mov eax, edi",
+    "lea eax, [rax + 1]",
+    "add eax, 2",
+    "ret",
     ".globl j_ret_only",
     ".type j_ret_only, @function",
     "j_ret_only:",
@@ -261,6 +278,8 @@ unsafe extern "C" {
     fn j_undecodable(x: u64) -> u64;
     fn j_pun_taken(x: u64) -> u64;
     fn j_ret_only(x: u64) -> u64;
+    fn j_tail_load(x: u64) -> u64;
+    fn j_tail_wide(x: u64) -> u64;
     fn j_icall(x: u64) -> u64;
     fn j_carry(x: u64) -> u64;
     fn j_overflow(x: u64) -> u64;
@@ -982,4 +1001,63 @@ fn a_fault_in_a_trampoline_is_reported_at_the_original_instruction() {
             assert_eq!(probe.hits(), 1);
         },
     );
+}
+
+/// The same for an instruction of a punned jump's tail (run in the
+/// trampoline after the probed one, so that no hit goes back into the
+/// middle of the jump): reported at its own original address.
+#[test]
+fn a_fault_in_a_punned_jumps_tail_is_reported_at_its_instruction() {
+    // Its own process: as above.
+    test_support::in_own_process(
+        "a_fault_in_a_punned_jumps_tail_is_reported_at_its_instruction",
+        || {
+            // SAFETY: as above.
+            unsafe {
+                let mut sa: libc::sigaction = core::mem::zeroed();
+                sa.sa_sigaction = on_segv as *const () as libc::sighandler_t;
+                sa.sa_flags = libc::SA_SIGINFO;
+                libc::sigaction(libc::SIGSEGV, &raw const sa, core::ptr::null_mut());
+            }
+            let at = fn_addr(j_tail_load);
+            let probe = common::probe_at(at).attach().unwrap();
+            assert!(
+                matches!(probe.mode(), Mode::Jump(Tactic::Pun { written: 1, .. })),
+                "{:?}",
+                probe.mode()
+            );
+            assert_eq!(call(j_tail_load, (&raw const VALID) as u64), 10);
+            assert_eq!(FAULT_RIP.load(SeqCst), 0);
+            // The load at j_tail_load + 1 faults, in the tail.
+            assert_eq!(call(j_tail_load, 16), 10);
+            assert_eq!(FAULT_RIP.load(SeqCst) as usize, at + 1);
+            assert_eq!(probe.hits(), 2);
+        },
+    );
+}
+
+/// A probe attached at an instruction of a punned jump's tail takes the
+/// jump back to its breakpoint first (the trampoline's copy would skip
+/// the new probe), whether or not the instruction lies among the jump's
+/// fixed bytes; both count every call.
+#[test]
+fn a_probe_in_a_punned_jumps_tail_takes_the_jump_back() {
+    // Its own process: hits are exact.
+    test_support::in_own_process("a_probe_in_a_punned_jumps_tail_takes_the_jump_back", || {
+        let at = fn_addr(j_tail_wide);
+        let outer = common::probe_at(at).attach().unwrap();
+        assert!(
+            matches!(outer.mode(), Mode::Jump(Tactic::Pun { written: 2, .. })),
+            "{:?}",
+            outer.mode()
+        );
+        assert_eq!(call(j_tail_wide, 4), 7);
+        let inner = common::probe_at(at + 5).attach().unwrap();
+        assert_eq!(
+            outer.mode(),
+            Mode::Trap(NotOptimized::OtherProbeInRange { at: at + 5 })
+        );
+        assert_eq!(call(j_tail_wide, 4), 7);
+        assert_eq!((outer.hits(), inner.hits()), (2, 1));
+    });
 }

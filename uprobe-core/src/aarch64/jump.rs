@@ -135,6 +135,11 @@ impl Plan {
     pub(crate) fn has_interior(&self) -> bool {
         false
     }
+
+    /// The end of the original code the trampoline runs a copy of.
+    pub(crate) fn end(&self) -> usize {
+        self.start + self.len
+    }
 }
 
 fn word(code: &[u8], at: usize) -> Option<u32> {
@@ -229,7 +234,7 @@ pub(crate) fn plan(
 
 /// The probed instruction alone: never asked for on aarch64, where a
 /// jump always replaces exactly one instruction (`super::pun`).
-pub(crate) fn single(_addr: usize, _here: &[u8]) -> Result<Plan, NotOptimized> {
+pub(crate) fn single(_addr: usize, _here: &[u8], _limit: usize) -> Result<Plan, NotOptimized> {
     Err(NotOptimized::Architecture)
 }
 

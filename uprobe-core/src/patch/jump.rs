@@ -142,7 +142,9 @@ pub(crate) fn prepare(
         Ok(plan) => (plan, None),
         // (If the probed instruction itself cannot run relocated, that is
         // the reason.)
-        Err(why) if pun::AVAILABLE => (arch_jump::single(addr, &here)?, Some(why)),
+        Err(why) if pun::AVAILABLE => {
+            (arch_jump::single(addr, &here, tail_limit(addr))?, Some(why))
+        }
         Err(why) => return Err(why),
     };
     if trap_only && !plan.has_interior() {
@@ -151,13 +153,14 @@ pub(crate) fn prepare(
     if instead.is_none() && plan.start + JUMP_LEN > code_end {
         return Err(NotOptimized::CrossesMapping);
     }
-    if let Some(at) = (addr + 1..plan.start + plan.len).find(|&a| site_at(a).is_some()) {
+    if let Some(at) = (addr + 1..plan.end()).find(|&a| site_at(a).is_some()) {
         return Err(NotOptimized::OtherProbeInRange { at });
     }
     let original = &here[plan.start - addr..plan.start - addr + plan.len];
-    // Keyed on every byte from the site to the range's end: the landing
-    // pad (and so what the trampoline undoes and redoes) included.
-    let trampoline = trampoline_for(&plan, &here[..plan.start - addr + plan.len], addr)?;
+    // Keyed on every byte from the site to the end of what the trampoline
+    // copies: the landing pad (and so what the trampoline undoes and
+    // redoes) included.
+    let trampoline = trampoline_for(&plan, &here[..plan.end() - addr], addr)?;
     if plan.has_interior() {
         site.set_resume_at(arch_jump::copy_start(trampoline.base));
     }
@@ -193,6 +196,17 @@ pub(crate) fn prepare(
         direct,
         trampoline,
     })
+}
+
+/// How far a punned jump's trampoline may copy the code after the probed
+/// instruction at `addr` (`arch::jump::single`): not past twice a jump's
+/// length (what a later attach looks back over to find the jumps that
+/// cover it), nor over another site. `WRITER` is held.
+fn tail_limit(addr: usize) -> usize {
+    let limit = addr + 2 * JUMP_LEN;
+    (addr + 1..limit)
+        .find(|&a| site_at(a).is_some())
+        .unwrap_or(limit)
 }
 
 /// Why a site whose jump fits neither over whole instructions (`why`)
@@ -241,7 +255,12 @@ fn trampoline_for(
         trampolines::place(plan.start, |base| arch_jump::build(plan, base, cell_addr))?;
     let cell: &'static JumpCell = Box::leak(cell);
     cell.trampoline.store(base, Ordering::Release);
-    let t: &'static Trampoline = Box::leak(Box::new(Trampoline { base, cell, moves }));
+    let t: &'static Trampoline = Box::leak(Box::new(Trampoline {
+        base,
+        cell,
+        moves,
+        copied_end: plan.end(),
+    }));
     by_key.insert(key, t);
     Ok(t)
 }

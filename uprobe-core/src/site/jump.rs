@@ -38,13 +38,19 @@ pub(crate) const FAST_AT: usize = core::mem::offset_of!(JumpCell, fast);
 #[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
 pub(crate) const TIMED_AT: usize = core::mem::offset_of!(JumpCell, timed);
 
-/// A trampoline: where it is, its cell, and where each instruction of
-/// the range runs relocated. Never freed.
+/// A trampoline: where it is, its cell, and where each instruction it
+/// copies runs relocated. Never freed.
 pub(crate) struct Trampoline {
     pub(crate) base: usize,
     pub(crate) cell: &'static JumpCell,
-    /// (address of a range instruction, its relocated copy).
+    /// (address of a copied instruction, its relocated copy): the range's
+    /// instructions, then a punned jump's tail.
     pub(crate) moves: &'static Moves,
+    /// The end of the original code it runs a copy of: the range's end,
+    /// or after a punned jump, its tail's (the instructions that start
+    /// inside the jump's bytes, run there so that a hit never goes back
+    /// into the middle of the jump).
+    pub(crate) copied_end: usize,
 }
 
 /// A site that runs through a jump: the range the jump covers and what
@@ -88,19 +94,24 @@ impl Jump {
     /// Whether the range holds several instructions (a thread may be
     /// stopped between them).
     pub(crate) fn has_interior(&self) -> bool {
-        self.trampoline.moves.len() > 1
+        let range = self.start..self.start + self.len;
+        let copies = self.trampoline.moves.iter();
+        copies.filter(|&&(at, _)| range.contains(&at)).count() > 1
     }
 
     /// Whether `addr` lies inside the range, past the probed address, or
-    /// among a punned jump's fixed bytes.
+    /// among a punned jump's fixed bytes or the tail its trampoline
+    /// copies.
     pub(crate) fn covers(&self, addr: usize) -> bool {
         addr > self.site && addr < self.end()
     }
 
-    /// The end of what the jump depends on: its range, or its last fixed
-    /// byte.
+    /// The end of what the jump depends on: its range, its last fixed
+    /// byte, or the end of its trampoline's tail.
     pub(crate) fn end(&self) -> usize {
-        (self.start + self.len).max(self.start + self.written + self.fixed.len())
+        (self.start + self.len)
+            .max(self.start + self.written + self.fixed.len())
+            .max(self.trampoline.copied_end)
     }
 
     /// The original bytes the patch replaces, and where they start.

@@ -16,8 +16,10 @@
 //! +131  the replaced instructions, relocated (RIP-relative operands
 //!      re-targeted; a final `call rel32` becomes a push of the original
 //!      return address and a `jmp`, so the callee returns to the probed
-//!      code, not here)
-//!      jmp back              to the first byte after the replaced range
+//!      code, not here); after a punned jump's instruction, its tail
+//!      (`tail`: the instructions that start inside the jump's bytes)
+//!      jmp back              to the first byte after them (none after a
+//!                            return, a jump or a call)
 //! ```
 //!
 //!
@@ -41,12 +43,15 @@ use crate::site::jump::FAST_AT;
 use crate::site::jump::Function;
 
 /// What a site's optimization replaces: whole instructions from `start`,
-/// `len` (>= 5) bytes, decoded.
+/// `len` (>= 5) bytes, decoded; punned, the probed instruction alone and
+/// the tail its trampoline runs after it.
 pub(crate) struct Plan {
     pub(crate) start: usize,
     pub(crate) len: usize,
     insns: Vec<Instruction>,
-    /// The range's original bytes (`len` of them).
+    /// A punned jump's [`tail`] (empty otherwise).
+    tail: Vec<Instruction>,
+    /// The original bytes of the range and the tail.
     bytes: Vec<u8>,
 }
 
@@ -54,6 +59,12 @@ impl Plan {
     /// Whether the range holds several instructions.
     pub(crate) fn has_interior(&self) -> bool {
         self.insns.len() > 1
+    }
+
+    /// The end of the original code the trampoline runs a copy of: the
+    /// range's, or its tail's.
+    pub(crate) fn end(&self) -> usize {
+        self.start + self.bytes.len()
     }
 }
 
@@ -103,6 +114,7 @@ pub(crate) fn plan(
             len: first.len(),
             bytes: here[..first.len()].to_vec(),
             insns: vec![first],
+            tail: Vec::new(),
         });
     }
     let function = range_function(addr, first.len(), function)?;
@@ -166,27 +178,84 @@ pub(crate) fn plan(
         start: addr,
         len,
         insns: range,
+        tail: Vec::new(),
         bytes: function.code[..len].to_vec(),
     })
 }
 
 /// The probed instruction alone (after an `endbr64`, which stays), when
 /// the jump cannot replace whole instructions: what a punned jump
-/// (`super::pun`) replaces. It must be relocatable. Not
+/// (`super::pun`) replaces, with the [`tail`] its trampoline runs after
+/// it, which ends at `limit` at the latest. It must be relocatable. Not
 /// async-signal-safe.
-pub(crate) fn single(addr: usize, here: &[u8]) -> Result<Plan, NotOptimized> {
+pub(crate) fn single(addr: usize, here: &[u8], limit: usize) -> Result<Plan, NotOptimized> {
     let first = decode_first(addr, here)?;
     if first.mnemonic() == Mnemonic::Endbr64 {
         let skip = first.len();
-        return single(addr + skip, &here[skip..]);
+        return single(addr + skip, &here[skip..], limit);
     }
     relocatable(&here[..first.len()], &first)?;
+    let len = first.len();
+    // Over an instruction of a jump's length or more, the jump ends
+    // inside it (one byte written).
+    let tail = if len < JUMP_LEN {
+        tail(addr + len, &here[len..], limit)
+    } else {
+        Vec::new()
+    };
+    let end = tail.last().map_or(addr + len, |t| t.next_ip() as usize);
     Ok(Plan {
         start: addr,
-        len: first.len(),
-        bytes: here[..first.len()].to_vec(),
+        len,
+        bytes: here[..end - addr].to_vec(),
         insns: vec![first],
+        tail,
     })
+}
+
+/// The instructions after a punned jump's instruction (which ends at
+/// `from`; `code` is the code from there) that its trampoline runs too,
+/// relocated, ending at `limit` at the latest: every one that starts
+/// inside the bytes the `jmp` may span (up to `JUMP_LEN - 1` bytes past
+/// `from`, with prefixes), so that a hit never goes back into the middle
+/// of the jump. Going back there costs a hit as much again: the CPU's
+/// branch predictor and decoded-instruction cache keep the jump at those
+/// bytes, and meet an instruction that starts inside it. The tail ends
+/// early at an instruction that cannot run relocated (a hit goes back
+/// to it), and at a return, a jump or a call (whose callee returns to
+/// the original code): nothing comes back from those.
+fn tail(from: usize, code: &[u8], limit: usize) -> Vec<Instruction> {
+    let mut tail = Vec::new();
+    let mut decoder = Decoder::with_ip(64, code, from as u64, DecoderOptions::NONE);
+    let mut at = from;
+    while at < from + JUMP_LEN - 1 && decoder.can_decode() {
+        let insn = decoder.decode();
+        let end = insn.next_ip() as usize;
+        if insn.is_invalid()
+            || end > limit
+            || relocatable(&code[at - from..end - from], &insn).is_err()
+        {
+            break;
+        }
+        let last = match insn.flow_control() {
+            FlowControl::Next | FlowControl::ConditionalBranch => false,
+            FlowControl::Return
+            | FlowControl::UnconditionalBranch
+            | FlowControl::IndirectBranch => true,
+            FlowControl::Call | FlowControl::IndirectCall
+                if insn.is_call_near() || insn.is_call_near_indirect() =>
+            {
+                true
+            }
+            _ => break,
+        };
+        tail.push(insn);
+        if last {
+            break;
+        }
+        at = end;
+    }
+    tail
 }
 
 /// The instruction at `addr` (whose bytes start `here`).
@@ -287,6 +356,24 @@ pub(crate) fn build(
     base: usize,
     cell: usize,
 ) -> Result<(Vec<u8>, Moves), NotOptimized> {
+    // A tail that cannot be encoded here (an operand out of reach) or
+    // does not fit is left out: hits then go back into the jump's bytes.
+    build_copying(plan, &plan.tail, base, cell).or_else(|why| {
+        if plan.tail.is_empty() {
+            Err(why)
+        } else {
+            build_copying(plan, &[], base, cell)
+        }
+    })
+}
+
+/// [`build`], copying `tail` after the range.
+fn build_copying(
+    plan: &Plan,
+    tail: &[Instruction],
+    base: usize,
+    cell: usize,
+) -> Result<(Vec<u8>, Moves), NotOptimized> {
     let mut code = vec![0xcc_u8; COPY_AT];
     code[CELL_AT..CELL_AT + 8].copy_from_slice(&(cell as u64).to_le_bytes());
     let entry = uprobe_core_jump_entry as *const () as u64;
@@ -295,32 +382,26 @@ pub(crate) fn build(
     // routine, and the way back to the relocated code.
     super::count::prelude(&mut code, CELL_AT, ENTRY_PTR_AT, FAST_AT);
 
-    let mut pieces = Vec::with_capacity(plan.insns.len() + 4);
-    // Which of `pieces` starts the copy of each range instruction.
-    let mut firsts = Vec::with_capacity(plan.insns.len());
-    for insn in &plan.insns {
+    let copied: Vec<&Instruction> = plan.insns.iter().chain(tail).collect();
+    let mut pieces = Vec::with_capacity(copied.len() + 4);
+    // Which of `pieces` starts the copy of each instruction.
+    let mut firsts = Vec::with_capacity(copied.len());
+    for insn in &copied {
         firsts.push(pieces.len());
         let off = insn.ip() as usize - plan.start;
-        let bytes = &plan.bytes[off..off + insn.len()];
-        if matches!(
-            insn.flow_control(),
-            FlowControl::Call | FlowControl::IndirectCall
-        ) {
-            // The callee must return to the probed code: push the
-            // original return address (no flags touched), then jump (an
-            // indirect call's operand read 8 bytes further up if it is
-            // addressed from the stack pointer, which the push moved).
-            pieces.push(Piece::PushAddress(insn.next_ip()));
-            pieces.push(if insn.flow_control() == FlowControl::Call {
-                Piece::Jump(insn.near_branch_target())
-            } else {
-                Piece::CallAsJump(insn, bytes)
-            });
-        } else {
-            pieces.push(Piece::Moved(insn, bytes));
-        }
+        relocated(insn, &plan.bytes[off..off + insn.len()], &mut pieces);
     }
-    pieces.push(Piece::Jump((plan.start + plan.len) as u64));
+    // Back to the code after what was copied, unless the copy ends in a
+    // branch of its own.
+    let last = copied.last().expect("a range has an instruction");
+    if tail.is_empty()
+        || matches!(
+            last.flow_control(),
+            FlowControl::Next | FlowControl::ConditionalBranch
+        )
+    {
+        pieces.push(Piece::Jump(last.next_ip()));
+    }
     let copy = base + COPY_AT;
     let (encoded, starts) =
         relocate::encode(&pieces, copy as u64).ok_or(NotOptimized::NotRelocatable {
@@ -333,13 +414,31 @@ pub(crate) fn build(
     }
     code.extend_from_slice(&encoded);
     super::count::finish(&mut code, base, TRAMPOLINE_SIZE);
-    let moves = plan
-        .insns
+    let moves = copied
         .iter()
         .zip(&firsts)
         .map(|(insn, &k)| (insn.ip() as usize, copy + starts[k] as usize))
         .collect();
     Ok((code, moves))
+}
+
+/// Appends the pieces that run `insn` (its original bytes `bytes`)
+/// relocated: the instruction re-targeted, or for a call, a push of the
+/// original return address and a jump (the callee must return to the
+/// probed code; an indirect call's operand read 8 bytes further up if it
+/// is addressed from the stack pointer, which the push moved).
+fn relocated<'a>(insn: &'a Instruction, bytes: &'a [u8], pieces: &mut Vec<Piece<'a>>) {
+    match insn.flow_control() {
+        FlowControl::Call => {
+            pieces.push(Piece::PushAddress(insn.next_ip()));
+            pieces.push(Piece::Jump(insn.near_branch_target()));
+        }
+        FlowControl::IndirectCall => {
+            pieces.push(Piece::PushAddress(insn.next_ip()));
+            pieces.push(Piece::CallAsJump(insn, bytes));
+        }
+        _ => pieces.push(Piece::Moved(insn, bytes)),
+    }
 }
 
 /// The `jmp rel32` from `start` to trampoline `base`.
@@ -369,4 +468,101 @@ pub(crate) fn unsaved_vector_state() -> Option<&'static str> {
 /// landing pad did needs undoing), and the thread goes on at the copy.
 pub(crate) fn landing_entry(_base: usize) -> usize {
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AT: usize = 0x7f00_0000_1000;
+
+    /// The tail of a punned `nop` at `AT` followed by `after`: where each
+    /// instruction starts, and the plan's end (as offsets from `AT`).
+    fn tail_of(after: &[u8], limit: usize) -> (Vec<usize>, usize) {
+        let mut code = vec![0x90];
+        code.extend_from_slice(after);
+        code.resize(64, 0xcc);
+        let plan = single(AT, &code, AT + limit).unwrap();
+        let starts = plan.tail.iter().map(|i| i.ip() as usize - AT).collect();
+        (starts, plan.end() - AT)
+    }
+
+    #[test]
+    fn a_tail_covers_what_starts_inside_the_jump() {
+        // mov eax, [rdi]; add eax, 1; ret: the add starts at +3, the ret at
+        // +6, past the bytes a jump over the nop can span (+1 to +4).
+        let (starts, end) = tail_of(&[0x8b, 0x07, 0x83, 0xc0, 0x01, 0xc3], 10);
+        assert_eq!((starts, end), (vec![1, 3], 6));
+        // A return ends it: nothing comes back.
+        assert_eq!(tail_of(&[0xc3, 0x55], 10), (vec![1], 2));
+        // pop rbp; ret.
+        assert_eq!(tail_of(&[0x5d, 0xc3], 10), (vec![1, 2], 3));
+        // A conditional branch does not: je +0; nop; nop.
+        assert_eq!(tail_of(&[0x74, 0x00, 0x90, 0x90], 10), (vec![1, 3, 4], 5));
+    }
+
+    #[test]
+    fn a_tail_stops_before_what_cannot_run_relocated_or_reaches_the_limit() {
+        // loop +0: no rel32 form.
+        assert_eq!(tail_of(&[0xe2, 0x00], 10), (vec![], 1));
+        // mov eax, [rdi] would end at +3, past a limit at +2.
+        assert_eq!(tail_of(&[0x8b, 0x07], 2), (vec![], 1));
+        // Bytes that do not decode.
+        assert_eq!(tail_of(&[0x06], 10), (vec![], 1));
+    }
+
+    #[test]
+    fn a_tail_out_of_the_trampolines_reach_is_left_out() {
+        // mov rax, [rip - 0x7fff0000] at +1: its operand is out of rel32
+        // reach from a trampoline 256 MiB above.
+        let mut code = vec![0x90, 0x48, 0x8b, 0x05, 0x00, 0x00, 0x01, 0x80];
+        code.resize(64, 0xcc);
+        let plan = single(AT, &code, AT + 10).unwrap();
+        assert_eq!(plan.tail.len(), 1);
+        let base = AT + 0x1000_0000;
+        let (bytes, moves) = build(&plan, base, 0).unwrap();
+        assert_eq!(moves.iter().map(|&(at, _)| at).collect::<Vec<_>>(), [AT]);
+        let copy = base + COPY_AT;
+        let mut decoder =
+            Decoder::with_ip(64, &bytes[COPY_AT..], copy as u64, DecoderOptions::NONE);
+        assert_eq!(decoder.decode().mnemonic(), Mnemonic::Nop);
+        assert_eq!(decoder.decode().near_branch_target() as usize, AT + 1);
+    }
+
+    #[test]
+    fn an_instruction_of_a_jumps_length_has_no_tail() {
+        let mut code = vec![0x0f, 0x1f, 0x44, 0x00, 0x00, 0x90, 0xc3];
+        code.resize(64, 0xcc);
+        let plan = single(AT, &code, AT + 10).unwrap();
+        assert!(plan.tail.is_empty());
+        assert_eq!(plan.end(), AT + 5);
+    }
+
+    #[test]
+    fn the_trampoline_runs_the_tail_and_knows_where_each_copy_is() {
+        let mut code = vec![0x90, 0x8b, 0x07, 0x83, 0xc0, 0x01, 0xc3];
+        code.resize(64, 0xcc);
+        let plan = single(AT, &code, AT + 10).unwrap();
+        let base = AT + 0x10_0000;
+        let (bytes, moves) = build(&plan, base, 0).unwrap();
+        let origins: Vec<usize> = moves.iter().map(|&(at, _)| at - AT).collect();
+        assert_eq!(origins, [0, 1, 3]);
+        // The copies, in order: nop, the load, the add, then a jump back
+        // to the ret at +6.
+        let copy = base + COPY_AT;
+        let mut decoder =
+            Decoder::with_ip(64, &bytes[COPY_AT..], copy as u64, DecoderOptions::NONE);
+        let insns: Vec<Instruction> = (0..4).map(|_| decoder.decode()).collect();
+        let mnemonics: Vec<Mnemonic> = insns.iter().map(Instruction::mnemonic).collect();
+        assert_eq!(
+            mnemonics,
+            [Mnemonic::Nop, Mnemonic::Mov, Mnemonic::Add, Mnemonic::Jmp]
+        );
+        assert_eq!(insns[3].near_branch_target() as usize, AT + 6);
+        let starts: Vec<usize> = moves.iter().map(|&(_, c)| c).collect();
+        assert_eq!(
+            starts,
+            [insns[0].ip(), insns[1].ip(), insns[2].ip()].map(|a| a as usize)
+        );
+    }
 }
