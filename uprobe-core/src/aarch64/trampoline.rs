@@ -61,9 +61,26 @@ pub(crate) const RA_COLUMN: u8 = 30;
 pub(crate) const SP_COLUMN: u8 = 31;
 pub(crate) const CIE_INSTRUCTIONS: &[u8] = &[0x0c, 31, 0];
 
+/// Whether the stub region must lie within reach of the targets' table:
+/// no, a stub branches to the pad only.
+pub(crate) const STUBS_NEAR_TARGETS: bool = false;
+
+/// Where a thread goes on from the return trampoline: to `original`, the
+/// return address the trampoline returns through. Async-signal-safe.
+pub(crate) fn return_to(regs: &mut SavedRegs, original: usize) {
+    regs.ret = original as u64;
+}
+
 /// Writes the stub region: the pad (to the common trampoline at
-/// `trampoline`), then `stubs` stubs.
-pub(crate) fn write_region(bytes: &mut [u8], _base: usize, stubs: usize, trampoline: usize) {
+/// `trampoline`), then `stubs` stubs (`targets`, the table of original
+/// return addresses, is not needed).
+pub(crate) fn write_region(
+    bytes: &mut [u8],
+    _base: usize,
+    stubs: usize,
+    trampoline: usize,
+    _targets: usize,
+) {
     const LDR_X16_PC_8: u32 = 0x5800_0050;
     const BR_X16: u32 = 0xd61f_0200;
     let brk = u32::from_le_bytes(super::BREAKPOINT);

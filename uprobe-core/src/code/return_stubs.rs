@@ -9,9 +9,11 @@
 //! trampoline. The common trampoline saves the registers a function
 //! returns in (and every other caller-saved one, and the flags), calls
 //! `crate::hit::returns::on_return`, restores them, and returns to the
-//! original return address, which `on_return` wrote where the trampoline
-//! returns through. So the thread is back in its caller with exactly the
-//! registers the function returned with.
+//! original return address: on x86-64 through the stub, whose `jmp`
+//! after its `call` reads it from [`TARGETS`] (the region is mapped
+//! within `rel32` reach of that table), on aarch64 directly (written
+//! where the trampoline returns through). So the thread is back in its
+//! caller with exactly the registers the function returned with.
 //!
 //! **Why a stub per call site.** The stub's index names the original
 //! return address in [`TARGETS`], so returning never depends on per-thread
@@ -34,7 +36,7 @@ use std::sync::OnceLock;
 
 use crate::AttachError;
 use crate::arch::trampoline::{CIE_INSTRUCTIONS, CODE_ALIGN, FIRST_STUB, RA_COLUMN, SP_COLUMN};
-use crate::arch::trampoline::{STUB_SIZE, write_region};
+use crate::arch::trampoline::{STUB_SIZE, STUBS_NEAR_TARGETS, write_region};
 use crate::error::os_error;
 
 /// Call sites a process can have stubs for.
@@ -72,24 +74,40 @@ pub(crate) fn init(trampoline: usize) -> Result<(), AttachError> {
 }
 
 fn map_region(trampoline: usize) -> Result<usize, AttachError> {
-    // SAFETY: a fresh anonymous private mapping.
-    let base = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
+    let targets = TARGETS.as_ptr() as usize;
+    let base = if STUBS_NEAR_TARGETS {
+        super::map_near(targets, REGION_SIZE.next_power_of_two())?
+    } else {
+        // SAFETY: a fresh anonymous private mapping.
+        let base = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                REGION_SIZE,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(os_error("mmap(return trampoline stubs)"));
+        }
+        base as usize
+    };
+    // SAFETY: our fresh mapping, no thread runs it yet.
+    if unsafe {
+        libc::mprotect(
+            base as *mut _,
             REGION_SIZE,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
         )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(os_error("mmap(return trampoline stubs)"));
+    } != 0
+    {
+        return Err(os_error("mprotect(return trampoline stubs)"));
     }
-    let base = base as usize;
     // SAFETY: the region is ours, writable, REGION_SIZE bytes.
     let bytes = unsafe { core::slice::from_raw_parts_mut(base as *mut u8, REGION_SIZE) };
-    write_region(bytes, base, MAX_STUBS, trampoline);
+    write_region(bytes, base, MAX_STUBS, trampoline, targets);
     // SAFETY: our mapping; from now on it is only executed and read.
     if unsafe {
         libc::mprotect(

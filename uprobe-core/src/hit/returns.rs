@@ -493,8 +493,9 @@ fn uncharge(
 }
 
 /// Called by the trampoline when a hijacked function returns. Runs the
-/// return handlers of the frame's instances and sets `regs.ret` to the
-/// original return address. Async-signal-safe.
+/// return handlers of the frame's instances and sends the thread on to
+/// the original return address (`arch::trampoline::return_to`).
+/// Async-signal-safe.
 pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::SavedVector) {
     let Some(original) = return_stubs::target_of(regs.ret as usize) else {
         // Only a stub's `call` enters the trampoline, and stubs always
@@ -537,7 +538,7 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
         }
         leave(was_inside);
     }
-    regs.ret = original as u64;
+    trampoline::return_to(regs, original);
 }
 
 /// Pending returns of the calling thread (for tests). Async-signal-safe.

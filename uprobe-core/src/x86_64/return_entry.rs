@@ -3,10 +3,10 @@
 //! `super::timing`'s return routine, which handles a timing probe's
 //! return itself and jumps here for every other); it saves the
 //! caller-saved registers (`super::trampoline::SavedRegs`) and
-//! `xmm0`-`xmm15`, hands them to `crate::hit::returns::on_return`, which
-//! writes the original return address into the slot the stub's `call`
-//! pushed, restores them (the flags without `popfq`, as the jump entry
-//! does) and `ret`s through that slot.
+//! `xmm0`-`xmm15`, hands them to `crate::hit::returns::on_return`,
+//! restores them (the flags without `popfq`, as the jump entry does) and
+//! `ret`s through the slot the stub's `call` pushed, back to the stub,
+//! whose `jmp` goes on to the original return address.
 
 use super::trampoline::{SavedRegs, SavedXmm, restore_xmm, save_xmm};
 
@@ -87,8 +87,7 @@ pub(crate) fn trampoline() -> usize {
     super::timing::return_routine()
 }
 
-/// What the trampoline calls: hands the saved registers to the engine,
-/// which writes the original return address into `regs.ret`.
+/// What the trampoline calls: hands the saved registers to the engine.
 extern "C" fn trampoline_entry(regs: &mut SavedRegs, xmm: &mut SavedXmm) {
     crate::hit::returns::on_return(regs, xmm);
 }

@@ -41,8 +41,8 @@
 //! (`lzcnt`) and adds one to it in the current CPU's cell, inside a
 //! restartable sequence that first reads the call's switch (nothing if it
 //! is off, or on in another generation), and pops the call; then it
-//! returns to the stub's target. A thread without a restartable sequence goes to
-//! the engine. Anything else goes to `uprobe_core_return_trampoline`
+//! returns to the stub, whose `jmp` goes on to the stub's target. A
+//! thread without a restartable sequence goes to the engine. Anything else goes to `uprobe_core_return_trampoline`
 //! with every register and flag as it was.
 //!
 //! Both are off (straight to the engine) until [`enable`] fills in
@@ -451,14 +451,8 @@ core::arch::global_asm!(
     "shl rax, {entry_shift}",
     "cmp [rsi + {timed} + {entries} - {entry_size} + rax], r8",
     "je 3b",
-    // Back to the stub's target.
+    // Back to the stub, whose `jmp` goes on to its target.
     "5:",
-    "mov rax, [r8]",
-    "sub rax, [rip + {params} + {p_first_stub}]",
-    "shr rax, 4",
-    "lea rcx, [rip + {targets}]",
-    "mov rax, [rcx + rax * 8]",
-    "mov [r8], rax",
     restore_for_return!(),
     "ret",
     // The engine's: everything back as it was, then its trampoline.
@@ -486,8 +480,6 @@ core::arch::global_asm!(
     p_area = const core::mem::offset_of!(Params, area),
     p_cpus = const core::mem::offset_of!(Params, cpus),
     p_mult = const core::mem::offset_of!(Params, mult),
-    p_first_stub = const core::mem::offset_of!(Params, first_stub),
-    targets = sym TARGETS,
     r_depth = const returns::DEPTH_AT,
     instances = const returns::INSTANCES_AT,
     instance_size = const returns::INSTANCE_SIZE,
