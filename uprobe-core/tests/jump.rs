@@ -974,6 +974,20 @@ extern "C" fn on_segv(_sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_
     uc.uc_mcontext.gregs[libc::REG_RDI as usize] = (&raw const VALID) as i64;
 }
 
+/// Installs [`on_segv`] as the process's SIGSEGV handler: a test's own,
+/// before the engine's fault handlers (installed at the process's first
+/// attach), which chain to it.
+fn install_on_segv() {
+    // SAFETY: a zeroed sigaction is valid; the handler has the SA_SIGINFO
+    // signature.
+    unsafe {
+        let mut sa: libc::sigaction = core::mem::zeroed();
+        sa.sa_sigaction = on_segv as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigaction(libc::SIGSEGV, &raw const sa, core::ptr::null_mut());
+    }
+}
+
 /// A fault raised by a relocated instruction reaches the program's
 /// handler at the original instruction, and a handler that returns to
 /// retry it finishes the call.
@@ -985,14 +999,7 @@ fn a_fault_in_a_trampoline_is_reported_at_the_original_instruction() {
     test_support::in_own_process(
         "a_fault_in_a_trampoline_is_reported_at_the_original_instruction",
         || {
-            // SAFETY: installing a handler of the test's own for SIGSEGV before
-            // the engine's (which chains to it).
-            unsafe {
-                let mut sa: libc::sigaction = core::mem::zeroed();
-                sa.sa_sigaction = on_segv as *const () as libc::sighandler_t;
-                sa.sa_flags = libc::SA_SIGINFO;
-                libc::sigaction(libc::SIGSEGV, &raw const sa, core::ptr::null_mut());
-            }
+            install_on_segv();
             let probe = at_entry(j_park).attach().unwrap();
             assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
             // j_park loads from its argument at j_park + 1.
@@ -1012,13 +1019,7 @@ fn a_fault_in_a_punned_jumps_tail_is_reported_at_its_instruction() {
     test_support::in_own_process(
         "a_fault_in_a_punned_jumps_tail_is_reported_at_its_instruction",
         || {
-            // SAFETY: as above.
-            unsafe {
-                let mut sa: libc::sigaction = core::mem::zeroed();
-                sa.sa_sigaction = on_segv as *const () as libc::sighandler_t;
-                sa.sa_flags = libc::SA_SIGINFO;
-                libc::sigaction(libc::SIGSEGV, &raw const sa, core::ptr::null_mut());
-            }
+            install_on_segv();
             let at = fn_addr(j_tail_load);
             let probe = common::probe_at(at).attach().unwrap();
             assert!(

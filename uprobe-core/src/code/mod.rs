@@ -108,6 +108,26 @@ pub(crate) fn map_near(addr: usize, size: usize) -> Result<usize, AttachError> {
     })
 }
 
+/// Maps `size` bytes, readable and executable, wherever the kernel likes;
+/// `what` names them in the error. Not async-signal-safe.
+pub(crate) fn map_anywhere(size: usize, what: &'static str) -> Result<usize, AttachError> {
+    // SAFETY: a fresh anonymous mapping.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_error(what));
+    }
+    Ok(p as usize)
+}
+
 /// Maps `size` bytes at `base`, readable and executable, never over
 /// anything (`MAP_FIXED_NOREPLACE`); whether it did. Not
 /// async-signal-safe.

@@ -78,21 +78,7 @@ fn map_region(trampoline: usize) -> Result<usize, AttachError> {
     let base = if STUBS_NEAR_TARGETS {
         super::map_near(targets, REGION_SIZE.next_power_of_two())?
     } else {
-        // SAFETY: a fresh anonymous private mapping.
-        let base = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                REGION_SIZE,
-                libc::PROT_READ | libc::PROT_EXEC,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(os_error("mmap(return trampoline stubs)"));
-        }
-        base as usize
+        super::map_anywhere(REGION_SIZE, "mmap(return trampoline stubs)")?
     };
     // SAFETY: our fresh mapping, no thread runs it yet.
     if unsafe {

@@ -30,7 +30,6 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use pcpu_freelist::FreeList;
 
 use crate::AttachError;
-use crate::error::os_error;
 
 use super::{REACH, REGION_SIZE, map_near, write_code};
 use crate::arch::SLOT_SIZE;
@@ -253,21 +252,7 @@ fn write_slot(slot: usize, code: &[u8]) -> Result<(), AttachError> {
 
 /// Maps a region of slots wherever the kernel likes.
 fn map_region_anywhere() -> Result<Region, AttachError> {
-    // SAFETY: a fresh anonymous mapping.
-    let p = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            REGION_SIZE,
-            libc::PROT_READ | libc::PROT_EXEC,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(os_error("mmap (out-of-line slots)"));
-    }
-    let base = p as usize;
+    let base = super::map_anywhere(REGION_SIZE, "mmap (out-of-line slots)")?;
     publish_region(base)?;
     Ok(Region {
         base,
