@@ -898,6 +898,17 @@ fn a_thread_parked_inside_the_range_is_moved_before_the_jump_is_written() {
     assert_eq!(probe.hits(), 1);
 }
 
+/// Attaches `probe`, which must take a jump punned over `written` bytes.
+fn attach_punned(probe: Uprobe, written: u8) -> uprobe_core::Probe {
+    let probe = probe.attach().unwrap();
+    assert!(
+        matches!(probe.mode(), Mode::Jump(Tactic::Pun { written: w, .. }) if w == written),
+        "{:?}",
+        probe.mode()
+    );
+    probe
+}
+
 /// A thread parked on the very instruction a jump is punned over (its
 /// load waits for a missing page): it restarts the instruction once the
 /// page comes, which now runs through the jump and the relocated load.
@@ -914,12 +925,7 @@ fn a_thread_parked_on_a_punned_instruction_runs_through_the_jump() {
             let parked = std::thread::spawn(move || call(j_park, page as u64));
             uffd::wait_fault(fd);
             // `mov eax, [rdi]` (2 bytes) at j_park + 1, where the thread waits.
-            let probe = Uprobe::at(fn_addr(j_park) + 1).unwrap().attach().unwrap();
-            assert!(
-                matches!(probe.mode(), Mode::Jump(Tactic::Pun { written: 2, .. })),
-                "{:?}",
-                probe.mode()
-            );
+            let probe = attach_punned(Uprobe::at(fn_addr(j_park) + 1).unwrap(), 2);
             uffd::fill(fd, page, 41);
             assert_eq!(parked.join().unwrap(), 42);
             assert_eq!(probe.hits(), 1, "the restarted load ran through the jump");
@@ -1021,12 +1027,7 @@ fn a_fault_in_a_punned_jumps_tail_is_reported_at_its_instruction() {
         || {
             install_on_segv();
             let at = fn_addr(j_tail_load);
-            let probe = common::probe_at(at).attach().unwrap();
-            assert!(
-                matches!(probe.mode(), Mode::Jump(Tactic::Pun { written: 1, .. })),
-                "{:?}",
-                probe.mode()
-            );
+            let probe = attach_punned(common::probe_at(at), 1);
             assert_eq!(call(j_tail_load, (&raw const VALID) as u64), 10);
             assert_eq!(FAULT_RIP.load(SeqCst), 0);
             // The load at j_tail_load + 1 faults, in the tail.
@@ -1046,12 +1047,7 @@ fn a_probe_in_a_punned_jumps_tail_takes_the_jump_back() {
     // Its own process: hits are exact.
     test_support::in_own_process("a_probe_in_a_punned_jumps_tail_takes_the_jump_back", || {
         let at = fn_addr(j_tail_wide);
-        let outer = common::probe_at(at).attach().unwrap();
-        assert!(
-            matches!(outer.mode(), Mode::Jump(Tactic::Pun { written: 2, .. })),
-            "{:?}",
-            outer.mode()
-        );
+        let outer = attach_punned(common::probe_at(at), 2);
         assert_eq!(call(j_tail_wide, 4), 7);
         let inner = common::probe_at(at + 5).attach().unwrap();
         assert_eq!(

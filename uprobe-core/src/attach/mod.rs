@@ -109,7 +109,7 @@ pub(crate) unsafe fn attach_many(
     // Counted before the service threads are asked for, uncounted below
     // for the items that do not end up attached.
     let with_returns =
-        |items: &[(usize, Arc<Consumer>)]| items.iter().filter(|(_, c)| c.tracks_returns()).count();
+        |items: &[(usize, Arc<Consumer>)]| items.iter().filter(|(_, c)| c.returns).count();
     if items.iter().any(|(_, c)| c.switch.is_some()) {
         crate::clock::init();
     }
@@ -415,7 +415,7 @@ pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), Attach
         // have read one on.
         pcpu::rseq::fence_all();
     }
-    let with_returns = items.iter().filter(|(_, c)| c.tracks_returns()).count();
+    let with_returns = items.iter().filter(|(_, c)| c.returns).count();
     collect(garbage, &table, with_returns > 0);
     // Past the grace period no hit of these consumers takes a lease: with
     // the last return consumer gone, the service threads may end.

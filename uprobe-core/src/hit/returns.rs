@@ -349,16 +349,24 @@ pub(crate) unsafe fn prepare(
     // of the thread gets here meanwhile (it is inside the engine).
     debug_assert!(unsafe { &*slot }.is_none());
     let held = match hold_mode() {
-        ReturnHold::Lease => tr.block.lease(&probe.cell).ok().map(|l| {
-            // SAFETY: as above.
-            unsafe { slot.write(Some(Hold::Lease(l.into_raw()))) };
-        }),
-        ReturnHold::Refcount => probe.cell.get().map(|part| {
-            // SAFETY: as above.
-            unsafe { slot.write(Some(Hold::Reference(part))) };
-        }),
+        ReturnHold::Lease => tr
+            .block
+            .lease(&probe.cell)
+            .map(|l| {
+                // SAFETY: as above.
+                unsafe { slot.write(Some(Hold::Lease(l.into_raw()))) };
+            })
+            .is_ok(),
+        ReturnHold::Refcount => probe
+            .cell
+            .get()
+            .map(|part| {
+                // SAFETY: as above.
+                unsafe { slot.write(Some(Hold::Reference(part))) };
+            })
+            .is_some(),
     };
-    if held.is_none() {
+    if !held {
         // Detached meanwhile (or a full block, which the depth rules out).
         uncharge(probe.in_flight.as_ref(), &probe.counters, charged, pinned);
         return;

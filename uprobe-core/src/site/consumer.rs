@@ -81,12 +81,6 @@ impl Consumer {
         }
     }
 
-    /// Whether hits track the function's return: a return probe, or a
-    /// timing probe.
-    pub(crate) fn tracks_returns(&self) -> bool {
-        self.returns
-    }
-
     /// Hits counted: by the full path and by the trampolines' own
     /// counting. Async-signal-safe.
     pub(crate) fn hits(&self) -> u64 {

@@ -42,8 +42,9 @@
 //! restartable sequence that first reads the call's switch (nothing if it
 //! is off, or on in another generation), and pops the call; then it
 //! returns to the stub, whose `jmp` goes on to the stub's target. A
-//! thread without a restartable sequence goes to the engine. Anything else goes to `uprobe_core_return_trampoline`
-//! with every register and flag as it was.
+//! thread without a restartable sequence goes to the engine. Anything
+//! else goes to `uprobe_core_return_trampoline` with every register and
+//! flag as it was.
 //!
 //! Both are off (straight to the engine) until [`enable`] fills in
 //! [`PARAMS`]: where trampolines count (BMI2, rseq with fences), the TSC
