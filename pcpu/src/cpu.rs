@@ -35,16 +35,66 @@ pub fn current_cpu() -> usize {
     }
     #[cfg(not(pcpu_loom))]
     {
-        if let Some(off) = crate::rseq_area::offset() {
-            let id = crate::rseq_area::read_cpu_id(off);
-            // -1 (not registered yet) and -2 (registration failed) are
-            // negative: take the slow path for those.
-            if id < 0x8000_0000 {
-                return id as usize;
-            }
-        }
-        sched_getcpu()
+        rseq_cpu().unwrap_or_else(sched_getcpu)
     }
+}
+
+/// The CPU id from this thread's rseq area, if glibc registered one.
+/// Async-signal-safe.
+#[cfg(not(pcpu_loom))]
+#[inline]
+fn rseq_cpu() -> Option<usize> {
+    let id = crate::rseq_area::read_cpu_id(crate::rseq_area::offset()?);
+    // -1 (not registered yet) and -2 (registration failed) are negative:
+    // the caller takes its slow path for those.
+    (id < 0x8000_0000).then_some(id as usize)
+}
+
+/// The CPU id [`PerCpu`](crate::PerCpu) picks the calling thread's slot
+/// by: [`current_cpu()`] wherever that costs a load or a vDSO call. Where
+/// it would cost a system call (no rseq area, on an architecture without
+/// a vDSO `getcpu`: aarch64 among them), the id this thread read last,
+/// read again every 64 calls: a slot is then "its CPU's" only
+/// approximately, which costs contention at worst (every slot is written
+/// atomically on that path), never correctness. Async-signal-safe (a
+/// `const`-initialised thread-local without a destructor).
+#[inline]
+pub(crate) fn slot_cpu() -> usize {
+    #[cfg(any(pcpu_loom, target_arch = "x86_64"))]
+    {
+        current_cpu()
+    }
+    #[cfg(not(any(pcpu_loom, target_arch = "x86_64")))]
+    {
+        rseq_cpu().unwrap_or_else(cached_cpu)
+    }
+}
+
+/// How many calls of [`slot_cpu`] reuse the id it read with a system call.
+#[cfg(not(any(pcpu_loom, target_arch = "x86_64")))]
+const HINT_USES: u64 = 64;
+
+/// [`sched_getcpu()`], asked once every `HINT_USES` calls per thread.
+/// A signal handler that runs between the load and the store below only
+/// makes the id it stored be replaced: a hint either way.
+/// Async-signal-safe.
+#[cfg(not(any(pcpu_loom, target_arch = "x86_64")))]
+fn cached_cpu() -> usize {
+    use std::cell::Cell;
+    std::thread_local! {
+        /// The id read last (high half) and the uses it has left (low).
+        static HINT: Cell<u64> = const { Cell::new(0) };
+    }
+    HINT.with(|hint| {
+        let v = hint.get();
+        if v & 0xffff_ffff != 0 {
+            hint.set(v - 1);
+            return (v >> 32) as usize;
+        }
+        let cpu = sched_getcpu();
+        hint.set((cpu as u64) << 32 | (HINT_USES - 1));
+        cpu
+    })
 }
 
 /// `sched_getcpu()`, or CPU 0 where the call fails (it cannot on Linux

@@ -2,7 +2,7 @@
 
 use crossbeam_utils::CachePadded;
 
-use crate::cpu::{current_cpu, possible_cpus};
+use crate::cpu::{possible_cpus, slot_cpu};
 
 /// One cache-padded `T` per possible CPU, plus one *overflow* slot shared by
 /// every CPU id at or above [`possible_cpus()`] (hotplug beyond the boot-time
@@ -61,14 +61,18 @@ impl<T> PerCpu<T> {
         cpu.min(self.cpus())
     }
 
-    /// The slot index of the calling thread's current CPU. Async-signal-safe.
+    /// The slot index of the calling thread's current CPU
+    /// ([`current_cpu()`](crate::current_cpu); where reading that costs a
+    /// system call, as on aarch64 without an rseq area, the CPU the thread
+    /// read last, read again every 64 calls). Async-signal-safe.
     #[inline]
     #[must_use]
     pub fn current_index(&self) -> usize {
-        self.index_of(current_cpu())
+        self.index_of(slot_cpu())
     }
 
-    /// The calling thread's current CPU's slot. Async-signal-safe.
+    /// The calling thread's current CPU's slot (as picked by
+    /// [`current_index`](Self::current_index)). Async-signal-safe.
     #[inline]
     #[must_use]
     pub fn current(&self) -> &T {

@@ -85,6 +85,36 @@ fn current_cpu_is_within_the_affinity_mask() {
 }
 
 #[test]
+fn a_threads_slot_follows_it_to_another_cpu() {
+    // Where reading the CPU id costs a system call (aarch64 without an
+    // rseq area, qemu-user), the slot is the CPU read at most 64 uses ago:
+    // after 64 uses on a CPU it is that CPU's.
+    let slots = PerCpu::<AtomicU64>::default();
+    std::thread::spawn(move || {
+        for cpu in (0..pcpu::possible_cpus()).rev() {
+            // SAFETY: cpu_set_t is plain data.
+            let pinned = unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) == 0
+            };
+            if pinned {
+                std::thread::yield_now();
+                for _ in 0..64 {
+                    slots.current().fetch_add(1, Relaxed);
+                }
+                assert_eq!(slots.current_index(), slots.index_of(cpu));
+            }
+        }
+        let total: u64 = slots.iter().map(|c| c.load(Relaxed)).sum();
+        assert_eq!(total % 64, 0);
+        assert!(total > 0, "pinned to no CPU");
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
 fn gated_adds_stop_once_the_gate_is_set_and_fenced() {
     use pcpu::rseq::{GatedAdd, add_if_zero, fence_all};
     use std::sync::atomic::{AtomicBool, AtomicU32};
