@@ -99,7 +99,7 @@ pub(crate) fn enable() -> bool {
     let lzcnt = core::arch::x86_64::__cpuid(0x8000_0000).eax >= 0x8000_0001
         && core::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 5) != 0;
     let (Some(scale), Some(adder), first_stub) = (
-        crate::clock::tsc(),
+        crate::clock::counter(),
         pcpu::rseq::GatedAdder::get(),
         FIRST_STUB_AT.load(Ordering::Acquire),
     ) else {
