@@ -14,7 +14,7 @@ mod srcu;
 mod tally;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod uprobe;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod uretprobe;
 
 use crate::harness::Scenario;
@@ -35,7 +35,7 @@ pub fn all() -> Vec<Scenario> {
         freelist::OVERSUB,
         sigpending::SIGNAL1,
         sigpending::TASKFLAG,
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         uprobe::NOP,
         #[cfg(target_arch = "x86_64")]
         uprobe::PUSH,
@@ -49,11 +49,11 @@ pub fn all() -> Vec<Scenario> {
         uprobe::ENTRY,
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         uprobe::COUNT,
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         uretprobe::NOP,
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         uretprobe::LIFETIME,
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         uretprobe::ENTRY,
     ]
 }

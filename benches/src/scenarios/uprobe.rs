@@ -3,8 +3,9 @@
 //! function, with the engine's probe (`uprobe-core`), with a real kernel
 //! uprobe (`kernel`, on a copy of the function the engine never patches),
 //! and unprobed (`none`): the trig-uprobe-* benchmarks of the kernel's
-//! selftests. On aarch64, `uprobe-entry` and `uprobe-count` only (a
-//! function that pushes and pops a frame record).
+//! selftests. On aarch64, `uprobe-nop` (`nop; ret`), `uprobe-entry` and
+//! `uprobe-count` (a function that pushes and pops a frame record): the
+//! others probe x86-64 forms.
 
 use std::ffi::CString;
 
@@ -40,12 +41,6 @@ macro_rules! prologue_function {
 core::arch::global_asm!(
     ".text",
     // The engine's targets.
-    ".globl bench_u_nop",
-    ".type bench_u_nop, @function",
-    "bench_u_nop:",
-    "nop",
-    "ret",
-    ".size bench_u_nop, . - bench_u_nop",
     ".globl bench_u_push",
     ".type bench_u_push, @function",
     "bench_u_push:",
@@ -66,12 +61,6 @@ core::arch::global_asm!(
     ".size bench_u_riprel, . - bench_u_riprel",
     // The kernel's copies (a kernel uprobe writes its own int3 into the
     // page; removing it restores the file's bytes, which would erase ours).
-    ".globl bench_k_nop",
-    ".type bench_k_nop, @function",
-    "bench_k_nop:",
-    "nop",
-    "ret",
-    ".size bench_k_nop, . - bench_k_nop",
     ".globl bench_k_push",
     ".type bench_k_push, @function",
     "bench_k_push:",
@@ -113,6 +102,25 @@ core::arch::global_asm!(
     ".text",
 );
 
+// uprobe-nop's function and the kernel's copy (a kernel uprobe writes
+// its own breakpoint into the page; removing it restores the file's
+// bytes, which would erase the engine's): the same on both architectures.
+core::arch::global_asm!(
+    ".text",
+    ".globl bench_u_nop",
+    ".type bench_u_nop, %function",
+    "bench_u_nop:",
+    "nop",
+    "ret",
+    ".size bench_u_nop, . - bench_u_nop",
+    ".globl bench_k_nop",
+    ".type bench_k_nop, %function",
+    "bench_k_nop:",
+    "nop",
+    "ret",
+    ".size bench_k_nop, . - bench_k_nop",
+);
+
 // aarch64: uprobe-entry's function (a frame record pushed and popped, as
 // compilers write a prologue) and the kernel's copy.
 #[cfg(target_arch = "aarch64")]
@@ -138,11 +146,14 @@ core::arch::global_asm!(
     ".size bench_k_entry, . - bench_k_entry",
 );
 
-#[cfg(target_arch = "x86_64")]
 unsafe extern "C" {
     fn bench_u_nop();
-    fn bench_u_push();
     fn bench_k_nop();
+}
+
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" {
+    fn bench_u_push();
     fn bench_k_push();
     fn bench_u_ret();
     fn bench_k_ret();
@@ -189,7 +200,6 @@ pub const COUNT: Scenario = Scenario {
     build: build_entry,
 };
 
-#[cfg(target_arch = "x86_64")]
 pub const NOP: Scenario = Scenario {
     name: "uprobe-nop",
     about: "call a function whose first instruction (a one-byte nop) is probed, one counting consumer: uprobe-core puns a jump over it (the jump's displacement runs into the bytes after it), +trap keeps the breakpoint; uprobe-core+percpu-rwsem / +rwlock: on the breakpoint, the table lookup under percpu-rwsem (seed 001) or a RwLock instead of SRCU",
@@ -234,7 +244,6 @@ pub const RIPREL: Scenario = Scenario {
     build: build_riprel,
 };
 
-#[cfg(target_arch = "x86_64")]
 fn build_nop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
     build(imp, bench_u_nop, bench_k_nop)
 }

@@ -21,14 +21,14 @@ use crate::harness::{Scenario, Workload};
 core::arch::global_asm!(
     ".text",
     ".globl bench_u_rnop",
-    ".type bench_u_rnop, @function",
+    ".type bench_u_rnop, %function",
     "bench_u_rnop:",
     "nop",
     "ret",
     ".size bench_u_rnop, . - bench_u_rnop",
     // The kernel's copy (its uprobe writes its own int3 into the page).
     ".globl bench_k_rnop",
-    ".type bench_k_rnop, @function",
+    ".type bench_k_rnop, %function",
     "bench_k_rnop:",
     "nop",
     "ret",
@@ -56,7 +56,7 @@ pub const LIFETIME: Scenario = Scenario {
 
 pub const ENTRY: Scenario = Scenario {
     name: "uretprobe-entry",
-    about: "call uprobe-entry's function (a real prologue: push rbp; mov rbp, rsp; push rbx; ...) with a return probe, one counting return handler: uprobe-core enters through a jump and returns through the plain-code trampoline (no signal at all), +trap enters by a breakpoint; +time: a timing probe instead (no handler: each call counted and its time to return added to a log2 histogram, by the entry routine and the return trampoline themselves); the kernel's uretprobe",
+    about: "call uprobe-entry's function (a real prologue: push rbp; mov rbp, rsp; push rbx; ...; on aarch64 a frame record pushed) with a return probe, one counting return handler: uprobe-core enters through a jump and returns through the plain-code trampoline (no signal at all), +trap enters by a breakpoint; +time: a timing probe instead (no handler: each call counted and its time to return added to a log2 histogram, by the entry routine and the return trampoline themselves); the kernel's uretprobe",
     impls: &[
         "uprobe-core",
         "uprobe-core+time",
