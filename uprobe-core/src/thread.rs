@@ -288,26 +288,29 @@ pub(crate) fn in_trap_handler() -> bool {
 }
 
 /// Aborts (with a message) if a consumer panics: unwinding through the
-/// signal frame is undefined behaviour. Remembers whether the interrupted
-/// code was itself unwinding (a panic allocates, so a probe on `malloc`
-/// can hit in the middle of one): only a new panic aborts.
-pub(crate) struct AbortOnUnwind {
-    was_panicking: bool,
-}
+/// signal frame or the trampoline is undefined behaviour. Made before a
+/// handler runs and [`disarm`](Self::disarm)ed after it returns, so its
+/// `drop` runs only when a panic unwinds through the frame holding it: a
+/// new panic, raised below it (not one the interrupted code was already
+/// unwinding: a panic allocates, so a probe on `malloc` can hit in the
+/// middle of one). The path that does not unwind checks nothing.
+pub(crate) struct AbortOnUnwind(());
 
 impl AbortOnUnwind {
+    /// Armed. Async-signal-safe.
     pub(crate) fn new() -> Self {
-        Self {
-            was_panicking: std::thread::panicking(),
-        }
+        Self(())
+    }
+
+    /// The handler returned: nothing to abort for. Async-signal-safe.
+    pub(crate) fn disarm(self) {
+        core::mem::forget(self);
     }
 }
 
 impl Drop for AbortOnUnwind {
     fn drop(&mut self) {
-        if std::thread::panicking() && !self.was_panicking {
-            fatal(b"uprobe-core: a probe handler panicked; aborting\n");
-        }
+        fatal(b"uprobe-core: a probe handler panicked; aborting\n");
     }
 }
 

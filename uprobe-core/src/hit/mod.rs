@@ -34,7 +34,7 @@ pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool
         nested(site);
         return false;
     }
-    let _abort = AbortOnUnwind::new();
+    let abort = AbortOnUnwind::new();
     // SAFETY: lists are freed only after a grace period, and we are in a
     // read section.
     let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
@@ -44,6 +44,7 @@ pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool
         }
         all => run_each(all, site.addr, frame),
     };
+    abort.disarm();
     leave(false);
     ip_changed
 }

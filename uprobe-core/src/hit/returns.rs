@@ -546,13 +546,14 @@ pub(crate) fn on_return(regs: &mut trampoline::SavedRegs, xmm: &mut trampoline::
                         return;
                     }
                     part.counters.returns.add(1);
-                    let _abort = AbortOnUnwind::new();
+                    let abort = AbortOnUnwind::new();
                     let call = Returned {
                         func: inst.func.get(),
                         ret: original,
                         cookie: inst.cookie.get(),
                     };
                     part.handler.run(regs, xmm, call);
+                    abort.disarm();
                 });
             });
         }
