@@ -24,6 +24,11 @@ core::arch::global_asm!(
     "nop",
     "lea rax, [rdi + 2]",
     "ret",
+    ".globl l_filtered",
+    "l_filtered:",
+    "nop",
+    "lea rax, [rdi + 3]",
+    "ret",
 );
 #[cfg(target_arch = "aarch64")]
 core::arch::global_asm!(
@@ -40,11 +45,17 @@ core::arch::global_asm!(
     "nop",
     "add x0, x0, #2",
     "ret",
+    ".globl l_filtered",
+    "l_filtered:",
+    "nop",
+    "add x0, x0, #3",
+    "ret",
 );
 
 unsafe extern "C" {
     fn l_hot(x: u64) -> u64;
     fn l_fork(x: u64) -> u64;
+    fn l_filtered(x: u64) -> u64;
 }
 
 /// Threads call `l_hot` in a loop while the main thread attaches and
@@ -90,6 +101,40 @@ fn probing_malloc_of_this_process() {
     assert!(SIZES.load(SeqCst) >= 12_345 + 777);
     // Other threads allocate freely meanwhile.
     std::thread::spawn(|| drop(vec![1u8; 4096])).join().unwrap();
+}
+
+/// A probe for one thread, alone on its site, runs its handler for that
+/// thread's hits only, through the jump as on the breakpoint (the
+/// trampoline's shortcut to a site's only consumer is for consumers
+/// without a thread filter).
+#[test]
+fn a_thread_filter_holds_through_a_jump() {
+    static RAN: AtomicU64 = AtomicU64::new(0);
+    for trap in [false, true] {
+        let probe = probe_at(fn_addr(l_filtered)).only_thread(uprobe_core_tid());
+        let probe = if trap { probe.trap_only() } else { probe };
+        let probe = probe
+            .on_entry(|_| {
+                RAN.fetch_add(1, SeqCst);
+            })
+            .attach()
+            .unwrap();
+        assert_eq!(probe.mode().is_jump(), !trap, "{:?}", probe.mode());
+        let before = RAN.load(SeqCst);
+        std::thread::spawn(|| {
+            for i in 0..100 {
+                assert_eq!(call(l_filtered, i), i + 3);
+            }
+        })
+        .join()
+        .unwrap();
+        for i in 0..10 {
+            assert_eq!(call(l_filtered, i), i + 3);
+        }
+        assert_eq!(RAN.load(SeqCst) - before, 10, "trap: {trap}");
+        assert_eq!(probe.hits(), 10, "trap: {trap}");
+        probe.detach().unwrap();
+    }
 }
 
 fn uprobe_core_tid() -> i32 {

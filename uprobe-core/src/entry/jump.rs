@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::hit::run_consumers;
+use crate::hit::{run_consumers, run_one_consumer};
 use crate::site::jump::JumpCell;
 use crate::table::lookup::with_read_side;
 
@@ -16,6 +16,13 @@ use crate::table::lookup::with_read_side;
 pub(crate) fn on_jump(cell: &JumpCell, frame: &mut crate::arch::Frame) -> bool {
     crate::arch::set_frame_pc(frame, cell.addr);
     with_read_side(|| {
+        let one = cell.one.load(Ordering::Acquire);
+        if !one.is_null() {
+            // SAFETY: the consumer is in a list that is retired, after
+            // a grace period, only once the cell no longer names it; we
+            // are in a read section.
+            return run_one_consumer(unsafe { &*one }, cell, frame);
+        }
         let site = cell.site.load(Ordering::Acquire);
         // SAFETY: a site named by a cell is freed only after the cell was
         // cleared and a grace period passed; we are in a read section.

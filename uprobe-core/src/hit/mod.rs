@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering;
 
 use crate::site::Site;
 use crate::site::consumer::Consumer;
+use crate::site::jump::JumpCell;
 use crate::thread::{AbortOnUnwind, current_tid, enter, leave, observed};
 
 /// Runs the consumers of `site` with the registers `frame` (unless the
@@ -44,6 +45,32 @@ pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool
         }
         all => run_each(all, site.addr, frame),
     };
+    abort.disarm();
+    leave(false);
+    ip_changed
+}
+
+/// [`run_consumers`] for a trampoline whose cell names its site's only
+/// consumer, which has no thread filter (`JumpCell::one`): the same,
+/// without loading the site and its list on the way (the site only for
+/// a nested hit, to count it as missed). Async-signal-safe; inside a
+/// read section of the table's domain.
+#[inline]
+pub(crate) fn run_one_consumer(
+    c: &Consumer,
+    cell: &JumpCell,
+    frame: &mut crate::arch::Frame,
+) -> bool {
+    if enter() {
+        let site = cell.site.load(Ordering::Acquire);
+        if !site.is_null() {
+            // SAFETY: as in `crate::entry::jump::on_jump`.
+            nested(unsafe { &*site });
+        }
+        return false;
+    }
+    let abort = AbortOnUnwind::new();
+    let ip_changed = !c.removed.load(Ordering::Relaxed) && run_one(c, cell.addr, frame);
     abort.disarm();
     leave(false);
     ip_changed

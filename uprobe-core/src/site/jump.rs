@@ -19,6 +19,14 @@ pub(crate) struct JumpCell {
     pub(crate) addr: usize,
     /// The site (null: detached).
     pub(crate) site: AtomicPtr<Site>,
+    /// The site's consumer when it is the only one and has no thread
+    /// filter (null otherwise: the hit goes through the site's list).
+    /// Two loads fewer on the way to the handler, which is most of what
+    /// a hit waits for: each is a step of one chain of dependent loads.
+    /// Set before the list holding it is published, and cleared or
+    /// replaced before that list is retired, so a read section that
+    /// loaded it finds it alive, like the list (see `Site::publish_list`).
+    pub(crate) one: AtomicPtr<super::consumer::Consumer>,
     /// Where a hit is counted without running the engine, when the site's
     /// only consumer is a counting probe (null: every hit runs the
     /// engine). See [`super::count`].

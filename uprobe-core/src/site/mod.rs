@@ -187,11 +187,18 @@ impl Site {
     }
 }
 
-/// Points `cell`'s fast path at what `list` (the site's consumers now)
-/// allows: the [`count::FastCount`] of its only consumer if that one only
-/// counts, else nothing; after taking a counter away, waits until no
-/// thread can still add to it (see [`count`]). The attach lock is held.
+/// Points `cell`'s fast paths at what `list` (the site's consumers now)
+/// allows: its only consumer without a thread filter, if it has one
+/// ([`jump::JumpCell::one`]); the [`count::FastCount`] of its only
+/// consumer if that one only counts, else nothing; after taking a
+/// counter away, waits until no thread can still add to it (see
+/// [`count`]). The attach lock is held.
 fn sync_fast(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
+    let one = match list {
+        [only] if only.only_tid == 0 => Arc::as_ptr(only).cast_mut(),
+        _ => core::ptr::null_mut(),
+    };
+    cell.one.store(one, Ordering::Release);
     let want = match list {
         [only] if only.counting => only
             .fast
