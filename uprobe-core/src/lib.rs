@@ -105,8 +105,8 @@
 //! rewrites a site that qualifies into a 5-byte `jmp rel32` to a
 //! trampoline of its own, placed within +-2 GB of the code: no signal, no
 //! system call, 20-35 ns a hit with one consumer, depending on the host
-//! (where measured, a hit is bound by the stores it makes: the register
-//! frame is most of them). Which way a probe runs is [`Probe::mode`]:
+//! (where measured, a hit waits mostly on its chain of dependent loads,
+//! from the trampoline to the handler). Which way a probe runs is [`Probe::mode`]:
 //! [`Mode::Jump`] with the [`Tactic`] that fitted the jump in, or
 //! [`Mode::Trap`] with the reason ([`NotOptimized`]).
 //! [`Uprobe::trap_only`] keeps a probe on its breakpoint. The jump

@@ -24,11 +24,10 @@ use crate::thread::{AbortOnUnwind, current_tid, enter, leave, observed};
 /// Returns whether a handler moved the instruction pointer.
 /// Async-signal-safe; inside a read section of the table's domain.
 ///
-/// A hit through a jump is bound by how many stores it makes (see
-/// `crate::arch::jump_entry`), so the common case, one consumer with
-/// no thread filter, runs inline here with nothing kept on the stack
-/// (its return, if it tracks one, out of line); the others run through
-/// [`run_each`].
+/// The common case, one consumer with no thread filter, runs inline here
+/// (its return, if it tracks one, out of line), and through a jump
+/// without the site and its list ([`run_one_consumer`]); the others run
+/// through [`run_each`].
 #[inline]
 pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool {
     if enter() {

@@ -1,10 +1,9 @@
 //! Handlers as the hit path calls them: the boxed closure, behind a
 //! function made for its type that builds the context, calls the closure
 //! and reports what it asked for. The closure's body inlines there, so a
-//! context that does not escape it stays in registers: a hit through a
-//! jump is bound by its stores (the frame, the read section, the
-//! counters), and a `dyn` call with the context in memory would add a
-//! dozen. [`Handler`] for entries, [`ReturnHandler`] for returns.
+//! context that does not escape it stays in registers: a `dyn` call
+//! with the context in memory would add a dozen stores and loads to a
+//! hit through a jump. [`Handler`] for entries, [`ReturnHandler`] for returns.
 
 use crate::arch::Frame;
 use crate::arch::trampoline::{SavedRegs, SavedVector};
