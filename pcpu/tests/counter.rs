@@ -66,18 +66,26 @@ fn ids_beyond_the_possible_count_use_the_overflow_slot() {
     assert_eq!(slots.iter().count(), n + 1);
 }
 
+/// Pins the calling thread to `cpu` and lets the scheduler move it
+/// there; false if the thread may not run on it.
+fn pin_to(cpu: usize) -> bool {
+    // SAFETY: cpu_set_t is plain data.
+    let pinned = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) == 0
+    };
+    if pinned {
+        std::thread::yield_now();
+    }
+    pinned
+}
+
 #[test]
 fn current_cpu_is_within_the_affinity_mask() {
     // Pin to each allowed CPU in turn and check the id follows.
     for cpu in 0..pcpu::possible_cpus() {
-        // SAFETY: cpu_set_t is plain data.
-        let pinned = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) == 0
-        };
-        if pinned {
-            std::thread::yield_now();
+        if pin_to(cpu) {
             assert_eq!(pcpu::current_cpu(), cpu);
             assert_eq!(pcpu::sched_getcpu(), cpu);
         }
@@ -92,14 +100,7 @@ fn a_threads_slot_follows_it_to_another_cpu() {
     let slots = PerCpu::<AtomicU64>::default();
     std::thread::spawn(move || {
         for cpu in (0..pcpu::possible_cpus()).rev() {
-            // SAFETY: cpu_set_t is plain data.
-            let pinned = unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) == 0
-            };
-            if pinned {
-                std::thread::yield_now();
+            if pin_to(cpu) {
                 for _ in 0..64 {
                     slots.current().fetch_add(1, Relaxed);
                 }

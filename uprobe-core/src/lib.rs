@@ -106,8 +106,9 @@
 //! trampoline of its own, placed within +-2 GB of the code: no signal, no
 //! system call, 20-35 ns a hit with one consumer, depending on the host
 //! (where measured, a hit waits mostly on its chain of dependent loads,
-//! from the trampoline to the handler). Which way a probe runs is [`Probe::mode`]:
-//! [`Mode::Jump`] with the [`Tactic`] that fitted the jump in, or
+//! from the trampoline to the handler). Which way a probe runs is
+//! [`Probe::mode`]: [`Mode::Jump`] with the [`Tactic`] that fitted the
+//! jump in, or
 //! [`Mode::Trap`] with the reason ([`NotOptimized`]).
 //! [`Uprobe::trap_only`] keeps a probe on its breakpoint. The jump
 //! replaces whole instructions ([`Tactic::Replace`]) when:
