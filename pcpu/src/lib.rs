@@ -45,7 +45,10 @@
 //! the crate builds its generic paths: the CPU id from `sched_getcpu`, the
 //! atomic fallbacks for every operation. `--cfg pcpu_force_generic`
 //! builds those paths on x86-64 and aarch64 too (CI tests the whole
-//! family that way).
+//! family that way). Where `sched_getcpu` is a system call (no rseq
+//! area, and no vDSO `getcpu`: aarch64 and most others), [`PerCpu`]
+//! picks a thread's slot by the id it read last, read again every 64
+//! uses, rather than making a system call per use.
 #![cfg_attr(not(test), warn(missing_docs))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
