@@ -30,23 +30,20 @@ use crate::thread::{AbortOnUnwind, current_tid, enter, leave, observed};
 /// through [`run_each`].
 #[inline]
 pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool {
-    if enter() {
-        nested(site);
-        return false;
-    }
-    let abort = AbortOnUnwind::new();
-    // SAFETY: lists are freed only after a grace period, and we are in a
-    // read section.
-    let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
-    let ip_changed = match &consumers[..] {
-        [c] if c.only_tid == 0 => {
-            !c.removed.load(Ordering::Relaxed) && run_one(c, site.addr, frame)
-        }
-        all => run_each(all, site.addr, frame),
-    };
-    abort.disarm();
-    leave(false);
-    ip_changed
+    in_engine(
+        || nested(site),
+        || {
+            // SAFETY: lists are freed only after a grace period, and we
+            // are in a read section.
+            let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
+            match &consumers[..] {
+                [c] if c.only_tid == 0 => {
+                    !c.removed.load(Ordering::Relaxed) && run_one(c, site.addr, frame)
+                }
+                all => run_each(all, site.addr, frame),
+            }
+        },
+    )
 }
 
 /// [`run_consumers`] for a trampoline whose cell names its site's only
@@ -60,16 +57,32 @@ pub(crate) fn run_one_consumer(
     cell: &JumpCell,
     frame: &mut crate::arch::Frame,
 ) -> bool {
+    in_engine(
+        || {
+            let site = cell.site.load(Ordering::Acquire);
+            if !site.is_null() {
+                // SAFETY: as in `crate::entry::jump::on_jump`.
+                nested(unsafe { &*site });
+            }
+        },
+        || !c.removed.load(Ordering::Relaxed) && run_one(c, cell.addr, frame),
+    )
+}
+
+/// Runs `consumers` with the thread marked inside the engine, a panic
+/// in them fatal; returns whether a handler moved the instruction
+/// pointer. A thread already inside the engine (or not observed) runs
+/// `nested` instead. Async-signal-safe. Always inlined: both callers
+/// are on the hit path.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn in_engine(nested: impl FnOnce(), consumers: impl FnOnce() -> bool) -> bool {
     if enter() {
-        let site = cell.site.load(Ordering::Acquire);
-        if !site.is_null() {
-            // SAFETY: as in `crate::entry::jump::on_jump`.
-            nested(unsafe { &*site });
-        }
+        nested();
         return false;
     }
     let abort = AbortOnUnwind::new();
-    let ip_changed = !c.removed.load(Ordering::Relaxed) && run_one(c, cell.addr, frame);
+    let ip_changed = consumers();
     abort.disarm();
     leave(false);
     ip_changed
