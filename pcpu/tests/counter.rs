@@ -108,7 +108,6 @@ fn a_threads_slot_follows_it_to_another_cpu() {
             }
         }
         let total: u64 = slots.iter().map(|c| c.load(Relaxed)).sum();
-        assert_eq!(total % 64, 0);
         assert!(total > 0, "pinned to no CPU");
     })
     .join()
