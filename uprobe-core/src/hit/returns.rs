@@ -231,10 +231,16 @@ fn owned() -> Option<&'static ThreadReturns> {
 
 /// The calling thread's stack, taken from the pool on first use.
 /// Async-signal-safe (a non-waiting pop).
+#[inline]
 fn current() -> Option<&'static ThreadReturns> {
-    if let Some(tr) = owned() {
-        return Some(tr);
-    }
+    owned().or_else(take_first)
+}
+
+/// The calling thread's first stack: taken from the pool, once per
+/// thread (kept out of the hit's path). Async-signal-safe.
+#[cold]
+#[inline(never)]
+fn take_first() -> Option<&'static ThreadReturns> {
     let threads = THREADS.get()?;
     let (chunk, element) = take_stack(threads)?;
     let tr = &chunk.all[*element as usize];
@@ -494,8 +500,23 @@ fn drop_reference(leases: &LeaseSet<'static, ReturnPart>, part: Strong<ReturnPar
 /// Undoes what `prepare` charged for one return: the in-flight charge
 /// (if `charged`) and the reference taken with it (if `pinned`). The
 /// caller holds the counters through the probe or its return part, so
-/// nothing is freed here: async-signal-safe.
+/// nothing is freed here: async-signal-safe. Most returns charged
+/// nothing: that test is inline, the rest out of line.
+#[inline]
 fn uncharge(
+    in_flight: Option<&Arc<Account>>,
+    counters: &Arc<ReturnCounters>,
+    charged: bool,
+    pinned: bool,
+) {
+    if charged || pinned {
+        uncharge_charged(in_flight, counters, charged, pinned);
+    }
+}
+
+/// [`uncharge`] of a return that charged something.
+#[inline(never)]
+fn uncharge_charged(
     in_flight: Option<&Arc<Account>>,
     counters: &Arc<ReturnCounters>,
     charged: bool,
