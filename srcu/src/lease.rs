@@ -430,6 +430,9 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
             .push(Arc::clone(&slots));
         LeaseBlock {
             set: self,
+            srcu: self.srcu,
+            shared: &self.shared,
+            domain: &self.shared.domain,
             slots,
             free: Cell::new(u64::MAX >> (64 - capacity)),
             _not_sync: PhantomData,
@@ -639,6 +642,12 @@ impl std::error::Error for LeaseError {}
 /// them).
 pub struct LeaseBlock<'s, 'd, T: Send + Sync + 'static> {
     set: &'s LeaseSet<'d, T>,
+    /// What taking and consuming a lease read, one load away (not
+    /// through the set, its shared state and the domain in turn: on a
+    /// probe hit each step is a load the next one waits for).
+    srcu: &'d Srcu,
+    shared: &'s Shared<T>,
+    domain: &'s Inner,
     slots: Arc<Slots<T>>,
     /// Bit `i` set: slot `i` is free (owner-local bookkeeping).
     free: Cell<u64>,
@@ -655,9 +664,11 @@ impl<'s, 'd, T: Send + Sync + 'static> LeaseBlock<'s, 'd, T> {
     /// # Panics
     /// If `cell` belongs to another domain than the set.
     pub fn lease(&self, cell: &SrcuCell<'_, T>) -> Result<Lease<'_, 's, 'd, T>, LeaseError> {
-        let shared = &self.set.shared;
+        let shared = self.shared;
+        // The same `Srcu`, the same state: a domain's state is made once
+        // and kept until it is dropped.
         assert!(
-            core::ptr::eq(cell.domain().inner(), Arc::as_ptr(&shared.domain)),
+            core::ptr::eq(cell.domain(), self.srcu),
             "cell of another SRCU domain than the lease set"
         );
         let free = self.free.get();
@@ -665,9 +676,9 @@ impl<'s, 'd, T: Send + Sync + 'static> LeaseBlock<'s, 'd, T> {
             return Err(LeaseError::BlockFull);
         }
         let index = free.trailing_zeros() as usize;
-        let bank = shared.domain.read_lock();
+        let bank = self.domain.read_lock();
         let Some(node) = cell.node_ptr() else {
-            shared.domain.read_unlock(bank);
+            self.domain.read_unlock(bank);
             return Err(LeaseError::Empty);
         };
         self.free.set(free & !(1 << index));
@@ -777,7 +788,7 @@ impl<'b, T: Send + Sync + 'static> Lease<'b, '_, '_, T> {
         let slot = &block.slots[self.index];
         let node = slot.node.load(Ordering::Relaxed);
         let bank = slot.bank.load(Ordering::Relaxed);
-        let shared = &block.set.shared;
+        let shared = block.shared;
         // Claim, light fence, look for an expiry round (pairs with the
         // round's announcement and heavy fence). No round: no expiry can
         // touch the slot before we are done, and every earlier round's
@@ -806,7 +817,7 @@ impl<'b, T: Send + Sync + 'static> Lease<'b, '_, '_, T> {
                 // `fork::SECTIONS_HELD`; `LeasedValue` is not `Send`).
                 crate::fork::held_add(1);
                 LeasedValue {
-                    domain: &block.set.shared.domain,
+                    domain: block.domain,
                     bank: usize::from(bank),
                     node,
                 }
