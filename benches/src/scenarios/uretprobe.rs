@@ -3,12 +3,13 @@
 //! return trampoline, with an in-flight limit whose account pins the probe
 //! on 0 -> 1 only; `uprobe-core+get-put`: a reference per pending return
 //! instead, seed 003's before), a kernel uretprobe (`kernel`, on its own
-//! copy of the function), and unprobed (`none`). `uretprobe-lifetime`: the engine's
-//! return probe, without the in-flight limit (its account is one count
-//! every thread charges, seed 003's subject), with each pending return
-//! holding an SRCU lease on the probe (`lease`, seed 002) or a reference
-//! count (`refcount`, the kernel before the seed). `uretprobe-entry`'s `uprobe-core+time` is a timing
-//! probe (`Uprobe::time_into`) on the same function.
+//! copy of the function), and unprobed (`none`). `uretprobe-lifetime`:
+//! the engine's return probe, without the in-flight limit (its account is
+//! one count every thread charges, seed 003's subject), with each pending
+//! return holding an SRCU lease on the probe (`lease`, seed 002) or a
+//! reference count (`refcount`, the kernel before the seed).
+//! `uretprobe-entry`'s `uprobe-core+time` is a timing probe
+//! (`Uprobe::time_into`) on the same function.
 
 use std::num::NonZeroUsize;
 
