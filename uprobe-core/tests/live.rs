@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use common::{call, fn_addr, probe_at};
 
-// hot(x) = x + 1 through a frame, fork(x) = x + 2 after a nop.
+// hot(x) = x + 1 through a frame, fork(x) = x + 2 after a nop, filtered(x)
+// = x + 3 after another.
 #[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
     ".text",
@@ -24,9 +25,12 @@ core::arch::global_asm!(
     "nop",
     "lea rax, [rdi + 2]",
     "ret",
+    // A 5-byte nop: the jump fits whatever the code around it (a 1-byte
+    // one, in a symbol without a size, would need a punned jump, which
+    // depends on the bytes that follow).
     ".globl l_filtered",
     "l_filtered:",
-    "nop",
+    "nop dword ptr [rax + rax * 1 + 0]",
     "lea rax, [rdi + 3]",
     "ret",
 );
