@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use common::{call, fn_addr, probe_at};
 
 // hot(x) = x + 1 through a frame, fork(x) = x + 2 after a nop, filtered(x)
-// = x + 3 after another.
+// = x + 3 after a 5-byte nop.
 #[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
     ".text",
