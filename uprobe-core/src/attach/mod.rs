@@ -24,10 +24,10 @@ use pcpu::PerCpuCounter;
 
 use crate::AttachError;
 use crate::arch::{BREAKPOINT, MAX_INSN_LEN, analyze, is_breakpoint};
+use crate::base::mode::NotOptimized;
 use crate::code;
 use crate::entry::{faults, trap};
 use crate::hit::returns;
-use crate::mode::NotOptimized;
 use crate::patch::{self, breakpoints, original::code_as_original};
 use crate::process::maps::{Mapping, Snapshot};
 use crate::process::threads::{RseqSections, threads_blocking_sigtrap};
@@ -44,7 +44,7 @@ use writer::writer;
 /// Not async-signal-safe.
 fn init() -> Result<(), AttachError> {
     static ONCE: Once = Once::new();
-    if crate::unwind::keep_current() {
+    if crate::hit::unwind::keep_current() {
         // The unwinder reads stacks with loads the fault handler recovers
         // from, where it is the process's handler.
         faults::install()?;
@@ -56,7 +56,7 @@ fn init() -> Result<(), AttachError> {
         // The engine's SRCU threads (reclaimer, lease expiry) free and
         // allocate: not the program's calls.
         srcu::set_service_thread_hook(Some(|| {
-            crate::thread::set_observed(false);
+            crate::base::thread::set_observed(false);
         }));
     });
     trap::install()
@@ -111,11 +111,11 @@ pub(crate) unsafe fn attach_many(
     let with_returns =
         |items: &[(usize, Arc<Consumer>)]| items.iter().filter(|(_, c)| c.returns).count();
     if items.iter().any(|(_, c)| c.switch.is_some()) {
-        crate::clock::init();
+        crate::base::clock::init();
     }
     returns::consumers_attached(with_returns(items));
     if with_returns(items) > 0
-        && let Err(e) = returns::init(crate::arch::return_entry::trampoline())
+        && let Err(e) = returns::init(crate::arch::return_entry::routine())
     {
         returns::consumers_detached(with_returns(items));
         return Err((0, e));
@@ -123,9 +123,8 @@ pub(crate) unsafe fn attach_many(
     // Timing probes' own routines, where the architecture has them (on
     // from the first timing probe's attach, once the clock and the stubs
     // are ready; off where the process or processor does not allow them).
-    #[cfg(uprobe_arch = "x86_64")]
     if items.iter().any(|(_, c)| c.only_times) {
-        crate::arch::timing::enable();
+        crate::site::jump::enable_timed_routes();
     }
     let result = attach_batch(items);
     let attached = match &result {
@@ -307,7 +306,7 @@ unsafe fn attach_one(
     if len < BREAKPOINT.len() || is_breakpoint(bytes) {
         return Err(AttachError::ForeignBreakpoint { addr });
     }
-    let emulation = analyze(addr, bytes)?;
+    let emulation = analyze(addr, bytes, crate::code::slots::slot_for)?;
     let direct = consumer.blocked.clone();
     if let Some(blocked) = &direct
         && consumer.trap_only

@@ -5,7 +5,7 @@
 
 use crate::arch::JUMP_LEN;
 use crate::arch::MAX_INSN_LEN;
-use crate::mode::NotOptimized;
+use crate::base::mode::NotOptimized;
 use crate::patch::jump;
 use crate::process::maps::Mapping;
 use crate::site::jump::Jump;

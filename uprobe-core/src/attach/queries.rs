@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::writer::writer;
-use crate::mode::{Mode, NotOptimized};
+use crate::base::mode::{Mode, NotOptimized};
 use crate::patch::original::code_as_original;
 use crate::site::SiteMode;
 use crate::table::lookup::with_read_side;

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, Once};
 
-use crate::thread::{current_tid, forget_tid};
+use crate::base::thread::{current_tid, forget_tid};
 
 /// Serialises attach and detach (never taken by the handler). Taken
 /// through [`writer`]; held across `fork()` by the forking thread (see

@@ -12,7 +12,7 @@ pub(crate) mod trampolines;
 
 use crate::AttachError;
 use crate::arch::REACH_LIMIT;
-use crate::error::os_error;
+use crate::base::error::os_error;
 
 /// Bytes per region of slots or trampolines.
 pub(crate) const REGION_SIZE: usize = 64 * 1024;

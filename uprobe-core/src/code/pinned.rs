@@ -1,5 +1,5 @@
 //! Code at addresses the probed code chooses. A punned jump (x86-64,
-//! `crate::mode::Tactic::Pun`) can only land inside a window that the
+//! `crate::base::mode::Tactic::Pun`) can only land inside a window that the
 //! bytes after the probed instruction choose (1 to 16 Mi addresses,
 //! anywhere within +-2 GB): a short stub placed there jumps on to the
 //! probe's trampoline.

@@ -37,17 +37,11 @@ use std::sync::OnceLock;
 use crate::AttachError;
 use crate::arch::trampoline::{CIE_INSTRUCTIONS, CODE_ALIGN, FIRST_STUB, RA_COLUMN, SP_COLUMN};
 use crate::arch::trampoline::{STUB_SIZE, STUBS_NEAR_TARGETS, write_region};
-use crate::error::os_error;
+use crate::base::error::os_error;
 
-/// Call sites a process can have stubs for.
-pub(crate) const MAX_STUBS: usize = 16 * 1024;
+pub(crate) use crate::base::abi::{MAX_STUBS, STUB_HASH, STUB_TARGETS as TARGETS};
 /// The stub region: the arch's entry pad, then the stubs.
 const REGION_SIZE: usize = FIRST_STUB + STUB_SIZE * MAX_STUBS;
-
-/// The original return address of each stub (0: unused). Assigned by
-/// hashing the return address; entries are never removed, so a stub's
-/// target never changes once set.
-pub(crate) static TARGETS: [AtomicUsize; MAX_STUBS] = [const { AtomicUsize::new(0) }; MAX_STUBS];
 
 /// The first stub's address, once the region is mapped (0 before): what
 /// the x86-64 timing routines index stubs from.
@@ -193,11 +187,6 @@ fn push_record(out: &mut Vec<u8>, body: &[u8]) {
     out.extend_from_slice(body);
     out.resize(out.len() + padded - body.len(), 0);
 }
-
-/// The multiplier of the hash that picks the first stub tried for a
-/// return address: `(ret * STUB_HASH >> 40) % MAX_STUBS` (the x86-64
-/// entry routine tries that one).
-pub(crate) const STUB_HASH: usize = 0x9e37_79b9_7f4a_7c15;
 
 /// The stub that returns to `ret`: the existing one, or a new one. `None`
 /// if every stub is taken by other call sites (or the region could not be

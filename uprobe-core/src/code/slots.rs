@@ -49,18 +49,12 @@ static REGION_BASES: [AtomicUsize; MAX_REGIONS] = [const { AtomicUsize::new(0) }
 static REGION_ORIGINS: [AtomicPtr<AtomicUsize>; MAX_REGIONS] =
     [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_REGIONS];
 
-/// How a slot ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum SlotEnd {
-    /// A `jmp` back to the next instruction: one trap per hit. Needs the
-    /// slot within +-2 GB of the code.
-    JumpBack,
-    /// An `int3`: the engine's second trap sets RIP to the next
-    /// instruction. Two traps per hit, but the slot may be anywhere (for
-    /// instructions without RIP-relative operands), and asynchronous
-    /// signals are deferred while the thread is in the slot.
-    TrapBack,
-}
+/// How a slot ends: a branch back to the next instruction (one trap per
+/// hit; the slot within reach of the code), or a breakpoint (two traps
+/// per hit, but the slot may be anywhere for instructions that do not
+/// address relative to the PC; asynchronous signals are deferred while
+/// the thread is in the slot).
+pub(crate) use crate::arch::SlotEnd;
 
 /// An origin table entry: the probed address in the low 48 bits, the
 /// instruction's length in the top byte, bit 55 set for a `TrapBack` slot.
@@ -138,7 +132,7 @@ pub(crate) fn slot_for(
     addr: usize,
     bytes: &[u8],
     needs_near: bool,
-    relocate: impl Fn(usize, SlotEnd) -> Result<Vec<u8>, AttachError>,
+    relocate: crate::arch::SlotCode<'_>,
 ) -> Result<(usize, SlotEnd), AttachError> {
     let mut guard = SLOTS
         .lock()

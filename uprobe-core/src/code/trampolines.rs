@@ -9,20 +9,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use super::{REACH, REGION_SIZE, map_near, write_code};
-use crate::mode::NotOptimized;
+use crate::base::mode::NotOptimized;
 
-/// Every trampoline starts with the same header, on both architectures:
-/// the pointer to its cell (`crate::site::jump::JumpCell`), then the
-/// pointer to the architecture's common entry routine; its code follows.
-pub(crate) const CELL_AT: usize = 0;
-pub(crate) const ENTRY_PTR_AT: usize = 8;
-pub(crate) const CODE_AT: usize = 16;
-/// Bytes a trampoline may take (header, prologue and relocated code).
-pub(crate) const TRAMPOLINE_SIZE: usize = 256;
-
-/// For each instruction of a range, its address and that of its
-/// relocated copy.
-pub(crate) type Moves = Vec<(usize, usize)>;
+pub(crate) use crate::arch::{Moves, TRAMPOLINE_SIZE};
 
 /// The most regions of trampolines a process maps (64 MiB, 262,144
 /// trampolines).

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::trap::pass_on;
 use crate::AttachError;
-use crate::error::os_error;
+use crate::base::error::os_error;
 
 /// The synchronous signals an out-of-line instruction can raise.
 const FAULTS: [libc::c_int; 4] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL];
@@ -81,7 +81,7 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
         crate::arch::set_pc(uc, addr);
         // A trap-ended slot deferred the thread's signals: give them back
         // before the program's handler (or the default action) runs.
-        crate::deferral::restore(uc);
+        crate::entry::deferral::restore(uc);
     }
     if let Some((addr, copy)) = crate::code::trampolines::relocated_origin(crate::arch::pc(uc)) {
         // The program's handler sees the original instruction; if it

@@ -15,14 +15,14 @@ use std::sync::atomic::{AtomicBool, Ordering, fence};
 
 use crate::AttachError;
 use crate::arch::apply;
+use crate::base::error::os_error;
+use crate::base::thread::in_trap;
 use crate::code::slots::{self, SlotEnd};
-use crate::error::os_error;
 use crate::hit::run_consumers;
 use crate::process::maps::code_writes;
 use crate::site::Site;
 use crate::table::lookup::with_read_side;
 use crate::table::site_at;
-use crate::thread::in_trap;
 
 /// The handler that was installed for SIGTRAP before ours.
 struct Previous(core::cell::UnsafeCell<core::mem::MaybeUninit<libc::sigaction>>);
@@ -105,7 +105,7 @@ fn handle_sigtrap(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::
         // The second trap of a trap-ended slot: on to the instruction after
         // the probed one, and signals back.
         crate::arch::set_pc(uc, origin + len);
-        crate::deferral::restore(uc);
+        crate::entry::deferral::restore(uc);
         return;
     }
     loop {
@@ -163,6 +163,9 @@ fn hit(site: &Site, uc: &mut libc::ucontext_t) {
     } else {
         // SAFETY: the thread trapped on this very instruction.
         unsafe { apply(&site.emulation, uc) };
+        if site.emulation.traps_back() {
+            super::deferral::defer(uc);
+        }
     }
 }
 

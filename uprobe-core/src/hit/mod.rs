@@ -9,14 +9,15 @@
 
 pub(crate) mod returns;
 pub(crate) mod timing;
+pub mod unwind;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use crate::base::thread::{AbortOnUnwind, current_tid, enter, leave, observed};
 use crate::site::Site;
 use crate::site::consumer::Consumer;
 use crate::site::jump::JumpCell;
-use crate::thread::{AbortOnUnwind, current_tid, enter, leave, observed};
 
 /// Runs the consumers of `site` with the registers `frame` (unless the
 /// thread is already inside the engine: then the hit is counted as
@@ -91,8 +92,8 @@ fn in_engine(nested: impl FnOnce(), consumers: impl FnOnce() -> bool) -> bool {
 /// Counts a hit of `c`, runs its handler and tracks the return of a
 /// return probe (unless the handler said not to); returns whether the
 /// handler moved the instruction pointer. Async-signal-safe. Always
-/// inlined into [`run_consumers`]: a call level more costs a hit ~10%
-/// (measured with `bench uprobe-nop5`).
+/// inlined into [`run_consumers`]: a call level more is a tenth of a
+/// hit's cost (`bench uprobe-nop5` shows it).
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn run_one(c: &Consumer, addr: usize, frame: &mut crate::arch::Frame) -> bool {

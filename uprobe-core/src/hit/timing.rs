@@ -8,7 +8,7 @@
 //! (`super::returns`), and is pushed and popped both here (the engine's
 //! path) and by the architecture's entry routine and return trampoline
 //! (`crate::arch::timing`), which read it through its `#[repr(C)]`
-//! layout: [`DEPTH_AT`], [`ENTRIES_AT`], [`ENTRY_SIZE`]. Only the owning
+//! layout (`crate::base::abi`). Only the owning
 //! thread touches it, in LIFO order even across signal handlers (a
 //! handler's pushes are popped before it returns; one that `longjmp`s
 //! away leaves entries whose slots lie below the stack pointer, dropped
@@ -18,16 +18,14 @@ use core::cell::Cell;
 
 use crate::site::timing::{LatencyCell, Switch};
 
-/// Timed calls a thread may have pending; a call past it is counted but
-/// not timed.
-pub(crate) const MAX_TIMED_DEPTH: usize = 32;
+pub(crate) use crate::base::abi::MAX_TIMED_DEPTH;
 
 /// One pending timed call.
 #[repr(C)]
 struct Entry {
     /// Where its return address lives (the stack pointer at its entry).
     slot: Cell<usize>,
-    /// The clock at its entry, in ticks (`crate::clock`).
+    /// The clock at its entry, in ticks (`crate::base::clock`).
     start: Cell<u64>,
     /// Its probe's switch (null: record nothing).
     switch: Cell<*const Switch>,
@@ -42,19 +40,15 @@ pub(crate) struct TimedStack {
     entries: [Entry; MAX_TIMED_DEPTH],
 }
 
-/// The layout the architecture's routines read.
-#[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
-pub(crate) const DEPTH_AT: usize = core::mem::offset_of!(TimedStack, depth);
-#[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
-pub(crate) const ENTRIES_AT: usize = core::mem::offset_of!(TimedStack, entries);
-#[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
-pub(crate) const ENTRY_SIZE: usize = size_of::<Entry>();
+// The layout the architectures' routines read (`crate::base::abi`).
 const _: () = assert!(
-    core::mem::offset_of!(Entry, slot) == 0
+    core::mem::offset_of!(TimedStack, depth) == crate::base::abi::TIMED_DEPTH_AT
+        && core::mem::offset_of!(TimedStack, entries) == crate::base::abi::TIMED_ENTRIES_AT
+        && size_of::<Entry>() == crate::base::abi::TIMED_ENTRY_SIZE
+        && core::mem::offset_of!(Entry, slot) == 0
         && core::mem::offset_of!(Entry, start) == 8
         && core::mem::offset_of!(Entry, switch) == 16
         && core::mem::offset_of!(Entry, generation) == 24
-        && ENTRY_SIZE == 32
 );
 
 impl TimedStack {
@@ -115,7 +109,7 @@ impl TimedStack {
             // the entry once it is popped.
             let (start, switch, generation) = (e.start.get(), e.switch.get(), e.generation.get());
             self.depth.set(self.depth.get() - 1);
-            let nanos = crate::clock::nanos(now.wrapping_sub(start));
+            let nanos = crate::base::clock::nanos(now.wrapping_sub(start));
             // SAFETY: switches are never freed.
             if let Some(switch) = unsafe { switch.as_ref() } {
                 // In a read section: a detach (which turns the switch off,

@@ -67,8 +67,8 @@ use super::threads::check_threads;
 use crate::arch::BREAKPOINT;
 use crate::arch::JUMP_LEN;
 use crate::arch::jump::{self as arch_jump, Plan};
+use crate::base::mode::{NotOptimized, Tactic};
 use crate::code::trampolines;
-use crate::mode::{NotOptimized, Tactic};
 use crate::process::maps::{Mapping, Patch, Snapshot, write_patches};
 use crate::process::symbols::Extent;
 use crate::site::Site;
@@ -142,7 +142,7 @@ pub(crate) fn prepare(
         Ok(plan) => (plan, None),
         // (If the probed instruction itself cannot run relocated, that is
         // the reason.)
-        Err(why) if pun::AVAILABLE => {
+        Err(why) if crate::arch::PUNNING.is_some() => {
             (arch_jump::single(addr, &here, tail_limit(addr))?, Some(why))
         }
         Err(why) => return Err(why),

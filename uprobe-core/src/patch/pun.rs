@@ -1,4 +1,4 @@
-//! Punned jumps (x86-64; `crate::mode::Tactic::Pun`): which of the ways
+//! Punned jumps (x86-64; `crate::base::mode::Tactic::Pun`): which of the ways
 //! to pun a jump over a site (`arch::pun::puns`) has room for a stub in
 //! its window, and the stubs made so far.
 //!
@@ -21,10 +21,8 @@ use std::sync::Mutex;
 
 use crate::arch::JUMP_LEN;
 use crate::arch::jump::Plan;
-pub(crate) use crate::arch::pun::AVAILABLE;
-use crate::arch::pun::{pun_bytes, puns, stub};
+use crate::base::mode::NotOptimized;
 use crate::code::pinned;
-use crate::mode::NotOptimized;
 use crate::process::maps::Snapshot;
 use crate::site::jump::{Pun, Trampoline};
 use crate::table::site_at;
@@ -49,6 +47,9 @@ pub(crate) fn choose(
     maps: &Snapshot,
     one_byte: bool,
 ) -> Result<(Pun, [u8; JUMP_LEN]), Option<NotOptimized>> {
+    let Some(punning) = crate::arch::PUNNING else {
+        return Err(None);
+    };
     let code = &code[..code.len().min(2 * JUMP_LEN)];
     let target = trampoline.base + crate::arch::jump::ENTRY_AT;
     let mut blocked = None;
@@ -57,7 +58,7 @@ pub(crate) fn choose(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let stubs = stubs.get_or_insert_with(HashMap::new);
-    for pun in puns(plan.start, plan.len, code, one_byte) {
+    for pun in (punning.puns)(plan.start, plan.len, code, one_byte) {
         let end = pun.start + pun.written + pun.fixed.len();
         if let Some(at) = (pun.start + 1..end).find(|&a| site_at(a).is_some()) {
             blocked.get_or_insert(NotOptimized::OtherProbeInRange { at });
@@ -70,13 +71,13 @@ pub(crate) fn choose(
             pun.fixed.clone(),
         );
         if let Some(&at) = stubs.get(&key) {
-            let bytes = pun_bytes(&pun, at);
+            let bytes = (punning.pun_bytes)(&pun, at);
             return Ok((pun, bytes));
         }
         let taken = taken.get_or_insert_with(|| maps.taken(pinned::HEAP_ROOM));
-        if let Some(at) = pinned::place(pun.lo, pun.size, taken, |at| stub(at, target)) {
+        if let Some(at) = pinned::place(pun.lo, pun.size, taken, |at| (punning.stub)(at, target)) {
             stubs.insert(key, at);
-            let bytes = pun_bytes(&pun, at);
+            let bytes = (punning.pun_bytes)(&pun, at);
             return Ok((pun, bytes));
         }
     }

@@ -10,10 +10,10 @@
 
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
-use crate::mode::NotOptimized;
+use crate::base::mode::NotOptimized;
+use crate::base::thread::{current_tid, in_trap_handler};
 use crate::process::threads::thread_ids;
 use crate::site::jump::{Jump, Trampoline};
-use crate::thread::{current_tid, in_trap_handler};
 
 /// The marker in a thread check's `si_value` (the round number is added).
 const CHECK_MARKER: u64 = 0x7570_7262_0000_0000;

@@ -38,7 +38,7 @@
 use std::sync::Mutex;
 
 use crate::AttachError;
-use crate::error::BlockedPath;
+use crate::base::error::BlockedPath;
 use crate::process::symbols::Symbols;
 
 /// Where to look a name up.

@@ -237,7 +237,7 @@ pub(crate) unsafe fn write_patches(
         // SAFETY: `base` is a page of a live mapping; execute stays on,
         // so threads running it meanwhile are unaffected.
         if unsafe { libc::mprotect(base as *mut libc::c_void, span, writable) } != 0 {
-            let e = crate::error::os_error("mprotect (add write)");
+            let e = crate::base::error::os_error("mprotect (add write)");
             failed.extend(group.iter().map(|&i| (i, e.clone())));
             continue;
         }

@@ -77,7 +77,7 @@ fn blocked_mask(status: &std::path::Path) -> Option<u64> {
 /// the program it runs, while the per-task entries it does not intercept
 /// show the emulator itself, whose signal masks are its own.
 fn proc_shows_real_masks() -> bool {
-    let task = format!("/proc/self/task/{}/exe", crate::thread::current_tid());
+    let task = format!("/proc/self/task/{}/exe", crate::base::thread::current_tid());
     std::fs::read_link("/proc/self/exe").ok() == std::fs::read_link(task).ok()
 }
 

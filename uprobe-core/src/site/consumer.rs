@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use pcpu::PerCpuCounter;
 
 use super::handler::Handler;
-use crate::usdt::arg::UsdtArg;
+use crate::arch::usdt::UsdtArg;
 
 /// One consumer of a site: its handlers and counters.
 // Each flag is what one check on the hit path or at attach reads, a

@@ -131,7 +131,8 @@ impl FastCount {
         let slot = |i: usize| core::ptr::from_ref(slots.get(i).expect("slot")) as usize;
         // Slot `cpus()` is the overflow slot: at least two slots exist.
         assert!(
-            crate::arch::count::fits(slot(1) - slot(0), slots.cpus()),
+            crate::arch::TRAMPOLINE_COUNTING
+                .is_some_and(|c| (c.fits)(slot(1) - slot(0), slots.cpus())),
             "per-CPU counters laid out as trampolines do not expect"
         );
         Self {
@@ -229,5 +230,5 @@ impl FastCount {
 /// and `membarrier` rseq fences). Decided once. Not async-signal-safe on
 /// the first call.
 pub(crate) fn enabled() -> bool {
-    crate::arch::count::enabled()
+    crate::arch::TRAMPOLINE_COUNTING.is_some_and(|c| (c.enabled)())
 }

@@ -5,10 +5,9 @@
 //! with the context in memory would add a dozen stores and loads to a
 //! hit through a jump. [`Handler`] for entries, [`ReturnHandler`] for returns.
 
-use crate::arch::Frame;
-use crate::arch::trampoline::{SavedRegs, SavedVector};
-use crate::context::{EntryContext, ReturnContext};
-use crate::usdt::arg::UsdtArg;
+use crate::arch::usdt::UsdtArg;
+use crate::arch::{Frame, SavedRegs, SavedVector};
+use crate::site::context::{EntryContext, ReturnContext};
 
 /// A boxed closure of a type known only to the functions made for it.
 struct Erased {

@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use super::Site;
 use crate::arch::JUMP_LEN;
-use crate::code::trampolines::{ENTRY_PTR_AT, Moves};
-use crate::mode::Tactic;
+use crate::arch::{ENTRY_PTR_AT, Moves};
+use crate::base::mode::Tactic;
 use std::sync::atomic::AtomicU64;
 
 /// Which site a trampoline serves now. Never freed. `#[repr(C)]`: the
-/// counting entry reads `fast` at [`FAST_AT`].
+/// counting entry reads `fast` and `timed` at the offsets `crate::base::abi` declares.
 #[repr(C)]
 pub(crate) struct JumpCell {
     /// The probed address.
@@ -39,12 +39,11 @@ pub(crate) struct JumpCell {
     pub(crate) trampoline: AtomicUsize,
 }
 
-/// The offset of [`JumpCell::fast`] (read by x86-64's counting prelude).
-#[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
-pub(crate) const FAST_AT: usize = core::mem::offset_of!(JumpCell, fast);
-/// The offset of [`JumpCell::timed`] (read by x86-64's entry routine).
-#[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
-pub(crate) const TIMED_AT: usize = core::mem::offset_of!(JumpCell, timed);
+// The layout the architectures' routines read (`crate::base::abi`).
+const _: () = assert!(
+    core::mem::offset_of!(JumpCell, fast) == crate::base::abi::JUMP_CELL_FAST_AT
+        && core::mem::offset_of!(JumpCell, timed) == crate::base::abi::JUMP_CELL_TIMED_AT
+);
 
 /// A trampoline: where it is, its cell, and where each instruction it
 /// copies runs relocated. Never freed.
@@ -143,46 +142,34 @@ pub(crate) unsafe fn read_code(addr: usize) -> [u8; JUMP_LEN] {
     core::array::from_fn(|i| unsafe { core::ptr::read_volatile((addr + i) as *const u8) })
 }
 
-/// The function around a site, when planning a jump needs it (a range of
-/// several instructions at its start, or a landing pad there): its start
-/// and its whole code, as it was before any patch; and whether code
-/// elsewhere enters it only at its start (false for an extent known from
-/// unwind information alone: another entry point of hand-written code
-/// may branch into its first bytes, which no check of its own code sees).
-pub(crate) struct Function<'a> {
-    pub(crate) start: usize,
-    pub(crate) code: &'a [u8],
-    pub(crate) sole_entry: bool,
-}
-
-/// One way to pun a jump over the probed instruction at `start` (see
-/// `crate::mode::Tactic::Pun`): `prefixes` redundant prefixes, the
-/// opcode, and the displacement's low bytes are written (`written` bytes
-/// in all, no more than the instruction's); the displacement's high
-/// bytes are `fixed`, the bytes already in the code after the written
-/// ones. So the jump can only land in `[lo, lo + size)`.
-pub(crate) struct Pun {
-    pub(crate) start: usize,
-    pub(crate) prefixes: usize,
-    pub(crate) written: usize,
-    pub(crate) fixed: Vec<u8>,
-    pub(crate) lo: usize,
-    pub(crate) size: usize,
-}
+pub(crate) use crate::arch::{Function, Pun};
 
 /// The routines a trampoline's header may name: the engine's entry, and
 /// the timed entry that times a timing probe's calls itself (0: the
 /// architecture has none, or it is off). Set by the architecture's
-/// timing routines when they turn on (`crate::arch::timing`).
+/// timing routines when they turn on ([`enable_timed_routes`]).
 static ENGINE_ENTRY: AtomicUsize = AtomicUsize::new(0);
 static TIMED_ENTRY: AtomicUsize = AtomicUsize::new(0);
 
-/// Names the two routines [`route`] chooses between. Not
-/// async-signal-safe.
-#[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
-pub(crate) fn set_routes(engine: usize, timed: usize) {
-    ENGINE_ENTRY.store(engine, Ordering::Relaxed);
-    TIMED_ENTRY.store(timed, Ordering::Release);
+/// Turns on the architecture's timing routines, where it has them and
+/// this process and processor allow them (once the clock and the return
+/// stubs are ready), and names the two routines [`route`] chooses
+/// between. Not async-signal-safe.
+pub(crate) fn enable_timed_routes() {
+    let Some(routines) = crate::arch::TIMED_ROUTINES else {
+        return;
+    };
+    if TIMED_ENTRY.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let first_stub = crate::code::return_stubs::FIRST_STUB_AT.load(Ordering::Acquire);
+    if first_stub == 0 {
+        return;
+    }
+    if let Some(timed) = (routines.enable)(first_stub) {
+        ENGINE_ENTRY.store(crate::arch::jump_entry::routine(), Ordering::Relaxed);
+        TIMED_ENTRY.store(timed, Ordering::Release);
+    }
 }
 
 /// Whether trampolines may time calls themselves in this process.

@@ -11,6 +11,7 @@
 //! writer's, under the attach lock.
 
 pub(crate) mod consumer;
+pub(crate) mod context;
 pub(crate) mod count;
 pub(crate) mod handler;
 pub(crate) mod jump;
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use pcpu::PerCpuCounter;
 
 use crate::arch::{BREAKPOINT, Emulation};
-use crate::mode::NotOptimized;
+use crate::base::mode::NotOptimized;
 use crate::process::maps::Mapping;
 use consumer::Consumer;
 use jump::Jump;

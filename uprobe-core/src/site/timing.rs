@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 /// Buckets of a [`LatencyCell`]'s histogram: bucket 0 counts calls that
 /// took 0 ns, bucket `k` those that took `[2^(k-1), 2^k)` ns, the last
 /// one everything from `2^62` ns on.
-pub const LATENCY_BUCKETS: usize = 64;
+pub const LATENCY_BUCKETS: usize = crate::base::abi::LATENCY_BUCKETS;
 
 /// One CPU's counts of a timing probe
 /// ([`Uprobe::time_into`](crate::Uprobe::time_into)): its calls, and how
@@ -60,9 +60,11 @@ pub struct LatencyCell {
     buckets: [AtomicU64; LATENCY_BUCKETS],
 }
 
-/// Where a cell's buckets start (read by the return trampoline).
-#[cfg_attr(not(uprobe_arch = "x86_64"), allow(dead_code))]
-pub(crate) const BUCKETS_AT: usize = core::mem::offset_of!(LatencyCell, buckets);
+// The layout the architectures' routines read (`crate::base::abi`).
+const _: () = assert!(
+    core::mem::offset_of!(LatencyCell, buckets) == crate::base::abi::LATENCY_BUCKETS_AT
+        && size_of::<LatencyCell>() == crate::base::abi::LATENCY_CELL_SIZE
+);
 
 impl Default for LatencyCell {
     fn default() -> Self {

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use percpu_rwsem::PercpuRwSem;
 
 use super::DOMAIN;
-use crate::thread::{set_writing, writing};
+use crate::base::thread::{set_writing, writing};
 
 /// How the trap handler protects its table lookup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,66 @@
+//! Return probes: the stubs, pending returns, their lifetime, threads, limits.
+//!
+//! What [`Uprobe::on_return`] does, at the entry and at the return.
+//!
+//! [`Uprobe::on_return`] runs a handler when the probed function returns
+//! ([`ReturnContext`]: integer and floating-point return values, the
+//! function, the original return address, the thread, a cookie the entry
+//! handler set: a *session*). At the entry trap the engine replaces the
+//! return address with that of a **stub** of its return trampoline, one
+//! stub per call site; the function returns into plain code (no second
+//! trap) that saves the registers, runs the return handlers, restores
+//! them and jumps to the original return address, which the stub itself
+//! names. Each pending return is an instance on the thread's stack
+//! (at most 64; more are counted in [`Probe::missed_returns`], as are
+//! returns past [`Uprobe::max_active`]); a tail call or a second consumer
+//! finds the stub already in place and chains onto the same return.
+//!
+//! - **Lifetime** (seed 002): a pending return holds an `srcu` *lease* on
+//!   its consumer, not a reference count; leases older than 100 ms expire
+//!   into references, so a function that never returns delays nothing.
+//!   [`Probe::detach`] returns once no handler of the probe runs or will
+//!   run, without waiting for pending returns: those return normally,
+//!   without the handler.
+//! - **Frames left without returning**: after `longjmp`, an instance
+//!   whose stack slot the stack pointer has risen above is dropped at the
+//!   thread's next probe hit or probed return (counted as missed).
+//!   **Unwinding** (a Rust panic, a C++ exception, `pthread_exit`) through
+//!   a hijacked frame works: the stubs have DWARF unwind information that
+//!   gives the original return address, so the unwinder reaches the real
+//!   caller; the instance is then dropped the same way. Backtraces through
+//!   a pending return show the stub, then the real caller.
+//! - **Threads** that exit with returns pending (even by `exit(2)` in the
+//!   middle of a probed call) release them: a service thread notices that
+//!   the thread is gone within about 20 ms. Each thread's stack of
+//!   pending returns comes from a pool that the trap handler only pops
+//!   from (no allocation there); the pool grows in ordinary context: an
+//!   attach of a return probe makes room for twice the threads the process
+//!   has, and the service thread adds a chunk whenever fewer than a
+//!   quarter of the stacks are free (up to 65,280 threads). A thread that
+//!   finds the pool empty in a burst of new threads has that return
+//!   counted as missed. A fork child keeps the forking thread's pending
+//!   returns. The service thread, the lease set's expiry thread and the
+//!   return domain's reclaimer run only while return probes are attached
+//!   (and leases are left to expire): a program that detached every
+//!   return probe keeps no thread of the engine's; the next return probe
+//!   starts them again (the stacks of threads that died meanwhile are
+//!   released then).
+//! - **Refused**: a return handler on a probe that is not at a function's
+//!   first instruction ([`AttachError::ReturnProbeNotAtEntry`]), and any
+//!   return probe while the thread runs with an x86 shadow stack or an
+//!   arm64 guarded control stack ([`AttachError::ShadowStack`]: a hijacked
+//!   return would fault).
+//! - **Limits**: a return probe hit on a signal alternate stack placed
+//!   above the thread's stack can make older pending returns look
+//!   abandoned (their handlers then do not run; the program still returns
+//!   correctly); the trampoline preserves the caller-saved general
+//!   registers, the flags and the caller-saved vector registers (x86-64:
+//!   `xmm0`-`xmm15`; aarch64: `q0`-`q7`, `q16`-`q31`, but x16, which it
+//!   uses as a veneer may), not the upper halves of `ymm`/`zmm`/SVE `z`
+//!   registers or the x87 stack (the engine's code does not touch them).
+
+#[allow(unused_imports)] // the names the links above resolve to
+use crate::{
+    AttachError, CountCell, EntryContext, LatencyCell, Mode, NotOptimized, Probe, ReturnContext,
+    Tactic, Uprobe, code_memory, functions, latency_cells, set_thread_observed, unwind, usdt,
+};
