@@ -6,7 +6,7 @@
 //! instruction at all).
 #![cfg(target_arch = "aarch64")]
 
-use uprobe_core::bench_only::{Class, classify};
+use uprobe_core::testing::{Class, classify};
 use yaxpeax_arch::{Decoder, U8Reader};
 use yaxpeax_arm::armv8::a64::{InstDecoder, Instruction, Opcode, Operand};
 

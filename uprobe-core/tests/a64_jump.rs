@@ -289,9 +289,9 @@ fn without_a_trampoline_within_reach_the_probe_stays_on_its_breakpoint() {
     let Some(_one) = serial_with_jumps() else {
         return;
     };
-    uprobe_core::bench_only::no_trampoline_room(true);
+    uprobe_core::testing::no_trampoline_room(true);
     let probe = Uprobe::function("j_far").unwrap().attach();
-    uprobe_core::bench_only::no_trampoline_room(false);
+    uprobe_core::testing::no_trampoline_room(false);
     let probe = probe.unwrap();
     assert_eq!(probe.mode(), Mode::Trap(NotOptimized::NoTrampolineRoom));
     assert_eq!(call(j_far, 1), 8);

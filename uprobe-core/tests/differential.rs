@@ -267,7 +267,7 @@ fn every_form_behaves_the_same_probed() {
     // Forcing trap-ended slots takes the benchmark switch.
     #[cfg(feature = "bench-variants")]
     {
-        uprobe_core::bench_only::force_trap_back_slots(true);
+        uprobe_core::testing::force_trap_back_slots(true);
         // `leave` points rsp into the data area here; the slot's second
         // trap then needs a signal frame below it, which only a real stack
         // has (the program's own code always leaves rsp on its stack).

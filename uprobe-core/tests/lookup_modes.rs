@@ -7,7 +7,7 @@
 
 mod common;
 
-use uprobe_core::bench_only::{Lookup, set_lookup};
+use uprobe_core::testing::{Lookup, set_lookup};
 
 core::arch::global_asm!(
     ".text",
@@ -27,7 +27,7 @@ unsafe extern "C" {
 fn every_lookup_mode_survives_attach_and_detach_under_load() {
     for mode in [Lookup::PercpuRwsem, Lookup::RwLock, Lookup::Srcu] {
         set_lookup(mode);
-        assert_eq!(uprobe_core::bench_only::lookup(), mode);
+        assert_eq!(uprobe_core::testing::lookup(), mode);
         common::churn_under_callers(m_func, |x| x + 1, 2, 100);
     }
 }

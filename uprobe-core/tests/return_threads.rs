@@ -8,7 +8,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use uprobe_core::Uprobe;
-use uprobe_core::bench_only::return_stacks;
+use uprobe_core::testing::return_stacks;
 
 static INSIDE: AtomicUsize = AtomicUsize::new(0);
 static RELEASE: AtomicBool = AtomicBool::new(false);

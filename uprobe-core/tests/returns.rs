@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use common::{call, fn_addr, probe_at};
-use uprobe_core::bench_only::pending_returns;
+use uprobe_core::testing::pending_returns;
 
 // Each test probes functions of its own (tests of one binary may run in
 // parallel threads, and a probe's handlers run for every caller). The same

@@ -14,7 +14,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 
 use common::{call, fn_addr, probe_at};
-use uprobe_core::bench_only::{force_trap_back_slots, in_xol_slot};
+use uprobe_core::testing::{force_trap_back_slots, in_xol_slot};
 
 // load(x) = x + 500 (a load from data), add(x) = x + 3.
 #[cfg(target_arch = "x86_64")]

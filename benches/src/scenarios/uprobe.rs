@@ -294,7 +294,7 @@ fn build(
     ours: unsafe extern "C" fn(),
     kernels: unsafe extern "C" fn(),
 ) -> Result<Box<dyn Workload>, String> {
-    use uprobe_core::bench_only::{Lookup, force_trap_back_slots, set_locked_deferral, set_lookup};
+    use uprobe_core::testing::{Lookup, force_trap_back_slots, set_locked_deferral, set_lookup};
     // Set before every build (no probe is attached between builds).
     force_trap_back_slots(imp.starts_with("uprobe-core+twotrap"));
     set_locked_deferral(imp == "uprobe-core+twotrap+locked");
@@ -377,7 +377,7 @@ impl KernelUprobe {
             .trim()
             .parse()
             .map_err(|e| format!("uprobe PMU type: {e}"))?;
-        let (path, offset) = uprobe_core::bench_only::file_offset_of(addr)
+        let (path, offset) = uprobe_core::testing::file_offset_of(addr)
             .ok_or_else(|| format!("{addr:#x} is not in an executable file mapping"))?;
         let path =
             CString::new(path.into_os_string().into_encoded_bytes()).map_err(|e| e.to_string())?;

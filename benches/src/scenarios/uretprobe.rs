@@ -13,7 +13,7 @@
 
 use std::num::NonZeroUsize;
 
-use uprobe_core::bench_only::{Pinning, ReturnHold, set_in_flight_pinning, set_return_hold};
+use uprobe_core::testing::{Pinning, ReturnHold, set_in_flight_pinning, set_return_hold};
 
 use super::calls::Calls;
 use super::tally;

@@ -22,6 +22,43 @@ pub struct UsdtArg {
     pub location: UsdtLocation,
 }
 
+/// Why a USDT argument's spec (`-4@%edi`, say) could not be read: the
+/// spec, and what in it is not understood.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsdtArgError {
+    arg: String,
+    why: &'static str,
+}
+
+impl UsdtArgError {
+    pub(crate) fn new(arg: &str, why: &'static str) -> Self {
+        Self {
+            arg: arg.to_string(),
+            why,
+        }
+    }
+
+    /// The argument's spec.
+    #[must_use]
+    pub fn arg(&self) -> &str {
+        &self.arg
+    }
+
+    /// What in it is not understood.
+    #[must_use]
+    pub fn why(&self) -> &'static str {
+        self.why
+    }
+}
+
+impl core::fmt::Display for UsdtArgError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "USDT argument {:?}: {}", self.arg, self.why)
+    }
+}
+
+impl std::error::Error for UsdtArgError {}
+
 /// Where a USDT argument is when the probe fires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UsdtLocation {

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex, Once};
 
 use pcpu::PerCpuCounter;
 
-use crate::AttachError;
 use crate::arch::{BREAKPOINT, MAX_INSN_LEN, analyze, is_breakpoint};
+use crate::base::error::{AttachError, DetachError};
 use crate::base::mode::NotOptimized;
 use crate::code;
 use crate::entry::{faults, trap};
@@ -397,7 +397,7 @@ fn refuse_inside_direct_jump(addr: usize) -> Result<(), AttachError> {
 /// removes its breakpoint. One grace period for the whole batch; returns
 /// once no handler of these consumers runs or will run. Reports the first
 /// error (the others are still detached as far as they can be).
-pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), AttachError> {
+pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), DetachError> {
     let _w = writer();
     // A replaced handler disarms every site; the detach itself goes on
     // (it has nothing left to restore).
@@ -468,7 +468,7 @@ fn unpublish(
     sites: &[(usize, &Site)],
     maps: &Snapshot,
     garbage: &mut Vec<Garbage>,
-) -> Result<(), AttachError> {
+) -> Result<(), DetachError> {
     {
         // Jumps back to breakpoints first; the trampolines' cells then
         // name no site (a thread still on its way through one runs no
@@ -483,8 +483,11 @@ fn unpublish(
     let mut first_error = None;
     for (i, &(slot, site)) in sites.iter().enumerate() {
         if let Some(at) = failed.iter().position(|(f, _)| *f == i) {
-            let (_, e) = failed.swap_remove(at);
-            first_error.get_or_insert(e);
+            let (_, source) = failed.swap_remove(at);
+            first_error.get_or_insert(DetachError::CodeNotRestored {
+                addr: site.addr,
+                source,
+            });
             garbage.push(Garbage::List(site.publish_list(Vec::new())));
             continue;
         }

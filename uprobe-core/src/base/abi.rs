@@ -9,11 +9,11 @@
 
 use std::sync::atomic::AtomicUsize;
 
-/// `site::jump::JumpCell` (`#[repr(C)]`): where its `fast` pointer (a
+/// `site::jump::JumpCell` (`#[repr(C)]`): where its `counter` pointer (a
 /// counting probe's per-CPU counter, or null) and its `timed` pointer (a
 /// timing probe's switch, or null) are.
-pub(crate) const JUMP_CELL_FAST_AT: usize = 24;
-/// See [`JUMP_CELL_FAST_AT`].
+pub(crate) const JUMP_CELL_COUNTER_AT: usize = 24;
+/// See [`JUMP_CELL_COUNTER_AT`].
 pub(crate) const JUMP_CELL_TIMED_AT: usize = 32;
 
 /// Buckets of a latency histogram: bucket `k` counts calls of `[2^k,

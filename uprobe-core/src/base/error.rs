@@ -192,15 +192,105 @@ pub enum AttachError {
     /// and [`time_into`](crate::Uprobe::time_into): a timing probe counts
     /// its calls in its latency cells.
     CountAndTime,
+    /// A thread filter ([`only_thread`](crate::Uprobe::only_thread))
+    /// names no thread: kernel thread ids are positive.
+    InvalidThreadId {
+        /// The id given.
+        tid: i32,
+    },
     /// This architecture has no engine yet.
     UnsupportedArch,
-    /// A system call failed while installing the handler or patching.
+    /// A system call failed while installing the handler or patching
+    /// ([`source`](std::error::Error::source) is the [`Errno`]).
     Os {
         /// What was being done.
         what: &'static str,
-        /// `errno`.
-        errno: i32,
+        /// Why it failed.
+        errno: Errno,
     },
+}
+
+/// Why [`Probe::detach`](crate::Probe::detach) (or
+/// [`detach_all`](crate::Probe::detach_all)) could not put a probed
+/// instruction back. The probe is detached all the same: none of its
+/// handlers runs or will run once the call returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DetachError {
+    /// The original code at `addr` could not be written back (`source`
+    /// says why): its breakpoint stays, and a hit there runs the
+    /// instruction with no handler.
+    CodeNotRestored {
+        /// The probed address.
+        addr: usize,
+        /// Why the write failed.
+        source: AttachError,
+    },
+}
+
+impl core::fmt::Display for DetachError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::CodeNotRestored { addr, source } => write!(
+                f,
+                "the code at {addr:#x} could not be restored ({source}): its breakpoint stays, \
+                 with no handler"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DetachError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::CodeNotRestored { source, .. } => Some(source),
+        }
+    }
+}
+
+/// An `errno` value: why a system call failed. Prints as the system's
+/// message for it; converts into [`std::io::Error`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Errno(i32);
+
+impl Errno {
+    /// The error `errno` (`libc::ENOMEM`, say).
+    #[must_use]
+    pub const fn new(errno: i32) -> Self {
+        Self(errno)
+    }
+
+    /// The raw `errno` value.
+    #[must_use]
+    pub const fn raw(self) -> i32 {
+        self.0
+    }
+
+    /// The calling thread's `errno` now. Async-signal-safe.
+    #[must_use]
+    pub fn last() -> Self {
+        Self(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+
+    /// The `errno` of an I/O error (`fallback` if it has none).
+    #[must_use]
+    pub fn of(e: &std::io::Error, fallback: i32) -> Self {
+        Self(e.raw_os_error().unwrap_or(fallback))
+    }
+}
+
+impl core::fmt::Display for Errno {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        std::io::Error::from_raw_os_error(self.0).fmt(f)
+    }
+}
+
+impl std::error::Error for Errno {}
+
+impl From<Errno> for std::io::Error {
+    fn from(e: Errno) -> Self {
+        Self::from_raw_os_error(e.0)
+    }
 }
 
 impl core::fmt::Display for AttachError {
@@ -299,11 +389,10 @@ impl core::fmt::Display for AttachError {
             | Self::TooFewLatencyCells { .. }
             | Self::CountAndTime => self.fmt_cells(f),
             Self::UnsupportedArch => f.write_str("no probe engine for this architecture yet"),
-            Self::Os { what, errno } => write!(
-                f,
-                "{what} failed: {}",
-                std::io::Error::from_raw_os_error(*errno)
-            ),
+            Self::InvalidThreadId { tid } => {
+                write!(f, "no thread has id {tid}: kernel thread ids are positive")
+            }
+            Self::Os { what, errno } => write!(f, "{what} failed: {errno}"),
         }
     }
 }
@@ -330,14 +419,21 @@ impl AttachError {
     }
 }
 
-impl std::error::Error for AttachError {}
+impl std::error::Error for AttachError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Os { errno, .. } => Some(errno),
+            _ => None,
+        }
+    }
+}
 
 /// The calling thread's `errno`, as an [`AttachError::Os`].
 #[cfg_attr(not(uprobe_engine), allow(dead_code))]
 pub(crate) fn os_error(what: &'static str) -> AttachError {
     AttachError::Os {
         what,
-        errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+        errno: Errno::last(),
     }
 }
 

@@ -6,6 +6,7 @@
 //! freed while a thread may run it. Nothing here knows about sites.
 
 pub(crate) mod pinned;
+mod regions;
 pub(crate) mod return_stubs;
 pub(crate) mod slots;
 pub(crate) mod trampolines;
@@ -104,7 +105,7 @@ pub(crate) fn map_near(addr: usize, size: usize) -> Result<usize, AttachError> {
     }
     Err(AttachError::Os {
         what: "no room for generated code within reach of the probed code",
-        errno: libc::ENOMEM,
+        errno: crate::base::error::Errno::new(libc::ENOMEM),
     })
 }
 

@@ -25,12 +25,13 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 #[cfg(feature = "bench-variants")]
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pcpu_freelist::FreeList;
 
 use crate::AttachError;
 
+use super::regions::Regions;
 use super::{REACH, REGION_SIZE, map_near, write_code};
 use crate::arch::SLOT_SIZE;
 
@@ -39,15 +40,11 @@ struct Region {
     free: FreeList<()>,
 }
 
-/// The most regions a process maps (64 MiB of slots).
-const MAX_REGIONS: usize = 1024;
-/// Region bases, for the fault handler (0: unused); written once each,
-/// before any slot of the region is published.
-static REGION_BASES: [AtomicUsize; MAX_REGIONS] = [const { AtomicUsize::new(0) }; MAX_REGIONS];
-/// Per region, the probed address each slot runs (leaked, like the
-/// regions: slots live as long as the process).
-static REGION_ORIGINS: [AtomicPtr<AtomicUsize>; MAX_REGIONS] =
-    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_REGIONS];
+/// Slots per region.
+const PER_REGION: usize = REGION_SIZE / SLOT_SIZE;
+/// The regions, each with the probed address each of its slots runs
+/// (an origin word; 0: unused).
+static REGIONS: Regions<[AtomicUsize; PER_REGION]> = Regions::new();
 
 /// How a slot ends: a branch back to the next instruction (one trap per
 /// hit; the slot within reach of the code), or a breakpoint (two traps
@@ -82,23 +79,8 @@ pub(crate) fn origin_of(ip: usize) -> Option<usize> {
 }
 
 fn origin_word(ip: usize) -> Option<usize> {
-    // Plain index loops: this runs in the trap handler, where an iterator
-    // adapter's moves could be `memcpy` calls (in unoptimised builds), and
-    // `memcpy` may be what is probed.
-    for i in 0..MAX_REGIONS {
-        let base = REGION_BASES[i].load(Ordering::Acquire);
-        if base == 0 {
-            return None;
-        }
-        if ip >= base && ip < base + REGION_SIZE {
-            let origins = REGION_ORIGINS[i].load(Ordering::Acquire);
-            // SAFETY: a published region's origin table has one entry per
-            // slot and is never freed.
-            let origin = unsafe { &*origins.add((ip - base) / SLOT_SIZE) };
-            return Some(origin.load(Ordering::Acquire)).filter(|&a| a != 0);
-        }
-    }
-    None
+    let (base, origins) = REGIONS.find(ip)?;
+    Some(origins[(ip - base) / SLOT_SIZE].load(Ordering::Acquire)).filter(|&a| a != 0)
 }
 
 #[derive(Default)]
@@ -210,32 +192,20 @@ fn record_origin(slot: usize, addr: usize, len: usize, end: SlotEnd) {
         0
     };
     let word = (addr & ADDR_MASK) | trap | (len << 56);
-    for (base, origins) in REGION_BASES.iter().zip(&REGION_ORIGINS) {
-        let b = base.load(Ordering::Acquire);
-        if (b..b + REGION_SIZE).contains(&slot) {
-            // SAFETY: as in `origin_of`.
-            let o = unsafe { &*origins.load(Ordering::Acquire).add((slot - b) / SLOT_SIZE) };
-            o.store(word, Ordering::Release);
-            return;
-        }
+    if let Some((base, origins)) = REGIONS.find(slot) {
+        origins[(slot - base) / SLOT_SIZE].store(word, Ordering::Release);
     }
 }
 
 /// Publishes a new region for the fault handler.
 fn publish_region(base: usize) -> Result<(), AttachError> {
-    let free = REGION_BASES
-        .iter()
-        .position(|b| b.load(Ordering::Relaxed) == 0)
+    REGIONS
+        .publish(base, Box::new([const { AtomicUsize::new(0) }; PER_REGION]))
+        .map(drop)
         .ok_or(AttachError::Os {
             what: "too many out-of-line regions",
-            errno: libc::ENOMEM,
-        })?;
-    let origins: Box<[AtomicUsize]> = (0..REGION_SIZE / SLOT_SIZE)
-        .map(|_| AtomicUsize::new(0))
-        .collect();
-    REGION_ORIGINS[free].store(Box::leak(origins).as_mut_ptr(), Ordering::Release);
-    REGION_BASES[free].store(base, Ordering::Release);
-    Ok(())
+            errno: crate::base::error::Errno::new(libc::ENOMEM),
+        })
 }
 
 /// Writes a slot's code, keeping its page executable throughout (other
@@ -269,14 +239,10 @@ fn map_region_near(addr: usize) -> Result<Region, AttachError> {
 /// Bytes of address space the regions take (never unmapped).
 /// Async-signal-safe: loads only.
 pub(crate) fn mapped_bytes() -> usize {
-    REGION_BASES
-        .iter()
-        .take_while(|b| b.load(Ordering::Acquire) != 0)
-        .count()
-        * REGION_SIZE
+    REGIONS.mapped_bytes()
 }
 
 /// Whether a region of slots was mapped. Async-signal-safe.
 pub(crate) fn any_region() -> bool {
-    REGION_BASES[0].load(Ordering::Acquire) != 0
+    REGIONS.any()
 }

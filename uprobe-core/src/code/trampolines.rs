@@ -6,29 +6,26 @@
 //! jump); which trampoline serves which site is `crate::patch::jump`'s.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
+use super::regions::{MAX_REGIONS, Regions};
 use super::{REACH, REGION_SIZE, map_near, write_code};
 use crate::base::mode::NotOptimized;
 
 pub(crate) use crate::arch::{Moves, TRAMPOLINE_SIZE};
 
-/// The most regions of trampolines a process maps (64 MiB, 262,144
-/// trampolines).
-const MAX_REGIONS: usize = 1024;
 /// Trampolines per region.
 const PER_REGION: usize = REGION_SIZE / TRAMPOLINE_SIZE;
-/// Region bases, for the fault handler (0: unused); written once each.
-static REGION_BASES: [AtomicUsize; MAX_REGIONS] = [const { AtomicUsize::new(0) }; MAX_REGIONS];
-/// Per region, its trampolines' moves by slot (leaked, like the regions).
-static REGION_MOVES: [AtomicPtr<[AtomicPtr<Moves>; PER_REGION]>; MAX_REGIONS] =
-    [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_REGIONS];
+/// The regions, each with its trampolines' moves (null: no trampoline
+/// there yet), for the fault handler and the thread checks.
+static PUBLISHED: Regions<[AtomicPtr<Moves>; PER_REGION]> = Regions::new();
 
-/// The regions mapped so far: `(base, bytes used)`.
+/// The regions mapped so far: `(base, bytes used)`, in the order they
+/// were published.
 static REGIONS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 
 /// Whether new trampolines are refused as if no gap were within reach
-/// (for tests; see `bench_only::no_trampoline_room`).
+/// (for tests; see `testing::no_trampoline_room`).
 static NO_ROOM: AtomicBool = AtomicBool::new(false);
 
 /// Makes new trampolines fail as if no gap were within reach of the code
@@ -62,7 +59,12 @@ pub(crate) fn place(
             return Err(NotOptimized::NoTrampolineRoom);
         }
         let base = map_near(near, REGION_SIZE).map_err(|_| NotOptimized::NoTrampolineRoom)?;
-        publish_region(regions.len(), base);
+        PUBLISHED
+            .publish(
+                base,
+                Box::new([const { AtomicPtr::new(core::ptr::null_mut()) }; PER_REGION]),
+            )
+            .ok_or(NotOptimized::NoTrampolineRoom)?;
         regions.push((base, 0));
         regions.len() - 1
     };
@@ -72,60 +74,35 @@ pub(crate) fn place(
     write_code(base, &code).map_err(|_| NotOptimized::NoTrampolineRoom)?;
     regions[region].1 += TRAMPOLINE_SIZE;
     let moves: &'static Moves = Box::leak(Box::new(moves));
-    // SAFETY: published with the region, never freed.
-    let slots = unsafe { &*REGION_MOVES[region].load(Ordering::Acquire) };
+    let slots = PUBLISHED.table(region).expect("published with the region");
     slots[used / TRAMPOLINE_SIZE].store(core::ptr::from_ref(moves).cast_mut(), Ordering::Release);
     Ok((base, moves))
-}
-
-/// Publishes region `i` at `base` for the fault handler.
-fn publish_region(i: usize, base: usize) {
-    let slots: &'static [AtomicPtr<Moves>; PER_REGION] = Box::leak(Box::new(
-        [const { AtomicPtr::new(core::ptr::null_mut()) }; PER_REGION],
-    ));
-    REGION_MOVES[i].store(core::ptr::from_ref(slots).cast_mut(), Ordering::Release);
-    REGION_BASES[i].store(base, Ordering::Release);
 }
 
 /// Bytes of address space the regions take (never unmapped).
 /// Async-signal-safe: loads only.
 pub(crate) fn mapped_bytes() -> usize {
-    REGION_BASES
-        .iter()
-        .take_while(|b| b.load(Ordering::Acquire) != 0)
-        .count()
-        * REGION_SIZE
+    PUBLISHED.mapped_bytes()
 }
 
 /// Whether a region of trampolines was mapped. Async-signal-safe.
 pub(crate) fn any_region() -> bool {
-    REGION_BASES[0].load(Ordering::Acquire) != 0
+    PUBLISHED.any()
 }
 
 /// If `pc` runs a relocated instruction of a trampoline: the original
 /// instruction's address, and the relocated copy's. Async-signal-safe:
 /// loads only.
 pub(crate) fn relocated_origin(pc: usize) -> Option<(usize, usize)> {
-    for i in 0..MAX_REGIONS {
-        let base = REGION_BASES[i].load(Ordering::Acquire);
-        if base == 0 {
-            return None;
+    let (base, slots) = PUBLISHED.find(pc)?;
+    let moves = slots[(pc - base) / TRAMPOLINE_SIZE].load(Ordering::Acquire);
+    // SAFETY: moves are leaked once published.
+    let moves = unsafe { moves.as_ref() }?;
+    let mut found = None;
+    for &(orig, copy) in moves {
+        if copy <= pc {
+            found = Some((orig, copy));
         }
-        if pc < base || pc >= base + REGION_SIZE {
-            continue;
-        }
-        // SAFETY: published before the base, never freed.
-        let slots = unsafe { &*REGION_MOVES[i].load(Ordering::Acquire) };
-        let moves = slots[(pc - base) / TRAMPOLINE_SIZE].load(Ordering::Acquire);
-        // SAFETY: moves are leaked once published.
-        let moves = unsafe { moves.as_ref() }?;
-        let mut found = None;
-        for &(orig, copy) in moves {
-            if copy <= pc {
-                found = Some((orig, copy));
-            }
-        }
-        return found;
     }
-    None
+    found
 }

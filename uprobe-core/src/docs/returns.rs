@@ -15,7 +15,7 @@
 //! returns past [`Uprobe::max_active`]); a tail call or a second consumer
 //! finds the stub already in place and chains onto the same return.
 //!
-//! - **Lifetime** (seed 002): a pending return holds an `srcu` *lease* on
+//! - **Lifetime** (as the kernel's uretprobes since 2024): a pending return holds an `srcu` *lease* on
 //!   its consumer, not a reference count; leases older than 100 ms expire
 //!   into references, so a function that never returns delays nothing.
 //!   [`Probe::detach`] returns once no handler of the probe runs or will

@@ -1,5 +1,5 @@
 //! Deferring asynchronous signals while a thread runs a trap-ended
-//! out-of-line slot (seed 000's task-flag deferral, in userspace).
+//! out-of-line slot (the kernel's lock-free restore of a task flag, in userspace).
 //!
 //! Between the probe's trap and the slot's own trap the thread runs one
 //! displaced instruction somewhere else; a signal handled in between would
@@ -63,14 +63,14 @@ pub(crate) fn restore(uc: &mut libc::ucontext_t) {
 }
 
 /// Whether the flag operations run under one process-wide lock, as the
-/// kernel's did under `siglock` before seed 000 (a benchmark switch).
+/// kernel's did under `siglock` before 2025 (a benchmark switch).
 #[cfg(feature = "bench-variants")]
 static LOCKED: AtomicBool = AtomicBool::new(false);
 /// That lock (a spinlock: it is taken in the trap handler).
 #[cfg(feature = "bench-variants")]
 static PROCESS_LOCK: AtomicBool = AtomicBool::new(false);
 
-/// Makes the deferral bookkeeping take a process-wide lock (the seed's
+/// Makes the deferral bookkeeping take a process-wide lock (the kernel's
 /// "before"), for `bench`. Only while no probe is hit: a thread interrupted
 /// while holding the lock by a signal whose handler hits a trap-ended slot
 /// would wait for itself (as the kernel avoids by disabling interrupts).

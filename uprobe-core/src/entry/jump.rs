@@ -32,7 +32,7 @@ extern "C" fn jump_hit(frame: &mut JumpFrame, arg: usize) -> HitReturn {
 pub(crate) fn on_jump(cell: &JumpCell, frame: &mut crate::arch::Frame) -> bool {
     crate::arch::set_frame_pc(frame, cell.addr);
     with_read_side(|| {
-        let one = cell.one.load(Ordering::Acquire);
+        let one = cell.lone_consumer.load(Ordering::Acquire);
         if !one.is_null() {
             // SAFETY: the consumer is in a list that is retired, after
             // a grace period, only once the cell no longer names it; we

@@ -38,7 +38,7 @@ pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool
             // are in a read section.
             let consumers = unsafe { &*site.consumers.load(Ordering::Acquire) };
             match &consumers[..] {
-                [c] if c.only_tid == 0 => {
+                [c] if c.only_thread.is_none() => {
                     !c.removed.load(Ordering::Relaxed) && run_one(c, site.addr, frame)
                 }
                 all => run_each(all, site.addr, frame),
@@ -48,7 +48,7 @@ pub(crate) fn run_consumers(site: &Site, frame: &mut crate::arch::Frame) -> bool
 }
 
 /// [`run_consumers`] for a trampoline whose cell names its site's only
-/// consumer, which has no thread filter (`JumpCell::one`): the same,
+/// consumer, which has no thread filter (`JumpCell::lone_consumer`): the same,
 /// without loading the site and its list on the way (the site only for
 /// a nested hit, to count it as missed). Async-signal-safe; inside a
 /// read section of the table's domain.
@@ -117,7 +117,8 @@ fn run_each(consumers: &[Arc<Consumer>], addr: usize, frame: &mut crate::arch::F
     let mut tid = None;
     for c in consumers {
         if c.removed.load(Ordering::Relaxed)
-            || (c.only_tid != 0 && c.only_tid != *tid.get_or_insert_with(current_tid))
+            || c.only_thread
+                .is_some_and(|t| t.get() != *tid.get_or_insert_with(current_tid))
         {
             continue;
         }

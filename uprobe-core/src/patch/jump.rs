@@ -246,8 +246,8 @@ fn trampoline_for(
     let cell = Box::new(JumpCell {
         addr: site,
         site: AtomicPtr::new(core::ptr::null_mut()),
-        one: AtomicPtr::new(core::ptr::null_mut()),
-        fast: AtomicPtr::new(core::ptr::null_mut()),
+        lone_consumer: AtomicPtr::new(core::ptr::null_mut()),
+        counter: AtomicPtr::new(core::ptr::null_mut()),
         timed: AtomicPtr::new(core::ptr::null_mut()),
         trampoline: AtomicUsize::new(0),
     });

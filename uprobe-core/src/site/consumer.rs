@@ -2,6 +2,7 @@
 //! return side and its counters; the list a site publishes to the hit
 //! path is replaced whole (see [`Site::publish_list`](super::Site::publish_list)).
 
+use std::num::NonZeroI32;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -18,8 +19,8 @@ pub(crate) struct Consumer {
     pub(crate) handler: Handler,
     /// The return handler's side, for a return probe.
     pub(crate) ret: Option<super::returns::ReturnProbe>,
-    /// Only hits of this thread run the handler (0: every thread).
-    pub(crate) only_tid: i32,
+    /// Only hits of this thread run the handler (`None`: every thread).
+    pub(crate) only_thread: Option<NonZeroI32>,
     /// Hits that ran the handler, counted per CPU (no cache line shared
     /// by the threads hitting the probe).
     pub(crate) hits: PerCpuCounter,
@@ -46,7 +47,7 @@ pub(crate) struct Consumer {
     /// [`Uprobe::count_into`](crate::Uprobe::count_into) is counted;
     /// `None` for a probe with a handler and the engine's counters, or
     /// where trampolines do not count.
-    pub(crate) fast: Option<super::count::FastCount>,
+    pub(crate) counter: Option<super::count::TrampolineCounter>,
     /// A timing probe with no handler and no thread filter: its calls may
     /// be timed without the engine (see [`super::timing`]).
     pub(crate) only_times: bool,
@@ -73,9 +74,9 @@ impl Consumer {
     #[inline]
     pub(crate) fn count_hit(&self) {
         if !self
-            .fast
+            .counter
             .as_ref()
-            .is_some_and(super::count::FastCount::count_in_caller_cells)
+            .is_some_and(super::count::TrampolineCounter::count_in_caller_cells)
         {
             self.hits.add(1);
         }
@@ -84,7 +85,26 @@ impl Consumer {
     /// Hits counted: by the full path and by the trampolines' own
     /// counting. Async-signal-safe.
     pub(crate) fn hits(&self) -> u64 {
-        let fast = self.fast.as_ref().map_or(0, super::count::FastCount::sum);
-        self.hits.sum().wrapping_add(fast)
+        let in_trampolines = self
+            .counter
+            .as_ref()
+            .map_or(0, super::count::TrampolineCounter::sum);
+        self.hits.sum().wrapping_add(in_trampolines)
+    }
+}
+
+/// Increments (`+1`) or decrements (`-1`) the USDT semaphore at `addr`
+/// (a consumer made on a USDT probe holds it while attached).
+///
+/// # Safety
+/// `addr` is a USDT semaphore of a loaded object: a writable, aligned
+/// `u16`.
+pub(crate) unsafe fn adjust_semaphore(addr: usize, delta: i16) {
+    // SAFETY: the caller's contract; programs only read it.
+    let sem = unsafe { core::sync::atomic::AtomicU16::from_ptr(addr as *mut u16) };
+    if delta > 0 {
+        sem.fetch_add(delta.unsigned_abs(), core::sync::atomic::Ordering::Relaxed);
+    } else {
+        sem.fetch_sub(delta.unsigned_abs(), core::sync::atomic::Ordering::Relaxed);
     }
 }

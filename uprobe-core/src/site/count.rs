@@ -6,13 +6,13 @@
 //! section, no call into Rust (`crate::arch::count`).
 //!
 //! **The protocol.** The trampoline's `JumpCell`
-//! holds a pointer, `fast`, to the [`FastCount`] (its CPU slot 0) of the
+//! holds a pointer, `counter`, to the [`TrampolineCounter`] (its CPU slot 0) of the
 //! consumer the hit counts for, or null (every hit takes the full path, which counts in
 //! the consumer's own per-CPU `hits`). The prelude loads
-//! `fast` *inside* a restartable sequence whose one store is the add to
+//! `counter` *inside* a restartable sequence whose one store is the add to
 //! the current CPU's slot, so "which counter" and "count" are one unit
 //! against preemption, migration and signals. The writer (under the
-//! attach lock) changes `fast` whenever a site's consumer list or its
+//! attach lock) changes `counter` whenever a site's consumer list or its
 //! cell changes (`Site::publish_list`, `Site::take_cell`,
 //! `Site::clear_cell`); after taking a non-null pointer away it calls
 //! [`pcpu::rseq::fence_all`], which restarts every section in flight, so
@@ -20,7 +20,7 @@
 //! consumer that owned it is freed only after that (and after the grace
 //! period of the table's domain that follows).
 //!
-//! So every hit is counted exactly once: in the `FastCount` of the
+//! So every hit is counted exactly once: in the `TrampolineCounter` of the
 //! consumer (the section committed) or in its `hits` (the full path ran
 //! it), and [`Probe::hits`](crate::Probe::hits) sums both. Fork keeps both
 //! in the child's copy of memory. A thread whose rseq area is not
@@ -116,11 +116,11 @@ enum Cells {
 /// The per-CPU counts of a counting probe's fast path: what its
 /// trampolines add to, one slot per CPU (the layout the architecture's
 /// prelude indexes).
-pub(crate) struct FastCount {
+pub(crate) struct TrampolineCounter {
     cells: Cells,
 }
 
-impl FastCount {
+impl TrampolineCounter {
     /// Counters at zero. Not async-signal-safe (allocates).
     ///
     /// # Panics
@@ -166,7 +166,7 @@ impl FastCount {
     }
 
     /// Slot 0's counter: what a trampoline's cell points at (on the
-    /// heap: it stays where it is when the `FastCount` moves); null for
+    /// heap: it stays where it is when the `TrampolineCounter` moves); null for
     /// a timing probe's cells, which no counting prelude adds to.
     pub(crate) fn base(&self) -> *mut AtomicU64 {
         match &self.cells {

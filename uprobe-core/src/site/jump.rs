@@ -12,7 +12,7 @@ use crate::base::mode::Tactic;
 use std::sync::atomic::AtomicU64;
 
 /// Which site a trampoline serves now. Never freed. `#[repr(C)]`: the
-/// counting entry reads `fast` and `timed` at the offsets `crate::base::abi` declares.
+/// counting entry reads `counter` and `timed` at the offsets `crate::base::abi` declares.
 #[repr(C)]
 pub(crate) struct JumpCell {
     /// The probed address.
@@ -26,11 +26,11 @@ pub(crate) struct JumpCell {
     /// Set before the list holding it is published, and cleared or
     /// replaced before that list is retired, so a read section that
     /// loaded it finds it alive, like the list (see `Site::publish_list`).
-    pub(crate) one: AtomicPtr<super::consumer::Consumer>,
+    pub(crate) lone_consumer: AtomicPtr<super::consumer::Consumer>,
     /// Where a hit is counted without running the engine, when the site's
     /// only consumer is a counting probe (null: every hit runs the
     /// engine). See [`super::count`].
-    pub(crate) fast: AtomicPtr<AtomicU64>,
+    pub(crate) counter: AtomicPtr<AtomicU64>,
     /// The switch of the site's only consumer when that is a timing probe
     /// the entry routine times itself (null: every hit runs the engine).
     /// See [`super::timing`].
@@ -41,7 +41,7 @@ pub(crate) struct JumpCell {
 
 // The layout the architectures' routines read (`crate::base::abi`).
 const _: () = assert!(
-    core::mem::offset_of!(JumpCell, fast) == crate::base::abi::JUMP_CELL_FAST_AT
+    core::mem::offset_of!(JumpCell, counter) == crate::base::abi::JUMP_CELL_COUNTER_AT
         && core::mem::offset_of!(JumpCell, timed) == crate::base::abi::JUMP_CELL_TIMED_AT
 );
 

@@ -157,7 +157,7 @@ impl Site {
         let cell = self.cell.load(Ordering::Relaxed);
         if !cell.is_null() {
             // SAFETY: cells are never freed.
-            sync_fast(unsafe { &*cell }, &list);
+            sync_cell(unsafe { &*cell }, &list);
         }
         self.consumers
             .swap(Box::into_raw(Box::new(list)), Ordering::AcqRel)
@@ -168,7 +168,7 @@ impl Site {
     pub(crate) fn take_cell(&self, cell: &'static jump::JumpCell) {
         self.cell
             .store(core::ptr::from_ref(cell).cast_mut(), Ordering::Relaxed);
-        sync_fast(cell, self.current_list());
+        sync_cell(cell, self.current_list());
         cell.site
             .store(core::ptr::from_ref(self).cast_mut(), Ordering::Release);
     }
@@ -183,32 +183,32 @@ impl Site {
         }
         // SAFETY: cells are never freed.
         let cell = unsafe { &*cell };
-        sync_fast(cell, &[]);
+        sync_cell(cell, &[]);
         cell.site.store(core::ptr::null_mut(), Ordering::Release);
     }
 }
 
 /// Points `cell`'s fast paths at what `list` (the site's consumers now)
 /// allows: its only consumer without a thread filter, if it has one
-/// ([`jump::JumpCell::one`]); the [`count::FastCount`] of its only
+/// ([`jump::JumpCell::lone_consumer`]); the [`count::TrampolineCounter`] of its only
 /// consumer if that one only counts, else nothing; after taking a
 /// counter away, waits until no thread can still add to it (see
 /// [`count`]). The attach lock is held.
-fn sync_fast(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
+fn sync_cell(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
     let one = match list {
-        [only] if only.only_tid == 0 => Arc::as_ptr(only).cast_mut(),
+        [only] if only.only_thread.is_none() => Arc::as_ptr(only).cast_mut(),
         _ => core::ptr::null_mut(),
     };
-    cell.one.store(one, Ordering::Release);
+    cell.lone_consumer.store(one, Ordering::Release);
     let want = match list {
         [only] if only.counting => only
-            .fast
+            .counter
             .as_ref()
             .filter(|f| f.trampolines_count())
-            .map_or(core::ptr::null_mut(), count::FastCount::base),
+            .map_or(core::ptr::null_mut(), count::TrampolineCounter::base),
         _ => core::ptr::null_mut(),
     };
-    let old = cell.fast.swap(want, Ordering::AcqRel);
+    let old = cell.counter.swap(want, Ordering::AcqRel);
     if !old.is_null() && old != want {
         pcpu::rseq::fence_all();
     }

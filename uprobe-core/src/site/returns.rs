@@ -78,13 +78,13 @@ impl ReturnProbe {
 }
 
 /// How a pending return keeps its consumer alive (a benchmark switch: the
-/// seed's before and after).
+/// kernel's before and after its 2024 patch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReturnHold {
     /// An SRCU lease that expires into a reference (the default).
     Lease,
     /// A reference count taken per pending return (the kernel before
-    /// the seed).
+    /// the 2024 patch).
     Refcount,
 }
 
@@ -92,13 +92,13 @@ pub enum ReturnHold {
 static HOLD: AtomicU8 = AtomicU8::new(0);
 
 /// How an in-flight charge keeps the probe's counters alive (a benchmark
-/// switch: seed 003's after and before).
+/// switch: the kernel's after and before its 2020 patch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pinning {
     /// The account pins them while it is non-zero (the default).
     OnTransition,
     /// Each charge takes a reference and its uncharge drops it (`get_uid`
-    /// / `free_uid` per signal, before the seed).
+    /// / `free_uid` per signal, before the 2024 patch).
     PerReturn,
 }
 

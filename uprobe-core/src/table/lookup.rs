@@ -1,11 +1,11 @@
 //! The probe table's read side: SRCU by default, with the alternatives
 //! selectable for benchmarks.
 //!
-//! Seed 001 moved the kernel's uprobe lookup lock to a per-CPU RW
+//! In 2024 the kernel moved its uprobe lookup lock to a per-CPU RW
 //! semaphore; the kernel later moved to a lockless lookup. This engine
 //! reads its table inside an SRCU read section (per-CPU counts, never
 //! parks), and keeps `percpu-rwsem` and a plain `std::sync::RwLock` as
-//! [`bench_only::set_lookup`](crate::bench_only::set_lookup) choices so the
+//! [`testing::set_lookup`](crate::testing::set_lookup) choices so the
 //! `bench` binary can measure all three on the trap path. Under a lock,
 //! attach and detach mutate the table and free what they unpublished with
 //! the write side held (no grace period); under SRCU they wait one grace
@@ -25,7 +25,7 @@ use crate::base::thread::{set_writing, writing};
 pub enum Lookup {
     /// An SRCU read section (the default): no lock, never parks.
     Srcu,
-    /// The read side of a `percpu-rwsem` (seed 001): per-CPU, but a
+    /// The read side of a `percpu-rwsem` (the kernel's 2024 patch): per-CPU, but a
     /// reader waits while attach/detach write.
     PercpuRwsem,
     /// `std::sync::RwLock::read`: one shared word; a reader waits while

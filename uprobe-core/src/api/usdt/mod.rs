@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 
 use object::{Object as _, ObjectSection as _};
 
-pub use crate::arch::usdt::{UsdtArg, UsdtLocation};
+pub use crate::arch::usdt::{UsdtArg, UsdtArgError, UsdtLocation};
 
 use crate::{AttachError, Uprobe};
 
@@ -56,18 +56,23 @@ pub struct UsdtProbe {
 impl UsdtArg {
     /// Parses one argument of a spec (`-4@%eax`, `8@-8(%rbp)`, `4@$71` on
     /// x86-64; `-4@[sp, 96]`, `-8@x4`, `4@5` on aarch64).
-    pub fn parse(text: &str) -> Result<Self, &'static str> {
-        let (size, location) = text.split_once('@').ok_or("no `@` after the size")?;
-        let size: i8 = size.parse().map_err(|_| "the size is not a number")?;
+    pub fn parse(text: &str) -> Result<Self, UsdtArgError> {
+        let error = |why| UsdtArgError::new(text, why);
+        let (size, location) = text
+            .split_once('@')
+            .ok_or_else(|| error("no `@` after the size"))?;
+        let size: i8 = size
+            .parse()
+            .map_err(|_| error("the size is not a number"))?;
         let signed = size < 0;
         let size = size.unsigned_abs();
         if !matches!(size, 1 | 2 | 4 | 8) {
-            return Err("the size is not 1, 2, 4 or 8 bytes");
+            return Err(error("the size is not 1, 2, 4 or 8 bytes"));
         }
         Ok(Self {
             size,
             signed,
-            location: crate::arch::usdt::parse_location(location)?,
+            location: crate::arch::usdt::parse_location(location).map_err(error)?,
         })
     }
 }
@@ -78,10 +83,10 @@ impl UsdtProbe {
         self.spec
             .split_whitespace()
             .map(|a| {
-                UsdtArg::parse(a).map_err(|why| AttachError::UsdtArgument {
+                UsdtArg::parse(a).map_err(|e| AttachError::UsdtArgument {
                     probe: format!("{}:{}", self.provider, self.name),
                     arg: a.to_string(),
-                    why,
+                    why: e.why(),
                 })
             })
             .collect()
@@ -227,18 +232,42 @@ fn notes_in_file(path: &Path) -> Result<Vec<Note>, AttachError> {
     Ok(notes)
 }
 
-/// Increments (`+1`) or decrements (`-1`) the semaphore at `addr`.
-///
-/// # Safety
-/// `addr` is a USDT semaphore of a loaded object: a writable, aligned
-/// `u16`.
-pub(crate) unsafe fn adjust_semaphore(addr: usize, delta: i16) {
-    // SAFETY: the caller's contract; programs only read it.
-    let sem = unsafe { core::sync::atomic::AtomicU16::from_ptr(addr as *mut u16) };
-    if delta > 0 {
-        sem.fetch_add(delta.unsigned_abs(), core::sync::atomic::Ordering::Relaxed);
-    } else {
-        sem.fetch_sub(delta.unsigned_abs(), core::sync::atomic::Ordering::Relaxed);
+impl Uprobe {
+    /// Probes on every site of the USDT probe `provider:name` of the
+    /// loaded object `object` (a probe used in several places has several
+    /// sites), each holding the probe's semaphore while attached and
+    /// reading its arguments with
+    /// [`EntryContext::usdt_arg`](crate::EntryContext::usdt_arg). Give
+    /// each the same handler (an `Arc` captured by each closure) and
+    /// attach them together with [`attach_all`](Self::attach_all). Not
+    /// async-signal-safe (reads the object file).
+    ///
+    /// ```no_run
+    /// use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    /// use uprobe_core::Uprobe;
+    ///
+    /// static THROWS: AtomicU64 = AtomicU64::new(0);
+    /// let probes = Uprobe::attach_all(
+    ///     Uprobe::usdt("libstdc++.so.6", "libstdcxx", "throw")?
+    ///         .into_iter()
+    ///         .map(|u| u.on_entry(|_| { THROWS.fetch_add(1, Relaxed); })),
+    /// )?;
+    /// # drop(probes);
+    /// # Ok::<(), uprobe_core::AttachError>(())
+    /// ```
+    pub fn usdt(object: &str, provider: &str, name: &str) -> Result<Vec<Self>, AttachError> {
+        let sites: Vec<_> = probes(object)?
+            .into_iter()
+            .filter(|p| p.provider == provider && p.name == name)
+            .collect();
+        if sites.is_empty() {
+            return Err(AttachError::UsdtNotFound {
+                object: object.to_string(),
+                provider: provider.to_string(),
+                name: name.to_string(),
+            });
+        }
+        sites.iter().map(UsdtProbe::uprobe).collect()
     }
 }
 

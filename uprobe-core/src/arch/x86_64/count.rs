@@ -21,7 +21,7 @@
 //!  +38  the jump's target: lea rsp, [rsp-128]
 //!  +43  push rcx
 //!  +44  mov rcx, [rip + cell pointer]   the early look: no counter,
-//!  +51  mov rcx, [rcx + fast]             no section (a site with a
+//!  +51  mov rcx, [rcx + counter]             no section (a site with a
 //!  +55  jrcxz +18                         handler saves 3 stores)
 //!  +57  push rax; push rdx
 //!  +59  lea rax, [rip + descriptor]     (re)start: arm the section
@@ -35,7 +35,7 @@
 //!                                         2^32 - 1 or - 2; a flag is
 //!                                         2^30 or more)
 //! +111  mov rax, [rip + cell pointer]
-//! +118  mov rcx, [rax + fast]           slot 0 of the counter, or null
+//! +118  mov rcx, [rax + counter]           slot 0 of the counter, or null
 //! +122  jrcxz full
 //! +124  rorx rdx, rdx, 57               cpu_id * 128 (the slot stride)
 //! +130  mov rax, [rcx + rdx]
@@ -48,7 +48,7 @@
 //! +224  the section's descriptor (32 bytes, 32-aligned)
 //! ```
 //!
-//! The early look reads `fast` outside the section only to skip it: the
+//! The early look reads `counter` outside the section only to skip it: the
 //! section reads it again, and only that read decides where a hit is
 //! counted.
 //!
@@ -77,7 +77,7 @@ pub(crate) const RESUME_AT: usize = 25;
 const JUMP_TO_COPY_AT: usize = 33;
 /// Where the site's jump lands.
 pub(crate) const ENTRY_AT: usize = 38;
-/// The early look at the cell's fast pointer (outside the section).
+/// The early look at the cell's counter pointer (outside the section).
 const EARLY_CHECK_AT: usize = 55;
 /// Where the prelude starts the section over (re-arming it).
 const RESTART_AT: usize = 59;
@@ -138,10 +138,10 @@ pub(crate) fn fits(stride: usize, cpus: usize) -> bool {
 
 /// Writes the full path and the prelude into `code` (a trampoline's
 /// `code[..COPY_AT]`), given the offsets of the cell pointer, the entry
-/// pointer and the cell's fast pointer. The abort handler and the
+/// pointer and the cell's counter pointer. The abort handler and the
 /// descriptor are [`finish`]'s, once the relocated code's length is
 /// known. Not async-signal-safe.
-pub(crate) fn prelude(code: &mut [u8], cell_at: usize, entry_at: usize, fast_at: usize) {
+pub(crate) fn prelude(code: &mut [u8], cell_at: usize, entry_at: usize, counter_at: usize) {
     let rel32 = |from_end: usize, to: usize| (to as i32 - from_end as i32).to_le_bytes();
     let rel8 = |from_end: usize, to: usize| (to as isize - from_end as isize) as i8 as u8;
     // The full path: pop rdx; pop rax (for the section's exits); pop rcx
@@ -165,14 +165,14 @@ pub(crate) fn prelude(code: &mut [u8], cell_at: usize, entry_at: usize, fast_at:
     // `p` ends.
     let mut p: Vec<u8> = Vec::with_capacity(COPY_AT - ENTRY_AT);
     let at = |p: &Vec<u8>| ENTRY_AT + 5 + p.len();
-    // push rcx; mov rcx, [rip + cell pointer]; mov rcx, [rcx + fast];
+    // push rcx; mov rcx, [rip + cell pointer]; mov rcx, [rcx + counter];
     // jrcxz: a site with no counter goes to the call at once, without
     // the section.
     p.push(0x51);
     p.extend_from_slice(&[0x48, 0x8b, 0x0d]);
     let end = at(&p) + 4;
     p.extend_from_slice(&rel32(end, cell_at));
-    p.extend_from_slice(&[0x48, 0x8b, 0x49, fast_at as u8]);
+    p.extend_from_slice(&[0x48, 0x8b, 0x49, counter_at as u8]);
     debug_assert_eq!(at(&p), EARLY_CHECK_AT);
     p.extend_from_slice(&[0xe3, rel8(EARLY_CHECK_AT + 2, FULL_RCX_AT)]);
     // push rax; push rdx
@@ -204,8 +204,8 @@ pub(crate) fn prelude(code: &mut [u8], cell_at: usize, entry_at: usize, fast_at:
     p.extend_from_slice(&[0x48, 0x8b, 0x05]);
     let end = at(&p) + 4;
     p.extend_from_slice(&rel32(end, cell_at));
-    // mov rcx, [rax + fast]
-    p.extend_from_slice(&[0x48, 0x8b, 0x48, fast_at as u8]);
+    // mov rcx, [rax + counter]
+    p.extend_from_slice(&[0x48, 0x8b, 0x48, counter_at as u8]);
     debug_assert_eq!(at(&p), FAST_CHECK_AT);
     // jrcxz full
     p.extend_from_slice(&[0xe3, rel8(FAST_CHECK_AT + 2, FULL_AT)]);

@@ -37,7 +37,7 @@ use super::count::COPY_AT;
 pub(crate) use super::count::ENTRY_AT;
 use super::relocate::{self, Piece};
 use crate::arch::{CELL_AT, ENTRY_PTR_AT, Function, Moves, TRAMPOLINE_SIZE};
-use crate::base::abi::JUMP_CELL_FAST_AT as FAST_AT;
+use crate::base::abi::JUMP_CELL_COUNTER_AT as COUNTER_AT;
 use crate::base::mode::NotOptimized;
 
 /// What a site's optimization replaces: whole instructions from `start`,
@@ -378,7 +378,7 @@ fn build_copying(
     code[ENTRY_PTR_AT..ENTRY_PTR_AT + 8].copy_from_slice(&entry.to_le_bytes());
     // The counting prelude (or a jump over it), the call into the common
     // routine, and the way back to the relocated code.
-    super::count::prelude(&mut code, CELL_AT, ENTRY_PTR_AT, FAST_AT);
+    super::count::prelude(&mut code, CELL_AT, ENTRY_PTR_AT, COUNTER_AT);
 
     let copied: Vec<&Instruction> = plan.insns.iter().chain(tail).collect();
     let mut pieces = Vec::with_capacity(copied.len() + 4);

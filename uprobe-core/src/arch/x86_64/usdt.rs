@@ -155,7 +155,7 @@ mod tests {
             ("8@-8(%rbp,%rax,3)", "scale"),
         ] {
             let e = UsdtArg::parse(bad).unwrap_err();
-            assert!(e.contains(why), "{bad}: {e}");
+            assert!(e.why().contains(why) && e.arg() == bad, "{bad}: {e}");
         }
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! **At the entry trap** of a consumer with a return handler, the engine
 //! [`prepare`]s a return: it takes an `srcu` **lease** on the consumer's
-//! return part (seed 002: an SRCU read section that the lease set's expiry
+//! return part (as the kernel's uretprobes since 2024: an SRCU read section that the lease set's expiry
 //! thread turns into a reference after 100 ms, instead of a reference
 //! count per hit), charges the consumer's in-flight account if it has a
 //! limit (`sigpending`), and replaces the return address with the stub of
@@ -139,7 +139,7 @@ pub(crate) fn init(trampoline: usize) -> Result<(), AttachError> {
     } else {
         let set = LeaseSet::try_new(&RETURN_DOMAIN).map_err(|e| AttachError::Os {
             what: "spawn the lease expiry thread of return probes",
-            errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+            errno: crate::base::error::Errno::of(&e, libc::EAGAIN),
         })?;
         // Another attach may have won the race: its set is kept.
         LEASES.get_or_init(|| set)

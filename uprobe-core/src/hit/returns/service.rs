@@ -66,7 +66,7 @@ pub(crate) fn ensure_service() -> Result<(), AttachError> {
     if let Some(leases) = LEASES.get() {
         leases.resume_expiry().map_err(|e| AttachError::Os {
             what: "spawn the lease expiry thread of return probes",
-            errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+            errno: crate::base::error::Errno::of(&e, libc::EAGAIN),
         })?;
     }
     let mut pid = SERVICE_PID.lock().unwrap_or_else(PoisonError::into_inner);
@@ -87,7 +87,7 @@ pub(crate) fn ensure_service() -> Result<(), AttachError> {
         .spawn(move || service(pool, forked))
         .map_err(|e| AttachError::Os {
             what: "spawn the return probe service thread",
-            errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+            errno: crate::base::error::Errno::of(&e, libc::EAGAIN),
         })?;
     *pid = me;
     Ok(())
