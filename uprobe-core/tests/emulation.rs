@@ -219,7 +219,22 @@ fn several_consumers_thread_filters_and_remove_me() {
         })
         .attach()
         .unwrap();
-    let other_thread = probe_at(fn_addr(t_jmp8)).only_thread(-1).attach().unwrap();
+    assert!(matches!(
+        probe_at(fn_addr(t_jmp8)).only_thread(-1).attach(),
+        Err(AttachError::InvalidThreadId { tid: -1 })
+    ));
+    // A live thread that never calls the function: its filter never passes.
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let idle = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        tid_tx.send(unsafe { libc::gettid() }).unwrap();
+        let _ = done_rx.recv();
+    });
+    let other_thread = probe_at(fn_addr(t_jmp8))
+        .only_thread(tid_rx.recv().unwrap())
+        .attach()
+        .unwrap();
     for x in 0..4 {
         assert_eq!(call(t_jmp8, x), x + 5);
     }
@@ -232,6 +247,9 @@ fn several_consumers_thread_filters_and_remove_me() {
     drop(b);
     assert_eq!(call(t_jmp8, 1), 6);
     assert_eq!(a.hits(), 5);
+    drop(other_thread);
+    done_tx.send(()).unwrap();
+    idle.join().unwrap();
 }
 
 #[test]

@@ -50,7 +50,7 @@ impl Probe {
     }
 
     /// Return handlers of this probe run so far; for a timing probe
-    /// ([`Uprobe::time_into`]), the returns timed into its cells (their
+    /// ([`Uprobe::time_into`](crate::Uprobe::time_into)), the returns timed into its cells (their
     /// histogram's total). Async-signal-safe.
     #[must_use]
     pub fn returns(&self) -> u64 {
@@ -69,7 +69,7 @@ impl Probe {
     }
 
     /// Returns of this probe that ran no return handler: not tracked (the
-    /// thread's 64 pending returns, [`Uprobe::max_active`], a thread that
+    /// thread's 64 pending returns, [`Uprobe::max_active`](crate::Uprobe::max_active), a thread that
     /// found the pool of per-thread stacks empty, more than 16384 call
     /// sites) or left
     /// without returning (`longjmp`, unwinding). The program ran correctly
@@ -83,7 +83,7 @@ impl Probe {
     }
 
     /// Returns of this probe pending now, across threads, if it has a
-    /// [`max_active`](Uprobe::max_active) limit (`None` otherwise: without
+    /// [`max_active`](crate::Uprobe::max_active) limit (`None` otherwise: without
     /// a limit nothing shared counts them).
     #[must_use]
     pub fn in_flight(&self) -> Option<usize> {
@@ -97,7 +97,7 @@ impl Probe {
 
     /// Whether the probe's breakpoint is in the code. False once the
     /// engine disarmed every probe because the program replaced the
-    /// SIGTRAP handler (see [`AttachError::TrapHandlerReplaced`]), or
+    /// SIGTRAP handler (see [`AttachError::TrapHandlerReplaced`](crate::AttachError::TrapHandlerReplaced)), or
     /// the code was unloaded. Not async-signal-safe.
     #[must_use]
     pub fn is_armed(&self) -> bool {

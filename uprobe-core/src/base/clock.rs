@@ -18,6 +18,8 @@
 
 use std::sync::OnceLock;
 
+use pcpu::unstable::time::clock_ns;
+
 /// How counter ticks (TSC cycles, generic timer counts) convert to
 /// nanoseconds: `ns = ticks * mult >> 32`.
 #[derive(Clone, Copy, Debug)]
@@ -61,7 +63,7 @@ pub(crate) fn now() -> u64 {
         }
         return ticks;
     }
-    monotonic(libc::CLOCK_MONOTONIC)
+    clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// `ticks` in nanoseconds. Async-signal-safe.
@@ -71,18 +73,6 @@ pub(crate) fn nanos(ticks: u64) -> u64 {
         Some(s) => ((u128::from(ticks) * u128::from(s.mult)) >> 32) as u64,
         None => ticks,
     }
-}
-
-fn monotonic(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes `ts`; the monotonic clocks always exist on Linux.
-    unsafe { libc::clock_gettime(clock, &raw mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -95,10 +85,10 @@ fn measure_counter() -> Option<Scale> {
     }
     // SAFETY: as in `now`.
     let tsc = || unsafe { core::arch::x86_64::_rdtsc() };
-    let (t0, c0) = (monotonic(libc::CLOCK_MONOTONIC_RAW), tsc());
+    let (t0, c0) = (clock_ns(libc::CLOCK_MONOTONIC_RAW), tsc());
     let (mut t1, mut c1) = (t0, c0);
     while t1.wrapping_sub(t0) < 1_000_000 {
-        (t1, c1) = (monotonic(libc::CLOCK_MONOTONIC_RAW), tsc());
+        (t1, c1) = (clock_ns(libc::CLOCK_MONOTONIC_RAW), tsc());
     }
     let (ns, cycles) = (t1 - t0, c1.checked_sub(c0)?);
     (cycles > 0).then(|| Scale {

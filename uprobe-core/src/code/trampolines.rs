@@ -30,6 +30,7 @@ static NO_ROOM: AtomicBool = AtomicBool::new(false);
 
 /// Makes new trampolines fail as if no gap were within reach of the code
 /// (`on`), or not. Not async-signal-safe (attach-time only).
+#[cfg(feature = "test-hooks")]
 pub(crate) fn refuse_room(on: bool) {
     NO_ROOM.store(on, Ordering::Relaxed);
 }

@@ -359,6 +359,7 @@ pub(crate) fn address_of_file_offset(path: &std::path::Path, offset: u64) -> Opt
 
 /// The file and the byte of it that executable address `addr` was mapped
 /// from, if any (the inverse of [`address_of_file_offset`]).
+#[cfg(feature = "test-hooks")]
 pub(crate) fn file_offset_of(addr: usize) -> Option<(std::path::PathBuf, u64)> {
     let e = entries()
         .into_iter()

@@ -85,6 +85,7 @@ pub enum ReturnHold {
     Lease,
     /// A reference count taken per pending return (the kernel before
     /// the 2024 patch).
+    #[cfg_attr(not(feature = "bench-variants"), allow(dead_code))]
     Refcount,
 }
 

@@ -27,9 +27,11 @@ pub enum Lookup {
     Srcu,
     /// The read side of a `percpu-rwsem` (the kernel's 2024 patch): per-CPU, but a
     /// reader waits while attach/detach write.
+    #[cfg_attr(not(feature = "bench-variants"), allow(dead_code))]
     PercpuRwsem,
     /// `std::sync::RwLock::read`: one shared word; a reader waits while
     /// attach/detach write.
+    #[cfg_attr(not(feature = "bench-variants"), allow(dead_code))]
     RwLock,
 }
 

@@ -121,6 +121,7 @@ static LEASES: OnceLock<LeaseSet<'static, ReturnPart>> = OnceLock::new();
 mod pool;
 mod service;
 
+#[cfg(feature = "test-hooks")]
 pub(crate) use pool::stacks;
 use pool::{thread_stack, thread_stack_or_take};
 pub(crate) use service::{consumers_attached, consumers_detached, ensure_service};
@@ -449,6 +450,7 @@ pub(crate) fn on_return(regs: &mut SavedRegs, xmm: &mut SavedVector) {
 }
 
 /// Pending returns of the calling thread (for tests). Async-signal-safe.
+#[cfg(feature = "test-hooks")]
 pub(crate) fn pending() -> usize {
     thread_stack().map_or(0, |tr| tr.depth.get())
 }

@@ -161,6 +161,7 @@ fn take_stack(
 }
 
 /// Per-thread stacks made so far.
+#[cfg(feature = "test-hooks")]
 pub(crate) fn stacks() -> usize {
     POOL.get().map_or(0, Pool::capacity)
 }
