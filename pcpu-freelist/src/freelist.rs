@@ -12,19 +12,20 @@ use crate::node::Node;
 
 /// How a pop decides that another CPU's list is not worth locking.
 ///
-/// The three variants are the three kernels of the seed's story, kept so
-/// that its before/after stays measurable; [`Flag`](Self::Flag) is the
+/// The three variants are the kernel before the patch, the patch as
+/// posted and the check that was merged, kept so that the before/after
+/// stays measurable; [`Flag`](Self::Flag) is the
 /// default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum EmptyHint {
-    /// The seed's `is_empty` flag: one flag per list, written only on
+    /// The patch's `is_empty` flag: one flag per list, written only on
     /// empty <-> non-empty transitions, read before the lock.
     #[default]
     Flag,
     /// The merged kernel's check: a racy read of the list's head pointer
     /// before the lock.
     Head,
-    /// No hint (the kernel before the seed): every list is locked to find
+    /// No hint (the kernel before the patch): every list is locked to find
     /// out whether it is empty.
     None,
 }
@@ -75,7 +76,7 @@ unsafe impl<T: Send> Send for FreeList<T> {}
 impl<T> FreeList<T> {
     /// A pool holding `values`, spread evenly over the CPUs' lists (in
     /// index order, so each CPU's elements are adjacent in memory), with
-    /// the seed's flag hint. Not async-signal-safe (allocates).
+    /// the flag hint. Not async-signal-safe (allocates).
     ///
     /// # Panics
     /// If there are `u32::MAX` values or more (indexes are 32-bit).
@@ -84,7 +85,7 @@ impl<T> FreeList<T> {
     }
 
     /// Like [`new`](Self::new) with the given hint; [`EmptyHint::Head`]
-    /// and [`EmptyHint::None`] exist to measure the seed's before/after.
+    /// and [`EmptyHint::None`] exist to measure the patch's before/after.
     ///
     /// # Panics
     /// As for [`new`](Self::new).
@@ -202,7 +203,7 @@ impl<T> FreeList<T> {
     #[inline(never)]
     fn take_elsewhere(&self, wait: bool, empty: Option<usize>) -> Option<NonNull<u8>> {
         // One loop per hint, so the walk over empty lists is a tight run of
-        // loads (the case the seed is about).
+        // loads (the case the patch is about).
         let node = match self.hint {
             EmptyHint::Flag => self.walk(wait, empty, |s| self.lists.flagged_empty(s)),
             EmptyHint::Head => self.walk(wait, empty, |s| self.lists.looks_empty(s)),

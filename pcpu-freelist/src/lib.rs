@@ -1,7 +1,7 @@
 //! A per-CPU freelist of preallocated elements, after the Linux kernel's
-//! BPF `percpu_freelist`, with the `is_empty` hint of the seed patch
-//! ("bpf: avoid grabbing the spin locks of all CPUs when no free
-//! elements").
+//! BPF `percpu_freelist`, with the `is_empty` hint of the 2022 patch
+//! "bpf: avoid grabbing the spin locks of all CPUs when no free
+//! elements".
 //!
 //! A [`FreeList<T>`] is a fixed pool: its values are built once, spread
 //! over one list per possible CPU, and then only move between the lists
@@ -45,12 +45,12 @@
 //!   [`Element`] never fail and never wait.
 //!
 //! # The hint
-//! Each list carries the seed's **empty flag** ([`EmptyHint::Flag`], the
+//! Each list carries the patch's **empty flag** ([`EmptyHint::Flag`], the
 //! default), written only on empty <-> non-empty transitions and read
 //! before taking the list's lock, so a pop over empty lists reads one flag
 //! per CPU instead of taking every CPU's lock. [`EmptyHint::Head`] (the
 //! merged kernel's racy read of the head pointer) and [`EmptyHint::None`]
-//! (lock every list, the kernel before the seed) exist so that the
+//! (lock every list, the kernel before the patch) exist so that the
 //! before/after can be measured (`bench freelist-pop-empty`).
 //!
 //! **Memory ordering and what a stale hint costs.** The flag is read with

@@ -4,11 +4,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The CPU the calling thread is running on right now.
 ///
-/// Reads the `cpu_id` field of glibc's registered rseq area (one load,
-/// about 0.3 ns on x86-64); where glibc registered no rseq area (glibc
-/// older than 2.35, `GLIBC_TUNABLES=glibc.pthread.rseq=0`, qemu-user) or
-/// this thread's registration failed, it calls `sched_getcpu()` (vDSO,
-/// about 3 ns).
+/// Reads the `cpu_id` field of glibc's registered rseq area (one load);
+/// where glibc registered no rseq area (glibc older than 2.35,
+/// `GLIBC_TUNABLES=glibc.pthread.rseq=0`, qemu-user) or this thread's
+/// registration failed, it calls `sched_getcpu()` (a vDSO call, several
+/// times slower).
 ///
 /// The answer can be stale by the time it is used: the thread may migrate
 /// right after the read. Code that needs "still on that CPU" uses the

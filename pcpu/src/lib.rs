@@ -21,7 +21,8 @@
 //!   whole workspace model-checks with (`unstable::sync`, futex
 //!   wait/wake included), the lock-free list on which signal handlers
 //!   leave work for ordinary context (`unstable::owed`), and the modelled
-//!   CPU ids under loom (`unstable::loom_cpu`).
+//!   CPU ids under loom (`unstable::loom_cpu`), the monotonic clock
+//!   (`unstable::time`) and the slot of a test hook (`unstable::hook`).
 //!
 //! # Async-signal safety
 //! Each item says whether it may be called from a signal handler. In short:
@@ -75,11 +76,13 @@ pub mod unstable {
     // The benchmarks' floor: no model (the real sections only).
     #[cfg(not(pcpu_loom))]
     pub mod bare_stack;
+    pub mod hook;
     #[cfg(pcpu_loom)]
     pub mod loom_cpu;
     pub mod owed;
     pub mod sync;
     pub mod syscall;
+    pub mod time;
 }
 #[cfg(pcpu_loom)]
 pub(crate) use unstable::loom_cpu;

@@ -2,7 +2,7 @@
 //! of the write side, so a test can run a signal handler at exactly that
 //! point. Not part of the public API.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use pcpu::unstable::hook::HookSlot;
 
 /// Where a hook is called: between two steps of a write-side operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,20 +18,14 @@ pub enum Point {
     Downgrade(u8),
 }
 
-static HOOK: AtomicUsize = AtomicUsize::new(0);
+static HOOK: HookSlot<Point> = HookSlot::new();
 
 /// Installs `hook` (or removes it with `None`). It runs on whichever
 /// thread reaches a [`Point`], for every semaphore.
 pub fn set(hook: Option<fn(Point)>) {
-    HOOK.store(hook.map_or(0, |f| f as usize), Ordering::SeqCst);
+    HOOK.set(hook);
 }
 
 pub(crate) fn at(point: Point) {
-    let f = HOOK.load(Ordering::SeqCst);
-    if f != 0 {
-        // SAFETY: only `set` stores a non-zero value, and it stores a
-        // `fn(Point)`.
-        let f: fn(Point) = unsafe { core::mem::transmute::<usize, fn(Point)>(f) };
-        f(point);
-    }
+    HOOK.call(point);
 }

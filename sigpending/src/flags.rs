@@ -10,7 +10,7 @@ use pcpu::unstable::sync::atomic::{AtomicU32, Ordering};
 /// [`take`](Self::take), and can [`deny`](Self::deny) flags for a while and
 /// [`restore`](Self::restore) them afterwards, **without any lock**.
 ///
-/// This is the seed patch's `signal_denied`: while a uprobe single-steps,
+/// This is the kernel's `signal_denied` (2025): while a uprobe single-steps,
 /// the kernel clears the task's `TIF_SIGPENDING` so that no signal is
 /// handled in the middle of the step, remembers that it did, and sets the
 /// flag again afterwards, where it used to recompute it under the

@@ -2,7 +2,7 @@
 //! point of the charge path, so a test can park one thread exactly there
 //! and run another against it. Not part of the public API.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use pcpu::unstable::hook::HookSlot;
 
 /// Where a hook is called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,20 +18,14 @@ pub enum Point {
     },
 }
 
-static HOOK: AtomicUsize = AtomicUsize::new(0);
+static HOOK: HookSlot<Point> = HookSlot::new();
 
 /// Installs `hook` (or removes it with `None`); it runs on every thread
 /// that reaches a [`Point`], in whatever context that is.
 pub fn set(hook: Option<fn(Point)>) {
-    HOOK.store(hook.map_or(0, |f| f as usize), Ordering::SeqCst);
+    HOOK.set(hook);
 }
 
 pub(crate) fn at(point: Point) {
-    let f = HOOK.load(Ordering::SeqCst);
-    if f != 0 {
-        // SAFETY: only `set` stores a non-zero value, and it stores a
-        // `fn(Point)`.
-        let f: fn(Point) = unsafe { core::mem::transmute::<usize, fn(Point)>(f) };
-        f(point);
-    }
+    HOOK.call(point);
 }

@@ -4,7 +4,7 @@
 //! # Accounts that pin their owner only while charged
 //! The kernel counted pending signals per user and took a reference on the
 //! user for every queued signal: three atomics on two shared cache lines
-//! per signal. The fix (seed 003, "signal: take the user reference only on
+//! per signal. The fix (2020, "signal: take the user reference only on
 //! the 0 -> 1 sigpending transition") takes the reference only when the
 //! count goes 0 -> 1, drops it on 1 -> 0, and checks the limit against the
 //! value the increment returned: one atomic per signal.
@@ -62,7 +62,8 @@
 //! # Thread flags denied and restored without a lock
 //! While a uprobe single-steps, the kernel clears the task's
 //! `TIF_SIGPENDING` so that no signal is handled mid-step, and afterwards
-//! recomputed it under the process-wide siglock. The fix (seed 000)
+//! recomputed it under the process-wide siglock. The fix (2025,
+//! "uprobes: remove siglock in `uprobe_deny_signal` / `handle_singlestep`")
 //! remembers that the flag was cleared and sets it again without the lock.
 //! [`TaskFlags`] is a per-thread flag word with exactly that pair
 //! ([`deny`](TaskFlags::deny) / [`restore`](TaskFlags::restore)), posted to
@@ -79,7 +80,6 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod account;
-mod deferred;
 mod flags;
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
@@ -88,8 +88,8 @@ mod owner;
 mod queue;
 mod ring;
 
+pub use account::deferred::release_deferred;
 pub use account::{Account, Charge, ChargeError, MAX_DEPTH, Release};
-pub use deferred::release_deferred;
 pub use flags::TaskFlags;
 pub use owner::Owner;
 pub use queue::{Accounting, PendingQueue, Refusal, Refused};

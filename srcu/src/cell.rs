@@ -227,3 +227,68 @@ impl<T: Send + Sync + std::fmt::Debug + 'static> std::fmt::Debug for SrcuCell<'_
         f.debug_tuple("SrcuCell").field(&self.load(&guard)).finish()
     }
 }
+
+#[cfg(all(test, not(pcpu_loom)))]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::mpsc::channel;
+    use std::time::Duration;
+
+    use super::SrcuCell;
+    use crate::Srcu;
+
+    struct Flag(Arc<AtomicBool>);
+
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, SeqCst);
+        }
+    }
+
+    /// `barrier` waits for a deferred drop that needs two grace periods
+    /// even when callbacks queued after the barrier began finish first.
+    /// The batches are lined up deterministically: the reclaimer is parked
+    /// inside a callback while the drop (two grace periods), the barrier and
+    /// a later callback (one) line up in one batch; that callback queues
+    /// another one, which runs just before the drop's second turn and holds
+    /// the drop back until the barrier has returned (or a second has
+    /// passed: only a correct barrier is still waiting then).
+    #[test]
+    fn barrier_waits_for_a_two_grace_period_drop_whatever_is_queued_after_it() {
+        let domain: &'static Srcu = Box::leak(Box::new(Srcu::new()));
+        let dropped = Arc::new(AtomicBool::new(false));
+        let cell = SrcuCell::new(domain, Some(Flag(Arc::clone(&dropped))));
+        let (started_tx, started_rx) = channel();
+        let (go_tx, go_rx) = channel::<()>();
+        domain.call(move || {
+            started_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+        });
+        started_rx.recv().unwrap(); // the reclaimer is inside that callback
+        cell.replace(Some(Flag(Arc::new(AtomicBool::new(false)))));
+        let (returned_tx, returned_rx) = channel::<()>();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                domain.barrier();
+                let was_dropped = dropped.load(SeqCst);
+                let _ = returned_tx.send(());
+                was_dropped
+            });
+            while domain.inner().reclaimer.barrier_waiters() == 0 {
+                std::thread::yield_now();
+            }
+            // Queued after the barrier began; queues the drop's blocker.
+            domain.call(move || {
+                domain.call(move || {
+                    let _ = returned_rx.recv_timeout(Duration::from_secs(1));
+                });
+            });
+            go_tx.send(()).unwrap();
+            assert!(
+                waiter.join().unwrap(),
+                "barrier returned before the replaced value was dropped"
+            );
+        });
+    }
+}

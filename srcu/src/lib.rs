@@ -72,8 +72,8 @@
 //! # Why per-thread slots
 //! The kernel's 2025 answer, SRCU-fast, keeps per-CPU counters and drops
 //! the read side's full barrier; in userspace a per-CPU add is an rseq
-//! critical section, and a read section needs two of them, about twice
-//! liburcu's thread-local read side. A thread's own slot needs no rseq
+//! critical section, and a read section needs two of them, where
+//! liburcu's thread-local read side needs none. A thread's own slot needs no rseq
 //! (only its thread writes it), which is what makes guard sections cost
 //! what liburcu's do. The usual section stores a word loaded from the
 //! domain into the slot and, at its end, 0, rather than adding to counts

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use pcpu::unstable::owed::{Owing, drain, owe};
 use pcpu::unstable::sync::atomic::{AtomicPtr, AtomicUsize};
 
-use crate::Account;
+use super::Account;
 
 /// Accounts owing releases, linked through `Account::next_owed`.
 #[cfg(not(pcpu_loom))]

@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use uprobe_core::{EntryContext, ReturnContext, Uprobe};
 
-use super::{Agent, now};
+use pcpu::unstable::time::monotonic_ns as now;
+
+use super::Agent;
 use crate::shared::{MAX_FRAMES, Slot};
 use crate::spec::{ArgType, Drawn, ProbeSpec, Target, Value};
 

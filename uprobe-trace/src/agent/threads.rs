@@ -153,11 +153,9 @@ pub unsafe extern "C" fn pthread_create(
 /// The program's thread that ran the constructor (0: not traced).
 pub(super) static MAIN_THREAD: AtomicI32 = AtomicI32::new(0);
 
-/// The calling thread's id (a system call: for the agent's own threads).
-pub(super) fn gettid() -> i32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
-}
+/// The calling thread's id (a raw system call, which leaves `errno`
+/// alone).
+pub(super) use pcpu::unstable::syscall::gettid;
 
 /// Registers the fork handlers that mark a forking thread as the agent's
 /// while the engine's fork handlers (registered by the first attaches)
