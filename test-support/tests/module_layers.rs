@@ -1,21 +1,27 @@
-//! Every crate of the workspace keeps its modules in layers: no module
-//! reaches, directly or through others, back up to a module that uses
-//! it. Read from the sources, as a newcomer reads them.
+//! Every crate of the workspace keeps its modules in layers, and the
+//! layers are the ones ARCHITECTURE.md declares. Read from the sources, as
+//! a newcomer reads them.
 //!
 //! A module is a file under `src/` (`foo.rs` or `foo/mod.rs`; nested files
 //! are modules of their own, named by path; `lib.rs`, `main.rs` and
 //! `bin/` are the crate's roots and not counted). An edge `A -> B` is a
 //! path in A's code (comments left out) that names module B:
 //! `crate::b::...`, `super::b` (resolved against A's parent), the items of
-//! a `use crate::{b, c::d}` group, and, for paths through a module alias
-//! the crate root declares (`use x86_64 as arch;`), the module the alias
-//! stands for, once for each alternative (each architecture is a graph of
-//! its own). A name a module re-exports from one of its children (`pub
-//! use child::Item;`) resolves to that child. References between a module
-//! and its own children are structure, not edges.
+//! a `use crate::{b, c::d}` group, and a name the crate root re-exports
+//! (`crate::Item` for `pub use b::Item;` names `b`). A name a module
+//! re-exports from one of its children (`pub use child::Item;`) resolves
+//! to that child. References between a module and its own children are
+//! structure, not edges.
 //!
-//! The test prints each crate's modules in layer order (every module after
-//! the modules it uses) and fails on any cycle, naming its modules.
+//! A crate's *rooms* are its top-level modules (a folder or a file under
+//! `src/`). ARCHITECTURE.md declares, in a fenced block marked `layers`,
+//! each crate's floors (bottom first) and the rooms on each, and rules of
+//! the form `never A -> B` (module paths: A or a module under it never
+//! names B or a module under it). The test fails on a module cycle, on a
+//! room the declaration does not place, on an edge from a room to one on
+//! its own floor or above (an arrow back up), and on a broken `never`
+//! rule; it prints each crate's drawing: floors, rooms, the rooms each
+//! uses.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -93,6 +99,44 @@ fn code_of(text: &str) -> String {
             rest = &rest[c.len_utf8()..];
         }
     }
+    out
+}
+
+/// `code` without its unit test modules (`#[cfg(test)] mod name { ... }`):
+/// a test may use anything, and is no part of the layers.
+fn without_tests(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let after = rest[at + "#[cfg(test)]".len()..].trim_start();
+        let is_mod = after.starts_with("mod ") || after.starts_with("pub(crate) mod ");
+        let Some(open) = after
+            .find('{')
+            .filter(|&o| is_mod && !after[..o].contains(';'))
+        else {
+            out.push_str("#[cfg(test)]");
+            rest = &rest[at + "#[cfg(test)]".len()..];
+            continue;
+        };
+        let mut depth = 0;
+        let mut end = after.len();
+        for (i, c) in after[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rest = &after[end..];
+    }
+    out.push_str(rest);
     out
 }
 
@@ -222,13 +266,58 @@ fn reexports(mods: &Modules) -> BTreeMap<String, BTreeMap<String, String>> {
     out
 }
 
-/// The module a path names: the longest module prefix, or the child a
-/// re-exported name comes from.
+/// The names the crate root re-exports, each with the module it comes
+/// from (`pub use a::b::{X, Y};` in `lib.rs`: `X` and `Y` name `a::b`).
+fn root_reexports(src: &Path, mods: &Modules) -> BTreeMap<String, String> {
+    let mut names = BTreeMap::new();
+    let Ok(text) = fs::read_to_string(src.join("lib.rs")) else {
+        return names;
+    };
+    for stmt in code_of(&text).split(';') {
+        let stmt = stmt.trim();
+        let stmt = stmt.rsplit(']').next().unwrap_or(stmt).trim();
+        let Some(rest) = stmt
+            .strip_prefix("pub use ")
+            .or_else(|| stmt.strip_prefix("pub(crate) use "))
+        else {
+            continue;
+        };
+        let mut paths = Vec::new();
+        expand(
+            rest.trim_start_matches("self::")
+                .trim_start_matches("crate::"),
+            &mut Vec::new(),
+            &mut paths,
+        );
+        for p in paths {
+            let Some(item) = p.last() else { continue };
+            let item = item.split(" as ").last().unwrap_or(item).to_string();
+            if let Some(m) = (1..p.len())
+                .rev()
+                .map(|n| p[..n].join("::"))
+                .find(|m| mods.contains_key(m))
+            {
+                names.insert(item, m);
+            }
+        }
+    }
+    names
+}
+
+/// The module a path names: the longest module prefix, the child a
+/// re-exported name comes from, or the module a name the crate root
+/// re-exports comes from.
 fn resolve(
     segs: &[String],
     mods: &Modules,
     reexports: &BTreeMap<String, BTreeMap<String, String>>,
+    root: &BTreeMap<String, String>,
 ) -> Option<String> {
+    if let Some(m) = segs.first().and_then(|s| root.get(s))
+        && !mods.contains_key(&segs[0])
+    {
+        return Some(m.clone());
+    }
     for n in (1..=segs.len()).rev() {
         let m = segs[..n].join("::");
         if mods.contains_key(&m) {
@@ -248,6 +337,7 @@ fn graph(
     all: &Modules,
     aliases: &BTreeMap<String, Vec<String>>,
     binding: &BTreeMap<String, String>,
+    root: &BTreeMap<String, String>,
 ) -> Graph {
     let unbound: Vec<&String> = aliases
         .iter()
@@ -270,7 +360,7 @@ fn graph(
     let reexports = reexports(mods);
     let mut g = Graph::new();
     for (m, path) in mods {
-        let code = code_of(&fs::read_to_string(path).expect("read a module"));
+        let code = without_tests(&code_of(&fs::read_to_string(path).expect("read a module")));
         let parent: Vec<String> = {
             let mut p: Vec<String> = m.split("::").map(str::to_string).collect();
             p.pop();
@@ -287,7 +377,7 @@ fn graph(
             if let Some(target) = segs.first().and_then(|s| binding.get(s)) {
                 segs[0].clone_from(target);
             }
-            let Some(t) = resolve(&segs, mods, &reexports) else {
+            let Some(t) = resolve(&segs, mods, &reexports, root) else {
                 continue;
             };
             let structural =
@@ -408,8 +498,154 @@ fn bindings(aliases: &BTreeMap<String, Vec<String>>) -> Vec<BTreeMap<String, Str
     out
 }
 
+/// One crate's declared layers: its floors, bottom first, each a list of
+/// rooms, and its `never` rules.
+#[derive(Debug, Default, PartialEq)]
+struct Declared {
+    floors: Vec<Vec<String>>,
+    never: Vec<(String, String)>,
+}
+
+impl Declared {
+    /// The floor a room is on (0: the bottom).
+    fn floor(&self, room: &str) -> Option<usize> {
+        self.floors.iter().position(|f| f.iter().any(|r| r == room))
+    }
+}
+
+/// The declarations in the `layers` blocks of a Markdown text:
+/// `crate NAME`, then a line per floor, bottom first (`floor ROOM ROOM
+/// ...`), and `never A -> B` lines.
+fn declarations(markdown: &str) -> BTreeMap<String, Declared> {
+    let mut out: BTreeMap<String, Declared> = BTreeMap::new();
+    let mut in_block = false;
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        let line = line.trim();
+        if line.starts_with("```") {
+            in_block = !in_block && line == "```layers";
+            current = None;
+            continue;
+        }
+        if !in_block || line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("crate") => {
+                let name = words.next().expect("crate NAME").to_string();
+                out.entry(name.clone()).or_default();
+                current = Some(name);
+            }
+            Some("floor") => {
+                let c = current.as_ref().expect("`crate NAME` before its floors");
+                let rooms = words.map(str::to_string).collect();
+                out.get_mut(c).expect("declared").floors.push(rooms);
+            }
+            Some("never") => {
+                let c = current.as_ref().expect("`crate NAME` before its rules");
+                let rest: Vec<&str> = words.collect();
+                let [from, "->", to] = rest[..] else {
+                    panic!("`never A -> B`, not `{line}`");
+                };
+                out.get_mut(c)
+                    .expect("declared")
+                    .never
+                    .push((from.to_string(), to.to_string()));
+            }
+            _ => panic!("a `layers` block holds `crate`, `floor` and `never` lines, not `{line}`"),
+        }
+    }
+    out
+}
+
+/// A module's room: its first path segment.
+fn room(module: &str) -> &str {
+    module.split("::").next().unwrap_or(module)
+}
+
+/// Whether `module` is `path` or a module under it.
+fn under(module: &str, path: &str) -> bool {
+    module == path || module.starts_with(&format!("{path}::"))
+}
+
+/// Room -> (room it uses -> how many module edges).
+type Rooms = BTreeMap<String, BTreeMap<String, usize>>;
+
+fn rooms(g: &Graph) -> Rooms {
+    let mut out = Rooms::new();
+    for (m, uses) in g {
+        let from = out.entry(room(m).to_string()).or_default();
+        for u in uses {
+            if room(u) != room(m) {
+                *from.entry(room(u).to_string()).or_default() += 1;
+            }
+        }
+    }
+    out
+}
+
+/// What breaks a declaration: rooms it does not place, rooms it places
+/// that do not exist, arrows from a room to one on its own floor or
+/// above, broken `never` rules.
+fn violations(g: &Graph, declared: &Declared) -> Vec<String> {
+    let mut out = Vec::new();
+    let r = rooms(g);
+    for room in r.keys() {
+        if declared.floor(room).is_none() {
+            out.push(format!("room `{room}` is on no declared floor"));
+        }
+    }
+    for room in declared.floors.iter().flatten() {
+        if !r.contains_key(room) {
+            out.push(format!("declared room `{room}` is no module of the crate"));
+        }
+    }
+    for (m, uses) in g {
+        for u in uses {
+            let (from, to) = (room(m), room(u));
+            if from == to {
+                continue;
+            }
+            if let (Some(f), Some(t)) = (declared.floor(from), declared.floor(to))
+                && t >= f
+            {
+                out.push(format!(
+                    "`{m}` (floor {f}) uses `{u}` (floor {t}): an arrow back up"
+                ));
+            }
+            for (a, b) in &declared.never {
+                if under(m, a) && under(u, b) {
+                    out.push(format!("`{m}` uses `{u}`: never {a} -> {b}"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The drawing of one crate: its floors top down, the rooms on each, and
+/// what each room uses.
+fn drawing(g: &Graph, declared: &Declared) -> String {
+    let r = rooms(g);
+    let mut lines = Vec::new();
+    for (i, floor) in declared.floors.iter().enumerate().rev() {
+        for room in floor {
+            let uses: Vec<String> = r
+                .get(room)
+                .map(|u| u.iter().map(|(to, n)| format!("{to}({n})")).collect())
+                .unwrap_or_default();
+            lines.push(format!("  {i:>2} {room:<16} uses {}", uses.join(" ")));
+        }
+    }
+    lines.join("\n")
+}
+
 #[test]
-fn every_crate_keeps_its_modules_in_layers() {
+fn every_crate_keeps_its_modules_in_the_declared_layers() {
+    let architecture =
+        fs::read_to_string(workspace_root().join("ARCHITECTURE.md")).expect("read ARCHITECTURE.md");
+    let declared = declarations(&architecture);
     let mut found = Vec::new();
     for dir in crates() {
         let name = dir
@@ -419,32 +655,70 @@ fn every_crate_keeps_its_modules_in_layers() {
             .into_owned();
         let src = dir.join("src");
         let mods = modules(&src);
+        let root = root_reexports(&src, &mods);
         let aliases = aliases(&src, &mods);
         for binding in bindings(&aliases) {
-            let g = graph(&mods, &aliases, &binding);
+            let g = graph(&mods, &aliases, &binding, &root);
             let how: String = binding
                 .iter()
                 .map(|(a, t)| [" (", a, " = ", t, ")"].concat())
                 .collect();
             let cs = cycles(&g);
-            if cs.is_empty() {
-                let order: Vec<String> = layers(&g)
-                    .into_iter()
-                    .map(|(l, m)| format!("{l}:{m}"))
-                    .collect();
-                println!("{name}{how}: {}", order.join(" "));
+            for c in &cs {
+                found.push(format!("{name}{how}: a cycle: {}", c.join(" <-> ")));
             }
-            for c in cs {
-                println!("{name}{how}: cycle of {}: {}", c.len(), c.join(" "));
-                found.push(format!("{name}{how}: {}", c.join(" <-> ")));
+            match declared.get(&name) {
+                Some(d) => {
+                    let v = violations(&g, d);
+                    let back_up = v.iter().filter(|x| x.ends_with("an arrow back up")).count();
+                    println!(
+                        "{name}{how}: {} floors, {} rooms, {} modules, {back_up} arrows back up, {} circles",
+                        d.floors.len(),
+                        rooms(&g).len(),
+                        g.len(),
+                        cs.len()
+                    );
+                    println!("{}", drawing(&g, d));
+                    found.extend(v.into_iter().map(|x| format!("{name}{how}: {x}")));
+                }
+                None => {
+                    found.push(format!("{name}: ARCHITECTURE.md declares no layers"));
+                }
             }
         }
     }
-    println!("{} cycles", found.len());
+    println!("{} problems", found.len());
+    assert!(found.is_empty(), "module layers:\n{}", found.join("\n"));
+}
+
+#[test]
+fn declarations_are_read_and_checked() {
+    let d = declarations(
+        "text\n```layers\ncrate x\nfloor a\nfloor b c\nnever c -> a::z\n```\n```rust\nfloor no\n```",
+    );
+    let x = &d["x"];
+    assert_eq!(x.floors, [vec!["a"], vec!["b", "c"]]);
+    assert_eq!(x.never, [("c".to_string(), "a::z".to_string())]);
+    let mut g = Graph::new();
+    g.insert("a".into(), BTreeSet::new());
+    g.insert("a::z".into(), BTreeSet::new());
+    g.insert("b".into(), ["a".to_string()].into());
+    g.insert("c".into(), ["a::z".to_string(), "b".to_string()].into());
+    let v = violations(&g, x);
+    assert_eq!(v.len(), 2, "{v:?}");
+    assert!(v[0].contains("never c -> a::z"), "{v:?}");
+    assert!(v[1].contains("arrow back up"), "{v:?}");
+    g.insert("d".into(), BTreeSet::new());
     assert!(
-        found.is_empty(),
-        "module cycles (a lower module reaching back up):\n{}",
-        found.join("\n")
+        violations(&g, x)
+            .iter()
+            .any(|v| v.contains("`d` is on no declared floor"))
+    );
+    g.remove("b");
+    assert!(
+        violations(&g, x)
+            .iter()
+            .any(|v| v.contains("declared room `b` is no module"))
     );
 }
 
@@ -463,6 +737,9 @@ fn the_reader_finds_paths_groups_and_comments() {
     );
     // `mycrate::x` is not `crate::x`.
     assert!(paths_after("mycrate::x", "crate").is_empty());
+    // Unit tests are no part of the layers.
+    let code = without_tests("a\n#[cfg(test)]\nmod tests {\n fn f() { crate::x::y(); }\n}\nb");
+    assert_eq!(code.split_whitespace().collect::<Vec<_>>(), ["a", "b"]);
 }
 
 #[test]
