@@ -229,6 +229,35 @@ fn aliases(src: &Path, mods: &Modules) -> BTreeMap<String, Vec<String>> {
     out
 }
 
+/// The paths of a file's `pub use` / `pub(crate) use` statements
+/// (attributes before them skipped, a leading `self::` dropped), each with
+/// the name it is re-exported as.
+fn reexported_paths(code: &str) -> Vec<(Vec<String>, String)> {
+    let mut out = Vec::new();
+    for stmt in code.split(';') {
+        let stmt = stmt.trim();
+        let stmt = stmt.rsplit(']').next().unwrap_or(stmt).trim();
+        let Some(rest) = stmt
+            .strip_prefix("pub use ")
+            .or_else(|| stmt.strip_prefix("pub(crate) use "))
+        else {
+            continue;
+        };
+        let mut paths = Vec::new();
+        expand(
+            rest.trim_start_matches("self::"),
+            &mut Vec::new(),
+            &mut paths,
+        );
+        for p in paths {
+            let Some(item) = p.last() else { continue };
+            let name = item.split(" as ").last().unwrap_or(item).to_string();
+            out.push((p, name));
+        }
+    }
+    out
+}
+
 /// For each module, the names it re-exports from its own children:
 /// `pub use child::Item;` / `pub(crate) use child::{A, B};`.
 fn reexports(mods: &Modules) -> BTreeMap<String, BTreeMap<String, String>> {
@@ -236,29 +265,10 @@ fn reexports(mods: &Modules) -> BTreeMap<String, BTreeMap<String, String>> {
     for (m, path) in mods {
         let code = code_of(&fs::read_to_string(path).expect("read a module"));
         let mut names = BTreeMap::new();
-        for stmt in code.split(';') {
-            let stmt = stmt.trim();
-            let Some(rest) = stmt
-                .strip_prefix("pub use ")
-                .or_else(|| stmt.strip_prefix("pub(crate) use "))
-            else {
-                continue;
-            };
-            let mut paths = Vec::new();
-            expand(
-                rest.trim_start_matches("self::"),
-                &mut Vec::new(),
-                &mut paths,
-            );
-            for p in paths {
-                let (Some(child), Some(item)) = (p.first(), p.last()) else {
-                    continue;
-                };
-                let child = format!("{m}::{child}");
-                if p.len() > 1 && mods.contains_key(&child) {
-                    let item = item.split(" as ").last().unwrap_or(item).to_string();
-                    names.insert(item, child);
-                }
+        for (p, name) in reexported_paths(&code) {
+            let child = format!("{m}::{}", p[0]);
+            if p.len() > 1 && mods.contains_key(&child) {
+                names.insert(name, child);
             }
         }
         out.insert(m.clone(), names);
@@ -273,32 +283,14 @@ fn root_reexports(src: &Path, mods: &Modules) -> BTreeMap<String, String> {
     let Ok(text) = fs::read_to_string(src.join("lib.rs")) else {
         return names;
     };
-    for stmt in code_of(&text).split(';') {
-        let stmt = stmt.trim();
-        let stmt = stmt.rsplit(']').next().unwrap_or(stmt).trim();
-        let Some(rest) = stmt
-            .strip_prefix("pub use ")
-            .or_else(|| stmt.strip_prefix("pub(crate) use "))
-        else {
-            continue;
-        };
-        let mut paths = Vec::new();
-        expand(
-            rest.trim_start_matches("self::")
-                .trim_start_matches("crate::"),
-            &mut Vec::new(),
-            &mut paths,
-        );
-        for p in paths {
-            let Some(item) = p.last() else { continue };
-            let item = item.split(" as ").last().unwrap_or(item).to_string();
-            if let Some(m) = (1..p.len())
-                .rev()
-                .map(|n| p[..n].join("::"))
-                .find(|m| mods.contains_key(m))
-            {
-                names.insert(item, m);
-            }
+    for (p, name) in reexported_paths(&code_of(&text)) {
+        let p = p.strip_prefix(&["crate".to_string()][..]).unwrap_or(&p);
+        if let Some(m) = (1..p.len())
+            .rev()
+            .map(|n| p[..n].join("::"))
+            .find(|m| mods.contains_key(m))
+        {
+            names.insert(name, m);
         }
     }
     names

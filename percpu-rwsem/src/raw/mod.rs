@@ -225,11 +225,10 @@ impl core::fmt::Debug for RawPercpuRwSem {
     }
 }
 
-impl RawPercpuRwSem {
-    /// An unlocked semaphore; allocates nothing.
-    #[cfg(not(pcpu_loom))]
-    #[must_use]
-    pub const fn new() -> Self {
+/// An unlocked semaphore's fields, for both builds' `new` (`const` in
+/// one, not in loom's).
+macro_rules! unlocked {
+    () => {
         Self {
             counts: AtomicPtr::new(core::ptr::null_mut()),
             gate: AtomicU32::new(0),
@@ -239,21 +238,22 @@ impl RawPercpuRwSem {
             last_write_ns: AtomicU64::new(0),
             linger_ns: AtomicU64::new(LINGER_DELAY.as_nanos() as u64),
         }
+    };
+}
+
+impl RawPercpuRwSem {
+    /// An unlocked semaphore; allocates nothing.
+    #[cfg(not(pcpu_loom))]
+    #[must_use]
+    pub const fn new() -> Self {
+        unlocked!()
     }
 
     /// An unlocked semaphore (loom build: not `const`).
     #[cfg(pcpu_loom)]
     #[must_use]
     pub fn new() -> Self {
-        Self {
-            counts: AtomicPtr::new(core::ptr::null_mut()),
-            gate: AtomicU32::new(0),
-            drain: AtomicU32::new(0),
-            writer: FutexMutex::new(),
-            owner: AtomicUsize::new(0),
-            last_write_ns: AtomicU64::new(0),
-            linger_ns: AtomicU64::new(LINGER_DELAY.as_nanos() as u64),
-        }
+        unlocked!()
     }
 
     /// Allocates the per-CPU counts now, so no later lock operation

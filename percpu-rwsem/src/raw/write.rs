@@ -4,8 +4,7 @@
 
 use core::time::Duration;
 
-// A signal fence orders this thread against its own signal handlers, with
-// no instruction; loom has no signals, so it is `core`'s in both builds.
+// `core`'s signal fence in both builds (see `read`).
 use core::sync::atomic::compiler_fence;
 use pcpu::rseq;
 use pcpu::unstable::sync::atomic::{Ordering, fence};

@@ -40,6 +40,7 @@ impl fork::Domain for Inner {
 }
 
 impl Srcu {
+    /// In a fork child, on the first use of the domain after the fork:
     /// restarts the expiry threads of its lease sets and, if callbacks are
     /// pending, the reclaimer (the parent's threads do not exist here).
     /// Cheap otherwise (one load). Ordinary context only.
