@@ -426,7 +426,7 @@ struct Named {
 /// One object file's defined text symbols (`.symtab` first, then
 /// `.dynsym`), read once per file: attaching thousands of probes by name
 /// looks each up here instead of reading the file again.
-struct SymbolIndex {
+pub(crate) struct SymbolIndex {
     by_name: std::collections::HashMap<String, Named>,
     /// `(start, size, order)` of every symbol with a size, sorted by
     /// start; `order` is its place in the tables (the first of several
@@ -443,7 +443,12 @@ struct SymbolIndex {
 impl SymbolIndex {
     fn read(path: &Path) -> Option<Self> {
         let file = crate::process::file::Mapped::open(path).ok()?;
-        let elf = ElfFile64::<object::Endianness>::parse(file.bytes()).ok()?;
+        Self::parse(file.bytes())
+    }
+
+    /// The index of the ELF object `bytes`; `None` if it is not one.
+    pub(crate) fn parse(bytes: &[u8]) -> Option<Self> {
+        let elf = ElfFile64::<object::Endianness>::parse(bytes).ok()?;
         let mut by_name: std::collections::HashMap<String, Named> =
             std::collections::HashMap::new();
         let mut by_addr = Vec::new();
@@ -484,13 +489,13 @@ impl SymbolIndex {
     }
 
     /// The size of the FDE starting at file address `addr`, if one does.
-    fn frame_at(&self, addr: usize) -> Option<usize> {
+    pub(crate) fn frame_at(&self, addr: usize) -> Option<usize> {
         let (start, size) = self.frames.as_ref()?.extent(addr as u64)?;
         (start == addr as u64).then_some(size as usize)
     }
 
     /// The symbol covering file address `addr`: `(start, size, name)`.
-    fn covering(&self, addr: usize) -> Option<(usize, usize, &str)> {
+    pub(crate) fn covering(&self, addr: usize) -> Option<(usize, usize, &str)> {
         let after = self.by_addr.partition_point(|e| e.0 <= addr);
         self.by_addr[..after]
             .iter()

@@ -140,12 +140,12 @@ fn sites_of(loaded: &crate::process::symbols::Loaded) -> Result<Vec<UsdtProbe>, 
 }
 
 /// A note as the file says it: addresses before the load bias.
-struct Note {
-    provider: String,
-    name: String,
-    addr: u64,
-    semaphore: u64,
-    spec: String,
+pub(crate) struct Note {
+    pub(crate) provider: String,
+    pub(crate) name: String,
+    pub(crate) addr: u64,
+    pub(crate) semaphore: u64,
+    pub(crate) spec: String,
 }
 
 /// `NT_STAPSDT`.
@@ -159,14 +159,20 @@ fn notes_in_file(path: &Path) -> Result<Vec<Note>, AttachError> {
         why,
     };
     let data = crate::process::file::Mapped::open(path).map_err(|e| unreadable(e.to_string()))?;
-    let file = object::File::parse(data.bytes()).map_err(|e| unreadable(e.to_string()))?;
+    notes_in(data.bytes()).map_err(unreadable)
+}
+
+/// The USDT notes of the ELF object `bytes` (see [`notes_in_file`]), or
+/// why they cannot be read.
+pub(crate) fn notes_in(bytes: &[u8]) -> Result<Vec<Note>, String> {
+    let file = object::File::parse(bytes).map_err(|e| e.to_string())?;
     let little = file.is_little_endian();
     let word = if file.is_64() { 8 } else { 4 };
     let base_section = file.section_by_name(".stapsdt.base").map(|s| s.address());
     let Some(section) = file.section_by_name(".note.stapsdt") else {
         return Ok(Vec::new());
     };
-    let bytes = section.data().map_err(|e| unreadable(e.to_string()))?;
+    let bytes = section.data().map_err(|e| e.to_string())?;
     let u32_at = |b: &[u8]| {
         let a = [b[0], b[1], b[2], b[3]];
         if little {
@@ -197,9 +203,7 @@ fn notes_in_file(path: &Path) -> Result<Vec<Note>, AttachError> {
         let desc_at = name_at + namesz.next_multiple_of(4);
         let next = desc_at + descsz.next_multiple_of(4);
         if next > bytes.len() {
-            return Err(unreadable(
-                "a .note.stapsdt note runs past its section".into(),
-            ));
+            return Err("a .note.stapsdt note runs past its section".into());
         }
         at = next;
         if kind != NT_STAPSDT || &bytes[name_at..name_at + namesz] != b"stapsdt\0" {
@@ -207,7 +211,7 @@ fn notes_in_file(path: &Path) -> Result<Vec<Note>, AttachError> {
         }
         let desc = &bytes[desc_at..desc_at + descsz];
         if desc.len() < 3 * word {
-            return Err(unreadable("a .note.stapsdt note is too short".into()));
+            return Err("a .note.stapsdt note is too short".into());
         }
         let (pc, base, semaphore) = (
             word_at(desc),

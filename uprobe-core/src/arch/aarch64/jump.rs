@@ -57,7 +57,7 @@
 //! The common routine every trampoline calls is [`super::jump_entry`].
 
 use super::JUMP_LEN;
-use super::insn::{Emulation, LiteralKind, RegisterBranch};
+use super::decode::{Emulation, LiteralKind, RegisterBranch};
 use super::jump_entry::COPY_AT;
 pub(crate) use super::jump_entry::copy_start;
 use super::{HWCAP_SVE, HWCAP2_SME, hwcaps};
@@ -209,7 +209,7 @@ pub(crate) fn plan(
         if w & 0xfeff_0000 == 0xd61f_0000 {
             return Err(NotOptimized::IndirectJump { at });
         }
-        let target = match super::insn::simulate(at as u64, w) {
+        let target = match super::decode::simulate(at as u64, w) {
             Some(
                 Emulation::Branch { target, .. }
                 | Emulation::CondBranch { target, .. }
@@ -240,10 +240,10 @@ pub(crate) fn single(_addr: usize, _here: &[u8], _limit: usize) -> Result<Plan, 
 /// Whether `insn` (at `addr`) can run in a trampoline: what the trap path
 /// refuses cannot.
 fn relocatable(addr: usize, insn: u32) -> Result<(), NotOptimized> {
-    if super::insn::simulate(addr as u64, insn).is_some() {
+    if super::decode::simulate(addr as u64, insn).is_some() {
         return Ok(());
     }
-    match super::insn::refusal(insn) {
+    match super::decode::refusal(insn) {
         Some(why) => Err(NotOptimized::NotRelocatable { why }),
         None => Ok(()),
     }
@@ -293,7 +293,7 @@ pub(crate) fn build(
     // conditional branch's second exit.
     let mut taken = None;
     let insn = plan.insn;
-    match super::insn::simulate(plan.start as u64, insn) {
+    match super::decode::simulate(plan.start as u64, insn) {
         None => words.push(insn),
         Some(Emulation::Nop { .. }) => {}
         Some(Emulation::Branch { target, link }) => {

@@ -5,6 +5,7 @@
 //! trampolines (the engine's path does both).
 
 mod context;
+mod decode;
 mod insn;
 pub(super) mod jump;
 pub(super) mod jump_entry;
@@ -18,8 +19,9 @@ pub use context::Reg;
 pub(crate) use context::{
     ARGS, PC, float_return_bits, reg, return_address_at, set_float_return, set_reg,
 };
-pub use insn::{Class, classify};
-pub(crate) use insn::{Emulation, analyze, is_boundary};
+pub use decode::{Class, classify};
+pub(crate) use decode::{Emulation, is_boundary};
+pub(crate) use insn::analyze;
 pub(crate) use simulate::apply;
 pub(crate) use trampoline::{SavedRegs, SavedVector};
 

@@ -1,6 +1,6 @@
 //! Applying an [`Emulation`] to the interrupted thread's registers.
 
-use super::insn::{Emulation, LiteralKind, RegisterBranch, condition_holds};
+use super::decode::{Emulation, LiteralKind, RegisterBranch, condition_holds};
 
 impl Emulation {
     /// Whether the instruction runs in an out-of-line slot that ends in a

@@ -4,10 +4,16 @@
 //! exist only with the `bench-variants` feature; without it each
 //! mechanism is a constant, so the default build pays nothing for them.
 
-/// The aarch64 classifier, for the tests that check it against an
-/// independent decoder.
+pub mod code;
+pub mod objects;
+
+/// The aarch64 classifier, for the tests and the fuzz target that check
+/// it against an independent decoder (on any host).
 #[cfg(uprobe_arch = "aarch64")]
 pub use crate::arch::{Class, classify};
+/// See above: on other hosts, the same file built on its own.
+#[cfg(not(uprobe_arch = "aarch64"))]
+pub use crate::arch::a64_decode::{Class, classify};
 pub use crate::site::returns::{Pinning, ReturnHold};
 pub use crate::table::lookup::Lookup;
 
