@@ -460,3 +460,45 @@ fn batches_attach_and_detach_together() {
         assert_eq!(byte_at(fn_addr(t_jmp8)), 0xeb, "the batch was undone");
     });
 }
+
+/// Found by fuzzing (`x86_exec`): an emulated `jmp [r9]` with `r9 = 0` read
+/// its target through a Rust pointer, undefined behaviour for a null or
+/// dangling address (a debug build stopped on it with a panic, inside a
+/// signal handler). It must fault as the instruction itself would:
+/// SIGSEGV, in a child here.
+#[test]
+fn an_emulated_read_of_a_bad_address_faults_as_the_instruction_would() {
+    use uprobe_core::testing::code::analyze;
+    let addr = 0x5555_0000_1000_usize;
+    // jmp qword [r9]; push rax; ret
+    for (code, reg) in [
+        (&[0x41, 0xff, 0x21][..], libc::REG_R9),
+        (&[0x50], libc::REG_RSP),
+        (&[0xc3], libc::REG_RSP),
+    ] {
+        let analysis = analyze(addr, code, addr + 0x1000).expect("emulated");
+        assert!(analysis.slot_code().is_none());
+        // SAFETY: the child only applies the emulation and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: plain data; the emulation reads or writes address
+            // 0 (or 8 below it), which faults in this child.
+            unsafe {
+                libc::signal(libc::SIGSEGV, libc::SIG_DFL);
+                let mut uc: libc::ucontext_t = core::mem::zeroed();
+                uc.uc_mcontext.gregs[reg as usize] = if reg == libc::REG_RSP { 8 } else { 0 };
+                uc.uc_mcontext.gregs[libc::REG_RIP as usize] = addr as i64;
+                analysis.apply(&mut uc);
+                libc::_exit(0);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &raw mut status, 0) }, pid);
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSEGV,
+            "{code:02x?}: status {status:#x}"
+        );
+    }
+}

@@ -69,7 +69,7 @@ pub(crate) fn analyze(
             target: insn.near_branch_target(),
             next,
         },
-        Mnemonic::Loop | Mnemonic::Loope | Mnemonic::Loopne | Mnemonic::Jrcxz => {
+        Mnemonic::Loop | Mnemonic::Loope | Mnemonic::Loopne | Mnemonic::Jrcxz | Mnemonic::Jecxz => {
             rcx_loop(&insn).map_err(refuse)?
         }
         Mnemonic::Ret if insn.op_count() == 0 => Emulation::Ret { pop: 0 },
@@ -287,6 +287,10 @@ mod tests {
             &[0x66, 0xe9, 0, 0],       // 66-prefixed jmp
             &[0xc7, 0xf8, 0, 0, 0, 0], // xbegin
             &[0x67, 0xe2, 0xfe],       // loop with ecx
+            &[0x67, 0xe3, 0xfc],       // jecxz (found by fuzzing: it ran out of line)
+            // Found by fuzzing: the tables looked past one REX byte only.
+            &[0x42, 0x4f, 0x0f, 0x05], // syscall after two REX bytes
+            &[0x40, 0xf0, 0xff, 0x00], // lock inc dword [rax] after a REX byte
         ] {
             assert!(
                 matches!(emu(refused), Err(AttachError::Unsupported { .. })),

@@ -37,7 +37,7 @@ pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
     let push = |g: &mut [i64; 23], value: u64| {
         let sp = (g[rsp] as u64).wrapping_sub(8);
         // SAFETY: the caller's contract: the thread's own stack slot.
-        unsafe { (sp as *mut u64).write(value) };
+        unsafe { store(sp, value) };
         g[rsp] = sp as i64;
     };
     // Matching the place `*e` binds fields one by one (no copy of `e`).
@@ -73,7 +73,7 @@ pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
                         .wrapping_add(disp);
                     // SAFETY: the caller's contract: executing the branch
                     // reads this operand.
-                    unsafe { (ea as *const u64).read_unaligned() }
+                    unsafe { load(ea) }
                 }
             };
             if let Some(next) = call_next {
@@ -101,9 +101,48 @@ pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
         Emulation::Ret { pop } => {
             let sp = g[rsp] as u64;
             // SAFETY: the caller's contract: `ret` reads `[rsp]`.
-            let to = unsafe { (sp as *const u64).read() };
+            let to = unsafe { load(sp) };
             g[rsp] = sp.wrapping_add(8 + u64::from(pop)) as i64;
             g[rip] = to as i64;
         }
+    }
+}
+
+/// The 8 bytes at `addr`, read as the emulated instruction reads them:
+/// any address, aligned or not, and a fault is the thread's own, as the
+/// instruction's would have been (raised here instead). A Rust read of a
+/// null or dangling pointer is undefined behaviour (a debug build stops
+/// on it), so the load is the machine's.
+///
+/// # Safety
+/// `addr` is what the interrupted thread's instruction reads.
+unsafe fn load(addr: u64) -> u64 {
+    let value: u64;
+    // SAFETY: the caller's promise; one load, no other effect.
+    unsafe {
+        core::arch::asm!(
+            "mov {v}, qword ptr [{a}]",
+            a = in(reg) addr,
+            v = lateout(reg) value,
+            options(nostack, preserves_flags, readonly),
+        );
+    }
+    value
+}
+
+/// Stores `value` at `addr` as the emulated `push` or `call` does (see
+/// [`load`]).
+///
+/// # Safety
+/// `addr` is what the interrupted thread's instruction writes.
+unsafe fn store(addr: u64, value: u64) {
+    // SAFETY: the caller's promise; one store, no other effect.
+    unsafe {
+        core::arch::asm!(
+            "mov qword ptr [{a}], {v}",
+            a = in(reg) addr,
+            v = in(reg) value,
+            options(nostack, preserves_flags),
+        );
     }
 }

@@ -100,17 +100,22 @@ pub(crate) fn is_boundary(start: usize, addr: usize, code: &[u8]) -> bool {
 /// make an instruction unsafe to move (segment overrides ES/CS/SS/DS,
 /// LOCK). Applies to emulated instructions too.
 pub(super) fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'static str> {
+    // Every byte before the opcode: legacy prefixes and REX bytes, in any
+    // order and number (a REX followed by another prefix is ignored by
+    // the CPU, but the prefixes after it still count: `40 f0 ff 00` is a
+    // locked `inc`, and `42 4f 0f 05` a `syscall`).
     let prefix_len = bytes
         .iter()
         .take_while(|b| {
             matches!(
                 b,
-                0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3 | 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65
+                0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3 | 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x40
+                    ..=0x4f
             )
         })
         .count();
     let prefixes = &bytes[..prefix_len];
-    if prefixes.contains(&0xf0) {
+    if prefixes.contains(&0xf0) || insn.has_lock_prefix() {
         return Err("lock-prefixed instructions are refused (as by kernel uprobes)");
     }
     // A segment prefix on a nop (`cs nop word [rax + rax]`, the common
@@ -126,13 +131,7 @@ pub(super) fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'
     if insn.encoding() != iced_x86::EncodingKind::Legacy {
         return Ok(());
     }
-    let mut rest = &bytes[prefix_len..];
-    if let Some(&rex) = rest.first()
-        && (0x40..=0x4f).contains(&rex)
-    {
-        rest = &rest[1..];
-    }
-    match rest {
+    match &bytes[prefix_len..] {
         [
             0x0f,
             0x00 | 0x01 | 0x05..=0x09 | 0x0b | 0x30 | 0x34 | 0x35 | 0x37 | 0x78 | 0x79 | 0xae,

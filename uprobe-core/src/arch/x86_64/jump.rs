@@ -306,6 +306,9 @@ fn relocatable(bytes: &[u8], insn: &Instruction) -> Result<(), NotOptimized> {
         return refuse(why);
     }
     match insn.flow_control() {
+        // What else the decoder counts as a call (`syscall`, far calls)
+        // is no `call` a push and a jump can stand for.
+        FlowControl::Call if !insn.is_call_near() => refuse("not a near call"),
         FlowControl::IndirectCall if insn.code() != Code::Call_rm64 => {
             refuse("an indirect call of another operand size")
         }

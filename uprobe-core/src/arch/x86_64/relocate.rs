@@ -102,6 +102,11 @@ fn moved(insn: &Instruction, bytes: &[u8], here: u64, code: &mut Vec<u8>) -> Opt
                 [0x0f, cc @ 0x80..=0x8f, ..] => out.extend([0x0f, *cc]),
                 _ => return None,
             }
+            // Widened with all its prefixes, it must still be an
+            // instruction (at most 15 bytes): else the encoder writes it.
+            if out.len() + 4 > super::MAX_INSN_LEN {
+                return None;
+            }
             rel32(&out, here, insn.near_branch_target(), code)
         }
         FlowControl::Next
@@ -291,16 +296,44 @@ fn with_block_encoder(pieces: &[Piece<'_>], at: u64) -> Option<(Vec<u8>, Vec<u32
             Piece::Int3 => insns.push(Instruction::with(Code::Int3)),
         }
     }
+    // The encoder takes a branch to the address of an instruction of the
+    // block for a branch into the block, and sends it to the copy: a
+    // moved branch back to the probed instruction would loop in the
+    // trampoline instead of hitting the probe (and one to address 0
+    // would go to an instruction made here, which has no address). So
+    // every instruction gets an address no branch and no RIP-relative
+    // operand targets (operands and targets are absolute in iced-x86's
+    // `Instruction`, whatever its address): in the kernel's half, where
+    // no user code is, skipping any that is targeted all the same.
+    let targets: Vec<u64> = insns
+        .iter()
+        .flat_map(|i| [i.near_branch_target(), i.ip_rel_memory_address()])
+        .collect();
+    let mut fresh = 0xffff_f000_0000_0000_u64;
+    for insn in &mut insns {
+        fresh += 16;
+        while targets.contains(&fresh) {
+            fresh += 16;
+        }
+        insn.set_ip(fresh);
+    }
     let encoded = BlockEncoder::encode(
         64,
         InstructionBlock::new(&insns, at),
         BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
     )
     .ok()?;
+    // An instruction the encoder rewrote into several (a `jcc` whose
+    // target is out of reach: the opposite `jcc` over a `jmp [rip]`) has
+    // no offset (`u32::MAX`): a thread stopped at it could not be moved
+    // to its copy, so such code is not relocated.
     let starts = firsts
         .iter()
         .map(|&k| encoded.new_instruction_offsets[k])
-        .collect();
+        .collect::<Vec<u32>>();
+    if starts.contains(&u32::MAX) {
+        return None;
+    }
     Some((encoded.code_buffer, starts))
 }
 
@@ -417,6 +450,79 @@ mod tests {
         let i = insn(&[0xeb, 0xfe], from);
         let (code, _) = by_hand(&[Piece::Moved(&i, &[0xeb, 0xfe])], at).expect("by hand");
         assert_eq!(insn(&code, at).near_branch_target(), from);
+    }
+
+    #[test]
+    fn a_branch_back_goes_to_the_original_through_the_encoder_too() {
+        // Found by fuzzing (`x86_trampoline`): written by the block encoder
+        // (here: `jae rel8` after eleven `rep` prefixes, too long to widen
+        // by hand), a branch back to the probed instruction itself went
+        // to its copy instead; at address 0, to the jump made after it.
+        for from in [0x5555_0000_1000_u64, 0] {
+            let at = from + 0x10_0000;
+            let mut bytes = vec![0xf3; 11];
+            bytes.extend([0x73, 0xf3]);
+            let i = insn(&bytes, from);
+            assert_eq!(i.near_branch_target(), from);
+            let pieces = [Piece::Moved(&i, &bytes), Piece::Jump(i.next_ip())];
+            assert!(by_hand(&pieces, at).is_none());
+            let (code, _) = encode(&pieces, at).expect("encoded");
+            assert_eq!(insn(&code, at).near_branch_target(), from, "{code:02x?}");
+        }
+    }
+
+    #[test]
+    fn a_rip_relative_operand_keeps_its_address_through_the_encoder() {
+        // Found by fuzzing (`x86_analyze`): given addresses of their own
+        // (above), the encoder's instructions must not take one that a
+        // RIP-relative operand names: `imul eax, [rip+X], -1` naming
+        // address 0x10, out of reach, came out naming itself.
+        let from = 0x10_0000_0009_u64;
+        let bytes = [0x6b, 0x05, 0x00, 0x00, 0x00, 0x00, 0xff];
+        let mut i = insn(&bytes, from);
+        i.set_memory_displacement64(0x10);
+        let (code, _) = with_block_encoder(&[Piece::Moved(&i, &bytes)], from).expect("encoded");
+        assert_eq!(insn(&code, from).ip_rel_memory_address(), 0x10, "{code:02x?}");
+    }
+
+    #[test]
+    fn a_widened_branch_stays_an_instruction() {
+        // Found by fuzzing (`x86_exec`): `jp rel8` after ten REX prefixes
+        // (12 bytes) widened by hand with its prefixes to `jp rel32` is
+        // 16 bytes, past the 15 an instruction may have: the CPU raises
+        // #UD. The encoder writes it instead, as one instruction.
+        let from = 0x5555_0000_1000_u64;
+        let mut bytes = vec![0x41; 10];
+        bytes.extend([0x7a, 0xff]);
+        let i = insn(&bytes, from);
+        assert_eq!(i.len(), 12);
+        let (code, _) = encode(&[Piece::Moved(&i, &bytes)], from + 0x1000).expect("encoded");
+        let copy = insn(&code, from + 0x1000);
+        assert!(!copy.is_invalid() && copy.len() <= 15, "{code:02x?}");
+        assert_eq!(copy.near_branch_target(), i.near_branch_target());
+        assert_eq!(copy.condition_code(), i.condition_code());
+    }
+
+    #[test]
+    fn a_branch_the_encoder_rewrites_is_not_relocated() {
+        // Found by fuzzing (`x86_trampoline`): `jb` whose target is out of
+        // rel32 reach of the copy. The block encoder rewrites it as `jae`
+        // over `jmp [rip]` and reports no offset for it (u32::MAX): the
+        // copy's start, which moves threads, was 4 GiB off.
+        let from = 0x33_u64;
+        let at = 0x7fff_a9aa_0098_u64;
+        let add = insn(&[0x01, 0x00], from - 2);
+        let jb = insn(&[0x72, 0x3d], from);
+        let pieces = [
+            Piece::Moved(&add, &[0x01, 0x00]),
+            Piece::Moved(&jb, &[0x72, 0x3d]),
+            Piece::Jump(jb.next_ip()),
+        ];
+        assert!(encode(&pieces, at).is_none());
+        // Within reach, it is relocated, each piece where it starts.
+        let (code, starts) = encode(&pieces, 0x1000_0000).expect("in reach");
+        assert_eq!(starts.len(), 3);
+        assert!(starts.iter().all(|&s| (s as usize) < code.len()));
     }
 
     #[test]
