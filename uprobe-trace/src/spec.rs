@@ -267,9 +267,25 @@ fn split_types(text: &str) -> Result<(&str, Vec<ArgType>), String> {
     }
 }
 
+/// Refuses a spec with a control character: no name has one, and the
+/// plan's encoding separates its fields with two.
+fn printable(text: &str) -> Result<(), String> {
+    if text.contains(char::is_control) {
+        return Err(format!("{text:?}: a control character in a name"));
+    }
+    Ok(())
+}
+
+/// Parses a `-x` item: a pattern of function names to leave out.
+pub fn parse_exclude(text: &str) -> Result<String, String> {
+    printable(text)?;
+    Ok(text.to_string())
+}
+
 /// Parses a `-f` item: `[object:]name[(type,...)]`, the name maybe a
 /// pattern. Returns the target and the argument types.
 pub fn parse_function(text: &str) -> Result<(Target, Vec<ArgType>), String> {
+    printable(text)?;
     let (head, types) = split_types(text)?;
     let (object, name) = match head.rsplit_once(':') {
         Some((o, n)) => (Some(o.to_string()), n),
@@ -289,6 +305,7 @@ pub fn parse_function(text: &str) -> Result<(Target, Vec<ArgType>), String> {
 
 /// Parses a `-u` item: `[object:]provider:name[(type,...)]`.
 pub fn parse_usdt(text: &str) -> Result<(Target, Vec<ArgType>), String> {
+    printable(text)?;
     let (head, types) = split_types(text)?;
     let parts: Vec<&str> = head.rsplitn(3, ':').collect();
     let (object, provider, name) = match parts.as_slice() {
@@ -296,7 +313,7 @@ pub fn parse_usdt(text: &str) -> Result<(Target, Vec<ArgType>), String> {
         [name, provider, object] => (Some((*object).to_string()), *provider, *name),
         _ => return Err(format!("{text:?}: not provider:name")),
     };
-    if provider.is_empty() || name.is_empty() {
+    if provider.is_empty() || name.is_empty() || object.as_deref() == Some("") {
         return Err(format!("{text:?}: not provider:name"));
     }
     Ok((
@@ -480,6 +497,21 @@ mod tests {
             args,
             ..ProbeSpec::counting(target)
         }
+    }
+
+    #[test]
+    fn names_with_control_characters_or_an_empty_object_are_refused() {
+        // Found by fuzzing (`trace_spec`): the plan's encoding separates
+        // fields with U+001F and records with U+001E, so a name with
+        // either came back from the agent as another plan, or none; and
+        // `:provider:name` came back without its empty object.
+        for bad in ["f\u{1f}oo", "a\u{1e}b", "x\ny", "tab\tbed"] {
+            assert!(parse_function(bad).is_err(), "{bad:?}");
+            assert!(parse_usdt(&format!("p:{bad}")).is_err(), "{bad:?}");
+            assert!(parse_exclude(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_usdt(":provider:name").is_err());
+        assert_eq!(parse_exclude("*_v2").as_deref(), Ok("*_v2"));
     }
 
     #[test]

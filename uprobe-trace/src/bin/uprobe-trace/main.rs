@@ -181,8 +181,8 @@ fn plan(args: &Args) -> Result<Plan, String> {
         .exclude
         .iter()
         .flat_map(|x| split_list(x))
-        .map(str::to_string)
-        .collect();
+        .map(spec::parse_exclude)
+        .collect::<Result<_, _>>()?;
     if plan.probes.is_empty() {
         return Err("nothing to trace: give -f FUNCTIONS, -u PROBE or --hist".into());
     }
