@@ -51,6 +51,16 @@ pub(crate) enum Piece<'a> {
 /// target out of reach, an instruction no encoder takes). Not
 /// async-signal-safe.
 pub(crate) fn encode(pieces: &[Piece<'_>], at: u64) -> Option<(Vec<u8>, Vec<u32>)> {
+    // An EIP-relative operand (`addr32` before a RIP-relative one, which
+    // no compiler writes) addresses modulo 4 GiB; the encoder's own
+    // checks reject it (found by fuzzing, `x86_analyze`): not moved.
+    let eip_relative = pieces.iter().any(|p| match *p {
+        Piece::Moved(i, _) | Piece::CallAsJump(i, _) => i.memory_base() == Register::EIP,
+        _ => false,
+    });
+    if eip_relative {
+        return None;
+    }
     by_hand(pieces, at).or_else(|| with_block_encoder(pieces, at))
 }
 
@@ -483,6 +493,19 @@ mod tests {
         i.set_memory_displacement64(0x10);
         let (code, _) = with_block_encoder(&[Piece::Moved(&i, &bytes)], from).expect("encoded");
         assert_eq!(insn(&code, from).ip_rel_memory_address(), 0x10, "{code:02x?}");
+    }
+
+    #[test]
+    fn an_eip_relative_operand_is_not_moved() {
+        // Found by fuzzing (`x86_analyze`): `imul eax, [eip-1], -1` made
+        // iced-x86's block encoder fail its own assertion.
+        let from = 0x10_0000_0000_u64;
+        let bytes = [0x67, 0x6b, 0x05, 0xff, 0xff, 0xff, 0xff, 0xff];
+        let i = insn(&bytes, from);
+        assert_eq!(i.memory_base(), Register::EIP);
+        for at in [from + 0x1000, from + (1 << 40)] {
+            assert!(encode(&[Piece::Moved(&i, &bytes), Piece::Jump(i.next_ip())], at).is_none());
+        }
     }
 
     #[test]
