@@ -35,8 +35,6 @@
 //! - **USDT**: an argument's location as `<sys/sdt.h>` writes it
 //!   ([`usdt`]).
 
-#[cfg(uprobe_arch = "aarch64")]
-mod aarch64;
 /// The A64 classifier on every other host, for the fuzz target that
 /// checks it against an independent decoder (it depends on nothing of
 /// the engine).
@@ -44,6 +42,8 @@ mod aarch64;
 #[path = "aarch64/decode.rs"]
 #[allow(dead_code)]
 pub(crate) mod a64_decode;
+#[cfg(uprobe_arch = "aarch64")]
+mod aarch64;
 pub(crate) mod usdt;
 #[cfg(uprobe_arch = "x86_64")]
 mod x86_64;

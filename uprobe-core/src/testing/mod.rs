@@ -7,13 +7,15 @@
 pub mod code;
 pub mod objects;
 
-/// The aarch64 classifier, for the tests and the fuzz target that check
-/// it against an independent decoder (on any host).
-#[cfg(uprobe_arch = "aarch64")]
-pub use crate::arch::{Class, classify};
-/// See above: on other hosts, the same file built on its own.
+/// The aarch64 classifier (its file built on its own on this host), for
+/// the tests and the fuzz target that check it against an independent
+/// decoder.
 #[cfg(not(uprobe_arch = "aarch64"))]
 pub use crate::arch::a64_decode::{Class, classify};
+/// The aarch64 classifier, for the tests and the fuzz target that check
+/// it against an independent decoder.
+#[cfg(uprobe_arch = "aarch64")]
+pub use crate::arch::{Class, classify};
 pub use crate::site::returns::{Pinning, ReturnHold};
 pub use crate::table::lookup::Lookup;
 

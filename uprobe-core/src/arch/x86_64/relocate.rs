@@ -492,7 +492,11 @@ mod tests {
         let mut i = insn(&bytes, from);
         i.set_memory_displacement64(0x10);
         let (code, _) = with_block_encoder(&[Piece::Moved(&i, &bytes)], from).expect("encoded");
-        assert_eq!(insn(&code, from).ip_rel_memory_address(), 0x10, "{code:02x?}");
+        assert_eq!(
+            insn(&code, from).ip_rel_memory_address(),
+            0x10,
+            "{code:02x?}"
+        );
     }
 
     #[test]
