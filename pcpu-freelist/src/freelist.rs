@@ -60,7 +60,14 @@ pub enum EmptyHint {
 /// assert_eq!(all.len(), 4);
 /// ```
 pub struct FreeList<T> {
-    nodes: Box<[Node<T>]>,
+    /// The elements' storage, never resized nor moved. A `Vec`, not a
+    /// `Box<[_]>`: the lists keep addresses of nodes (exposed, as
+    /// integers) while the pool itself is moved, and moving a `Box`
+    /// asserts unique access to what it points to, which would invalidate
+    /// those addresses (Miri reported the use of one afterwards as
+    /// undefined behaviour under Stacked Borrows); a `Vec` asserts
+    /// nothing of the kind.
+    nodes: Vec<Node<T>>,
     lists: PerCpuStack,
     extra: ExtraList,
     hint: EmptyHint,
@@ -90,7 +97,7 @@ impl<T> FreeList<T> {
     /// # Panics
     /// As for [`new`](Self::new).
     pub fn with_hint(values: impl IntoIterator<Item = T>, hint: EmptyHint) -> Self {
-        let nodes: Box<[Node<T>]> = values.into_iter().map(Node::new).collect();
+        let nodes: Vec<Node<T>> = values.into_iter().map(Node::new).collect();
         assert!(
             u32::try_from(nodes.len()).is_ok_and(|n| n < u32::MAX),
             "a FreeList holds fewer than u32::MAX elements, not {}",

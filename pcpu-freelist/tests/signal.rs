@@ -37,6 +37,10 @@ extern "C" fn on_usr1(_: libc::c_int) {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "signals: Miri has no signal handlers (sigaction, raise, pthread_kill)"
+)]
 fn handler_pops_and_pushes_while_the_thread_it_interrupted_does() {
     let pool = POOL.get_or_init(|| FreeList::new((0..4).map(|_| AtomicBool::new(false))));
     // SAFETY: installing a handler that only uses async-signal-safe

@@ -91,24 +91,38 @@ fn churn(hint: EmptyHint, threads: usize, capacity: usize, rounds: usize) {
 #[test]
 fn conserves_elements_one_thread_per_cpu() {
     for hint in [EmptyHint::Flag, EmptyHint::Head, EmptyHint::None] {
-        churn(hint, cpus(), 2 * cpus() + 1, 1_000_000);
+        churn(
+            hint,
+            cpus(),
+            2 * cpus() + 1,
+            test_support::scaled(1_000_000),
+        );
     }
 }
 
 #[test]
 fn conserves_elements_oversubscribed() {
     for hint in [EmptyHint::Flag, EmptyHint::Head, EmptyHint::None] {
-        churn(hint, 4 * cpus(), 3 * cpus(), 250_000);
+        churn(hint, 4 * cpus(), 3 * cpus(), test_support::scaled(250_000));
     }
 }
 
 #[test]
 fn conserves_elements_when_the_pool_runs_dry() {
     // Fewer elements than threads want: most pops find nothing.
-    churn(EmptyHint::Flag, 2 * cpus(), 2, 500_000);
+    churn(
+        EmptyHint::Flag,
+        2 * cpus(),
+        2,
+        test_support::scaled(500_000),
+    );
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "starts a child process; .ci/miri runs the child's part (FREELIST_CHILD=1)"
+)]
 fn conserves_elements_without_rseq() {
     // The spinlocked lists (aarch64, qemu-user, old glibc): a child process
     // with glibc's rseq registration turned off.
@@ -116,7 +130,7 @@ fn conserves_elements_without_rseq() {
         let pool = FreeList::new([0u8]);
         assert!(!pool.uses_rseq(), "GLIBC_TUNABLES did not turn rseq off");
         for hint in [EmptyHint::Flag, EmptyHint::Head, EmptyHint::None] {
-            churn(hint, 4 * cpus(), 3 * cpus(), 100_000);
+            churn(hint, 4 * cpus(), 3 * cpus(), test_support::scaled(100_000));
         }
         println!("child: spinlocked lists conserve elements");
         return;

@@ -100,13 +100,56 @@ fn cached_cpu() -> usize {
 /// `sched_getcpu()`, or CPU 0 where the call fails (it cannot on Linux
 /// with a vDSO; the fallback keeps callers' indexing total).
 /// Async-signal-safe.
-#[cfg(not(pcpu_loom))]
+#[cfg(not(any(pcpu_loom, miri)))]
 #[inline]
 #[must_use]
 pub fn sched_getcpu() -> usize {
     // SAFETY: sched_getcpu has no preconditions.
     let id = unsafe { libc::sched_getcpu() };
     usize::try_from(id).unwrap_or(0)
+}
+
+/// Under Miri, which has no `sched_getcpu`: a thread that migrates at
+/// every call, to a CPU of its affinity mask (Miri's CPUs,
+/// `-Zmiri-num-cpus`, narrowed by `sched_setaffinity`) drawn from a
+/// per-thread sequence. A thread may be moved between any two
+/// instructions, and the generic paths must hold when it is; a thread
+/// pinned to one CPU stays there.
+#[cfg(all(miri, not(pcpu_loom)))]
+#[must_use]
+pub fn sched_getcpu() -> usize {
+    use core::cell::Cell;
+    std::thread_local! {
+        static NEXT: Cell<u64> = const { Cell::new(0) };
+    }
+    let draw = NEXT.with(|next| {
+        let mut x = next.get();
+        if x == 0 {
+            // A different start for each thread: where its cell is.
+            x = (core::ptr::from_ref(next) as u64) | 1;
+        }
+        // xorshift64
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        next.set(x);
+        x
+    });
+    // SAFETY: `cpu_set_t` is plain data, which the call only writes.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: the calling thread's mask, into `set`, of the size passed.
+    let got = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) };
+    // SAFETY: ids below `CPU_SETSIZE` are within `set`.
+    let allowed = |cpu: &usize| got == 0 && unsafe { libc::CPU_ISSET(*cpu, &set) };
+    // Miri's CPUs, which are all there are (see `possible_cpus`).
+    let cpus = 0..possible_cpus().min(libc::CPU_SETSIZE as usize);
+    let count = cpus.clone().filter(allowed).count();
+    if count == 0 {
+        return (draw % possible_cpus() as u64) as usize;
+    }
+    cpus.filter(allowed)
+        .nth((draw % count as u64) as usize)
+        .unwrap_or(0)
 }
 
 static POSSIBLE: AtomicUsize = AtomicUsize::new(0);
@@ -131,8 +174,13 @@ pub fn possible_cpus() -> usize {
     if n != 0 {
         return n;
     }
-    let n = std::fs::read_to_string("/sys/devices/system/cpu/possible")
-        .ok()
+    // Under Miri, its own CPUs (`-Zmiri-num-cpus`), not the host's.
+    let possible = if cfg!(miri) {
+        None
+    } else {
+        std::fs::read_to_string("/sys/devices/system/cpu/possible").ok()
+    };
+    let n = possible
         .and_then(|s| parse_cpu_list_max(&s))
         .map_or_else(configured_cpus, |max| max + 1);
     POSSIBLE.store(n, Ordering::Relaxed);

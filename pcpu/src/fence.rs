@@ -26,7 +26,10 @@
 //!
 //! Under `--cfg pcpu_loom` both sides are `fence(SeqCst)`: membarrier makes the
 //! light side *act* as a full fence whenever the heavy side runs, and
-//! modelling only the heavy side would be unsound.
+//! modelling only the heavy side would be unsound. Miri, which has no
+//! `membarrier()` either, is given the same model, and so is a build for
+//! the thread sanitizer (`--cfg pcpu_tsan`), which cannot see what
+//! `membarrier()` orders (nor a plain fence: see `unstable::sync`).
 //!
 //! This module owns every `membarrier()` command the crate issues and
 //! their registrations: the fences above, [`sync_core`], and the rseq
@@ -63,9 +66,26 @@ pub enum Mode {
     SeqCstFallback,
 }
 
+#[cfg(not(miri))]
 fn membarrier(cmd: libc::c_int, flags: libc::c_uint, cpu: libc::c_int) -> libc::c_long {
     // SAFETY: membarrier takes plain integers and touches no user memory.
     unsafe { libc::syscall(libc::SYS_membarrier, cmd, flags, cpu) }
+}
+
+/// Miri has no `membarrier()`: it is modelled as loom models it. The
+/// query offers `PRIVATE_EXPEDITED` and its registration succeeds (so
+/// [`mode`] is [`Mode::Membarrier`] unless `PCPU_NO_MEMBARRIER=1`, and
+/// the code paths that rely on it run), but both sides of the fence are
+/// `fence(SeqCst)` under Miri (see [`light`] and [`heavy`]): what
+/// membarrier guarantees, in terms Miri checks. Every other command (the
+/// rseq and sync-core ones) is refused, as by a kernel without them.
+#[cfg(miri)]
+fn membarrier(cmd: libc::c_int, _flags: libc::c_uint, _cpu: libc::c_int) -> libc::c_long {
+    match cmd {
+        CMD_QUERY => libc::c_long::from(CMD_PRIVATE_EXPEDITED | CMD_REGISTER_PRIVATE_EXPEDITED),
+        CMD_REGISTER_PRIVATE_EXPEDITED => 0,
+        _ => -1,
+    }
 }
 
 /// Registers the fences at load time (see the module docs). rseq fences
@@ -117,14 +137,14 @@ pub fn mode() -> Mode {
 /// Settled at load time; async-signal-safe.
 #[must_use]
 pub fn light_is_compiler_only() -> bool {
-    cfg!(not(pcpu_loom)) && mode() == Mode::Membarrier
+    cfg!(not(any(pcpu_loom, miri, pcpu_tsan))) && mode() == Mode::Membarrier
 }
 
 /// The frequent side's fence: a compiler fence when membarrier is
 /// registered, `fence(SeqCst)` otherwise. Async-signal-safe.
 #[inline]
 pub fn light() {
-    #[cfg(not(pcpu_loom))]
+    #[cfg(not(any(pcpu_loom, miri, pcpu_tsan)))]
     if MODE.load(Ordering::Relaxed) == MEMBARRIER {
         compiler_fence(Ordering::SeqCst);
         return;
@@ -147,7 +167,7 @@ pub fn heavy() {
         crate::loom_cpu::fence_all_cpus();
         return;
     }
-    #[cfg(not(pcpu_loom))]
+    #[cfg(not(any(pcpu_loom, miri, pcpu_tsan)))]
     if mode() == Mode::Membarrier {
         // The light side already relies on us: a failure here after a
         // successful registration would break every caller's ordering.

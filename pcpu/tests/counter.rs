@@ -13,7 +13,7 @@ fn threads() -> usize {
 #[test]
 fn sum_of_adds_is_exact_under_migration() {
     let counter = PerCpuCounter::new();
-    let per_thread = 200_000u64;
+    let per_thread = test_support::scaled(200_000u64);
     std::thread::scope(|s| {
         for _ in 0..threads() {
             s.spawn(|| {
@@ -36,7 +36,7 @@ fn wrapping_subtraction_balances() {
         for t in 0..threads() {
             let counts = &counts;
             s.spawn(move || {
-                for _ in 0..50_000 {
+                for _ in 0..test_support::scaled(50_000) {
                     pcpu::rseq::add(counts, 3);
                     // Release on whatever CPU we are on now: only the sum matters.
                     if t % 2 == 0 {

@@ -9,6 +9,10 @@ struct Node {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "starts a child process; .ci/miri runs the child's part (PCPU_CHILD=1)"
+)]
 fn fallbacks_are_exact_without_rseq() {
     if std::env::var_os("PCPU_CHILD").is_some() {
         child();
@@ -36,10 +40,10 @@ fn child() {
     let threads = 8;
     std::thread::scope(|s| {
         for _ in 0..threads {
-            s.spawn(|| (0..100_000).for_each(|_| counter.add(1)));
+            s.spawn(|| (0..test_support::scaled(100_000)).for_each(|_| counter.add(1)));
         }
     });
-    assert_eq!(counter.sum(), threads * 100_000);
+    assert_eq!(counter.sum(), threads * test_support::scaled(100_000));
     assert!(pcpu::current_cpu() < pcpu::possible_cpus());
 
     let nodes: Vec<Node> = (0..16)
@@ -56,7 +60,7 @@ fn child() {
     std::thread::scope(|s| {
         for _ in 0..4 {
             s.spawn(|| {
-                for _ in 0..20_000 {
+                for _ in 0..test_support::scaled(20_000) {
                     let slots = stack.slots();
                     if let Some(n) = stack
                         .pop()

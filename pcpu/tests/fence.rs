@@ -46,14 +46,18 @@ fn membarrier_mode_forbids_store_buffering() {
         pcpu::fence::Mode::Membarrier,
         "membarrier unavailable here"
     );
-    assert_eq!(store_buffering_violations(20_000), 0);
+    assert_eq!(store_buffering_violations(test_support::scaled(20_000)), 0);
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "starts a child process; .ci/miri runs the child's part (PCPU_NO_MEMBARRIER=1)"
+)]
 fn seqcst_fallback_forbids_store_buffering() {
     if std::env::var_os("PCPU_NO_MEMBARRIER").is_some() {
         assert_eq!(pcpu::fence::mode(), pcpu::fence::Mode::SeqCstFallback);
-        assert_eq!(store_buffering_violations(20_000), 0);
+        assert_eq!(store_buffering_violations(test_support::scaled(20_000)), 0);
         println!("child: fallback fences hold");
         return;
     }

@@ -7,6 +7,7 @@ use std::sync::Barrier;
 use percpu_rwsem::PercpuRwSem;
 
 #[test]
+#[cfg_attr(miri, ignore = "fork: Miri cannot fork")]
 fn child_try_operations_do_not_hang_on_holds_from_before_fork() {
     let sem = PercpuRwSem::new(7u32);
     sem.prepare();

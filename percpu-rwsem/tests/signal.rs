@@ -32,6 +32,10 @@ fn raise_usr1() -> i32 {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "signals: Miri has no signal handlers (sigaction, raise, pthread_kill)"
+)]
 fn handler_reads_and_detects_an_interrupted_writer() {
     SEM.prepare(); // no allocation inside the handler
     assert_eq!(raise_usr1(), 10, "plain read from the handler");

@@ -38,6 +38,10 @@ fn wait_for(what: &str, done: impl Fn() -> bool) {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "signals: Miri has no signal handlers (sigaction, raise, pthread_kill)"
+)]
 fn a_handler_on_a_reading_thread_reads_past_a_waiting_writer() {
     SEM.prepare();
     // SAFETY: installing a plain handler for SIGUSR1.

@@ -62,6 +62,10 @@ fn interrupt_here(point: Point) {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "signals: Miri has no signal handlers (sigaction, raise, pthread_kill)"
+)]
 fn a_handler_on_the_writers_thread_never_waits_for_it() {
     SEM.prepare();
     // SAFETY: installing a plain handler for SIGUSR1.

@@ -69,21 +69,25 @@ fn hammer(readers: usize, writers: usize, iters: u64) -> (u64, u64) {
 
 #[test]
 fn readers_and_writers_never_overlap() {
-    let (reads, writes) = hammer(cpus(), 2, 20_000);
+    let (reads, writes) = hammer(cpus(), 2, test_support::scaled(20_000));
     assert!(reads > 0 && writes > 0);
 }
 
 #[test]
 fn oversubscribed_readers_and_writers_never_overlap() {
-    let (reads, writes) = hammer(4 * cpus(), 3, 5_000);
+    let (reads, writes) = hammer(4 * cpus(), 3, test_support::scaled(5_000));
     assert!(reads > 0 && writes > 0);
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "starts a child process; .ci/miri runs the child's part (RWSEM_CHILD=1 PCPU_NO_MEMBARRIER=1)"
+)]
 fn fallback_paths_never_overlap_without_rseq_or_membarrier() {
     if std::env::var_os("RWSEM_CHILD").is_some() {
         assert!(!pcpu::rseq::available());
-        let (reads, writes) = hammer(cpus(), 2, 10_000);
+        let (reads, writes) = hammer(cpus(), 2, test_support::scaled(10_000));
         assert!(reads > 0 && writes > 0);
         println!("child: fallback ok");
         return;

@@ -123,7 +123,7 @@ fn concurrent_charges_stay_balanced_and_within_limits() {
             let (parent, child, in_parent, in_child) = (&parent, &child, &in_parent, &in_child);
             s.spawn(move || {
                 let mut held = Vec::new();
-                for i in 0..20_000 {
+                for i in 0..test_support::scaled(20_000) {
                     let to_child = (i + t) % 3 != 0;
                     let account = if to_child { child } else { parent };
                     if held.len() < 2
@@ -285,7 +285,7 @@ fn held_and_ordinary_charges_from_many_threads_stay_balanced() {
         for t in 0..threads {
             let (account, mine) = (&account, Arc::clone(&user));
             s.spawn(move || {
-                for i in 0..20_000 {
+                for i in 0..test_support::scaled(20_000) {
                     let c = if (i + t) % 2 == 0 {
                         account.charge_holding(&mine)
                     } else {

@@ -30,12 +30,12 @@ fn deny_restore_take() {
 /// test), so finishing proves none was lost.
 #[test]
 fn no_request_is_lost_to_deny_and_restore() {
-    const ROUNDS: u32 = 20_000;
+    let rounds: u32 = test_support::scaled(20_000);
     let flags = Arc::new(TaskFlags::new());
     let taken = AtomicU32::new(0);
     std::thread::scope(|s| {
         s.spawn(|| {
-            for round in 1..=ROUNDS {
+            for round in 1..=rounds {
                 flags.set(SIGPENDING);
                 while taken.load(Ordering::Acquire) < round {
                     std::hint::spin_loop();
@@ -44,7 +44,7 @@ fn no_request_is_lost_to_deny_and_restore() {
             }
         });
         let mut i = 0u32;
-        while taken.load(Ordering::Relaxed) < ROUNDS {
+        while taken.load(Ordering::Relaxed) < rounds {
             i = i.wrapping_add(1);
             flags.deny(SIGPENDING);
             std::hint::spin_loop();
@@ -85,6 +85,10 @@ extern "C" fn on_usr1(_: libc::c_int) {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "signals: Miri has no signal handlers (sigaction, raise, pthread_kill)"
+)]
 fn deny_from_a_signal_handler_restore_after() {
     let flags = Arc::new(TaskFlags::new());
     TaskFlags::install_current(&flags);

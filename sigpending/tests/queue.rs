@@ -68,7 +68,7 @@ fn producers_and_consumers_keep_every_item_once() {
         for t in 0..4u64 {
             let (q, sum_in, sum_out) = (&q, &sum_in, &sum_out);
             s.spawn(move || {
-                for i in 0..50_000u64 {
+                for i in 0..test_support::scaled(50_000u64) {
                     let v = t * 1_000_000 + i;
                     if q.enqueue(v).is_ok() {
                         sum_in.fetch_add(v, Ordering::Relaxed);
@@ -101,6 +101,10 @@ extern "C" fn on_usr2(_: libc::c_int) {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "signals: Miri has no signal handlers (sigaction, raise, pthread_kill)"
+)]
 fn a_signal_handler_charges_and_uncharges_with_deferred_release() {
     // Its own process: the deferred list is process-wide, and another test
     // releases what is on it (the count before release_deferred is exact

@@ -161,6 +161,10 @@ fn duration() -> Duration {
 
 #[test]
 #[allow(clippy::too_many_lines)]
+#[cfg_attr(
+    miri,
+    ignore = "signals: Miri has no signal handlers (sigaction, raise, pthread_kill)"
+)]
 fn charges_from_threads_and_handlers_stay_within_limits_and_pins() {
     let user = Arc::new(String::from("doomed owner"));
     let mut accounts: Vec<Arc<Account>> = Vec::new();

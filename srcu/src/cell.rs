@@ -256,7 +256,10 @@ mod tests {
     /// passed: only a correct barrier is still waiting then).
     #[test]
     fn barrier_waits_for_a_two_grace_period_drop_whatever_is_queued_after_it() {
-        let domain: &'static Srcu = Box::leak(Box::new(Srcu::new()));
+        // `'static` for the callbacks; a `static` rather than a leaked
+        // box, which LeakSanitizer reports.
+        static DOMAIN: Srcu = Srcu::new();
+        let domain: &'static Srcu = &DOMAIN;
         let dropped = Arc::new(AtomicBool::new(false));
         let cell = SrcuCell::new(domain, Some(Flag(Arc::clone(&dropped))));
         let (started_tx, started_rx) = channel();

@@ -147,7 +147,8 @@ fn barrier_waits_for_replaced_values_while_callbacks_keep_coming() {
         while queued.load(SeqCst) == 0 {
             std::thread::yield_now();
         }
-        let early = (0..3000)
+        let rounds = test_support::scaled(3000);
+        let early = (0..rounds)
             .filter(|_| {
                 let drops = Arc::new(AtomicUsize::new(0));
                 cell.replace(Some(Dropped(Arc::clone(&drops))));
@@ -160,7 +161,7 @@ fn barrier_waits_for_replaced_values_while_callbacks_keep_coming() {
         stop.store(true, SeqCst);
         assert_eq!(
             early, 0,
-            "barrier returned before the replaced value was dropped ({early} of 3000 rounds)"
+            "barrier returned before the replaced value was dropped ({early} of {rounds} rounds)"
         );
     });
 }

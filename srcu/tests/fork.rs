@@ -72,6 +72,7 @@ fn while_another_thread_reads(domain: &Srcu, run: impl FnOnce() -> i32) -> i32 {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "fork: Miri cannot fork")]
 fn child_handles_sections_and_leases_held_at_fork() {
     let domain = Srcu::new();
     domain.prepare();
@@ -109,6 +110,7 @@ static RAN: AtomicBool = AtomicBool::new(false);
 /// fork, fresh and in a reused slot) are expired by a restarted expiry
 /// thread.
 #[test]
+#[cfg_attr(miri, ignore = "fork: Miri cannot fork")]
 fn child_runs_callbacks_queued_before_the_fork_while_another_thread_read() {
     static DOMAIN: Srcu = Srcu::new();
     DOMAIN.prepare();
@@ -158,6 +160,7 @@ fn fork_holding_a_guard(domain: &Srcu) -> i32 {
 /// child too: it stays counted (discounting it would let the child free
 /// what the section still reads), and ending it in the child ends it.
 #[test]
+#[cfg_attr(miri, ignore = "fork: Miri cannot fork")]
 fn a_section_of_the_forking_thread_stays_counted_in_the_child() {
     let domain = Srcu::new();
     let code = fork_holding_a_guard(&domain);
@@ -172,7 +175,17 @@ fn a_section_of_the_forking_thread_stays_counted_in_the_child() {
 /// slot) is discounted, the forking thread's own stays counted until it
 /// ends there.
 #[test]
+#[cfg_attr(miri, ignore = "fork: Miri cannot fork")]
 fn another_threads_guard_is_discounted_while_the_forking_thread_holds_one() {
+    if pcpu::fence::mode() != pcpu::fence::Mode::Membarrier {
+        // Without membarrier (`PCPU_NO_MEMBARRIER=1`, as the sanitizer
+        // runs test) every guard section is counted per CPU, not in its
+        // thread's slot: with the forking thread holding one, the
+        // documented outcome is that the other thread's stays counted in
+        // the child (see `Srcu`'s "Fork"), which this test does not check.
+        eprintln!("skipped: guard sections are counted per CPU without membarrier");
+        return;
+    }
     let domain = Srcu::new();
     domain.prepare();
     let code = while_another_thread_reads(&domain, || fork_holding_a_guard(&domain));
@@ -186,6 +199,7 @@ fn another_threads_guard_is_discounted_while_the_forking_thread_holds_one() {
 /// every millisecond: a child that inherited a lock the expiry thread held
 /// mid-round (its buffer of blocks) hung in the fork's child handler.
 #[test]
+#[cfg_attr(miri, ignore = "fork: Miri cannot fork")]
 fn forks_while_the_expiry_thread_runs_its_rounds() {
     let domain = Srcu::new();
     let cell = SrcuCell::new(&domain, Some(3u32));

@@ -47,7 +47,7 @@ fn run(threads: usize, writes: u64) {
                     // Hold the section long enough for a broken grace
                     // period to free the value under us; a freed value
                     // shows as dead, or (memory reused) as another serial.
-                    for _ in 0..2_000 {
+                    for _ in 0..test_support::scaled(2_000) {
                         assert!(c.alive.load(SeqCst), "value freed under a reader");
                         assert_eq!(
                             (c.serial, c.check),
@@ -75,7 +75,7 @@ fn run(threads: usize, writes: u64) {
 #[test]
 fn retired_values_outlive_their_readers_and_are_all_freed() {
     let cpus = std::thread::available_parallelism().map_or(2, usize::from);
-    run(cpus, 800);
-    run(4 * cpus, 200);
+    run(cpus, test_support::scaled(800));
+    run(4 * cpus, test_support::scaled(200));
     assert_eq!(DROPPED.load(SeqCst), CREATED.load(SeqCst), "values leaked");
 }

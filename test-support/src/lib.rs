@@ -27,6 +27,41 @@ pub const OWN_PROCESS_VAR: &str = "TEST_SUPPORT_OWN_PROCESS";
 /// test fails): a hang fails the test instead of holding the run.
 pub const CHILD_LIMIT: Duration = Duration::from_mins(5);
 
+/// How many times fewer iterations a test makes under Miri ([`scaled`]).
+pub const MIRI_DIVISOR: u64 = 1000;
+
+/// Counts up to this are left as they are under Miri ([`scaled`]).
+pub const MIRI_FLOOR: u64 = 100;
+
+/// An iteration count for a test: `n` itself in a normal run. Under
+/// Miri, which interprets every step (thousands of times slower than the
+/// machine) and explores interleavings by its scheduler and seeds rather
+/// than by volume, `n /`[`MIRI_DIVISOR`], but never below
+/// `min(n,`[`MIRI_FLOOR`]`)`: a stress loop still makes enough rounds
+/// for its threads to interleave, and a small count (a test's exact
+/// shape) is kept.
+///
+/// ```
+/// let rounds = test_support::scaled(200_000u64);
+/// assert_eq!(rounds, if cfg!(miri) { 200 } else { 200_000 });
+/// assert_eq!(test_support::scaled(8usize), 8);
+/// ```
+///
+/// # Panics
+/// Never: the result is at most `n`, so it fits `T`.
+#[must_use]
+pub fn scaled<T>(n: T) -> T
+where
+    T: Copy + TryInto<u64> + TryFrom<u64>,
+{
+    if !cfg!(miri) {
+        return n;
+    }
+    let Ok(wide) = n.try_into() else { return n };
+    let less = (wide / MIRI_DIVISOR).max(wide.min(MIRI_FLOOR));
+    T::try_from(less).unwrap_or_else(|_| unreachable!("{less} is at most n"))
+}
+
 /// A `Command` that runs the executable `exe` of this build, through the
 /// cross runner when there is one.
 ///
@@ -146,6 +181,14 @@ const ONE_PASSED: &str = "test result: ok. 1 passed;";
 /// with `env` added: its output if it ran and passed, else why not (with
 /// its output).
 fn run_test_in_child(name: &str, env: &[(&str, &str)]) -> Result<Output, String> {
+    // Said plainly, rather than as Miri's "unsupported operation" deep in
+    // `Command::spawn`.
+    if cfg!(miri) {
+        return Err(format!(
+            "child test {name}: Miri cannot start a process: \
+             mark the test `#[cfg_attr(miri, ignore = \"...\")]`"
+        ));
+    }
     let exe = std::env::current_exe().map_err(|e| format!("the current test binary: {e}"))?;
     let mut cmd = command(exe);
     cmd.args([

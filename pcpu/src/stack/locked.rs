@@ -47,14 +47,21 @@ impl PerCpuStack {
     }
 
     /// Takes list `slot`'s lock; `None` if `wait` is false and it is taken.
+    ///
+    /// A weak compare-and-swap may fail with the lock free (spuriously: an
+    /// LL/SC pair on aarch64 without LSE, and Miri, which emulates such
+    /// failures); only a failure that saw the lock taken refuses a `try_`
+    /// operation, or one would report [`WouldBlock`] on a free list.
     fn lock(&self, slot: usize, wait: bool) -> Option<LockedList<'_>> {
         let head = self.head(slot);
         let mut spins = 0u32;
-        while head
-            .lock
-            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
+        while let Err(held) =
+            head.lock
+                .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
         {
+            if held == 0 {
+                continue; // spurious: free, try again
+            }
             if !wait {
                 return None;
             }

@@ -90,11 +90,11 @@ impl std::error::Error for WouldBlock {}
 /// use std::ptr::NonNull;
 /// #[repr(C)]
 /// struct Node { next: usize, value: u32 }
+/// let mut node = Node { next: 0, value: 7 };
 /// let stack = pcpu::PerCpuStack::new(std::mem::offset_of!(Node, next));
-/// let node = Box::leak(Box::new(Node { next: 0, value: 7 }));
 /// // SAFETY: the node is ours, outlives the stack's use of it, and its link
 /// // word is at `next_offset`.
-/// unsafe { stack.push(NonNull::from(&mut *node).cast()) };
+/// unsafe { stack.push(NonNull::from(&mut node).cast()) };
 /// let popped = stack.pop().or_else(|| (0..stack.slots()).find_map(|s| stack.pop_slot(s)));
 /// assert_eq!(popped.map(|p| unsafe { p.cast::<Node>().as_ref().value }), Some(7));
 /// ```

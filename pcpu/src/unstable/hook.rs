@@ -5,14 +5,16 @@
 //! `test-hooks` feature; this is the slot they share.
 
 use core::marker::PhantomData;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicPtr, Ordering};
 
 /// One hook, `fn(P)`, or none; `const`-constructible, for a `static`.
 /// Plain atomics (never loom's): hooks are test scaffolding, outside any
 /// model.
 pub struct HookSlot<P> {
-    /// The function's address, or 0 for none.
-    f: AtomicUsize,
+    /// The function, or null for none. A pointer rather than an integer:
+    /// a function pointer rebuilt from an integer would have lost its
+    /// provenance (Miri rejects the call).
+    f: AtomicPtr<()>,
     _point: PhantomData<fn(P)>,
 }
 
@@ -21,15 +23,17 @@ impl<P> HookSlot<P> {
     #[must_use]
     pub const fn new() -> Self {
         Self {
-            f: AtomicUsize::new(0),
+            f: AtomicPtr::new(core::ptr::null_mut()),
             _point: PhantomData,
         }
     }
 
     /// Installs `hook`, or removes it with `None`. Async-signal-safe.
     pub fn set(&self, hook: Option<fn(P)>) {
-        self.f
-            .store(hook.map_or(0, |f| f as usize), Ordering::SeqCst);
+        self.f.store(
+            hook.map_or(core::ptr::null_mut(), |f| f as *mut ()),
+            Ordering::SeqCst,
+        );
     }
 
     /// Calls the installed hook with `point`, if there is one, on the
@@ -37,11 +41,11 @@ impl<P> HookSlot<P> {
     /// hook is whatever the test made it).
     pub fn call(&self, point: P) {
         let f = self.f.load(Ordering::SeqCst);
-        if f != 0 {
-            // SAFETY: only `set` stores a non-zero value, and what it
-            // stores is the address of a `fn(P)` (a function pointer is
-            // never 0).
-            let f = unsafe { core::mem::transmute::<usize, fn(P)>(f) };
+        if !f.is_null() {
+            // SAFETY: only `set` stores a non-null value, and what it
+            // stores is a `fn(P)` cast to a pointer (a function pointer is
+            // never null), with its provenance.
+            let f = unsafe { core::mem::transmute::<*mut (), fn(P)>(f) };
             f(point);
         }
     }
@@ -50,7 +54,7 @@ impl<P> HookSlot<P> {
 impl<P> core::fmt::Debug for HookSlot<P> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("HookSlot")
-            .field("installed", &(self.f.load(Ordering::Relaxed) != 0))
+            .field("installed", &!self.f.load(Ordering::Relaxed).is_null())
             .finish()
     }
 }

@@ -21,10 +21,50 @@
 //! `RUSTFLAGS="--cfg pcpu_loom"` builds the family's models, with or
 //! without the program's own `loom`.
 
-#[cfg(not(pcpu_loom))]
+#[cfg(not(any(pcpu_loom, pcpu_tsan)))]
 pub use core::sync::atomic;
 #[cfg(pcpu_loom)]
 pub use loom::sync::atomic;
+
+/// `core`'s atomics, with [`fence`](atomic::fence) modelled for the thread
+/// sanitizer (`--cfg pcpu_tsan`, which `.ci/sanitizers` passes with
+/// `-Zsanitizer=thread`).
+///
+/// The thread sanitizer does not implement standalone fences (its
+/// `__tsan_atomic_thread_fence` is a plain barrier that records no
+/// synchronisation), so every happens-before edge that a fence pair
+/// makes out of relaxed accesses is invisible to it: a reader's
+/// `fence(Release)` before its relaxed decrement and a writer's
+/// `fence(Acquire)` after summing the counts, which is how every
+/// primitive here hands a read section over to a writer or a grace
+/// period. It then reports the data the section protects as raced.
+/// Here each fence is also a read-modify-write of one process-wide
+/// atomic with the fence's ordering: a release fence followed (later in
+/// that atomic's order) by an acquire fence makes a happens-before edge
+/// the sanitizer records. That edge is what the fences give wherever
+/// the acquiring side read a value the releasing side wrote after its
+/// fence (the only case the code relies on); where it did not, the model
+/// orders more than the memory model does, so the sanitizer may miss a
+/// race there (never report a false one). The fence itself is kept.
+#[cfg(all(pcpu_tsan, not(pcpu_loom)))]
+pub mod atomic {
+    pub use core::sync::atomic::*;
+
+    /// The one atomic every modelled fence reads and writes.
+    static FENCES: AtomicUsize = AtomicUsize::new(0);
+
+    /// `core::sync::atomic::fence(order)`, and the same ordering on a
+    /// read-modify-write of one process-wide atomic, which the thread
+    /// sanitizer sees (see the module).
+    ///
+    /// # Panics
+    /// On `Relaxed`, as `core`'s fence does.
+    #[inline]
+    pub fn fence(order: Ordering) {
+        core::sync::atomic::fence(order);
+        FENCES.fetch_add(0, order);
+    }
+}
 
 #[cfg(pcpu_loom)]
 pub use loom::thread;

@@ -43,7 +43,7 @@ pub fn thread_exited(tid: libc::pid_t) -> bool {
 /// # Safety
 /// `n` and its arguments must be a call that touches no memory the
 /// caller does not own.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(miri)))]
 unsafe fn raw(n: libc::c_long, a: usize, b: usize, c: usize) -> libc::c_long {
     let ret: libc::c_long;
     // SAFETY: the caller's promise; `syscall` clobbers rcx and r11 only.
@@ -66,7 +66,7 @@ unsafe fn raw(n: libc::c_long, a: usize, b: usize, c: usize) -> libc::c_long {
 ///
 /// # Safety
 /// As on x86-64.
-#[cfg(target_arch = "aarch64")]
+#[cfg(all(target_arch = "aarch64", not(miri)))]
 unsafe fn raw(n: libc::c_long, a: usize, b: usize, c: usize) -> libc::c_long {
     let ret: libc::c_long;
     // SAFETY: the caller's promise; `svc` preserves every other register.
@@ -87,7 +87,7 @@ unsafe fn raw(n: libc::c_long, a: usize, b: usize, c: usize) -> libc::c_long {
 ///
 /// # Safety
 /// As on x86-64.
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64", miri)))]
 unsafe fn raw(n: libc::c_long, a: usize, b: usize, c: usize) -> libc::c_long {
     // SAFETY: errno is this thread's; the call is the caller's promise.
     unsafe {
@@ -104,18 +104,37 @@ unsafe fn raw(n: libc::c_long, a: usize, b: usize, c: usize) -> libc::c_long {
     }
 }
 
+/// Under Miri, which runs no inline assembly and no raw system call:
+/// the thread and process ids through libc's functions, and `ENOSYS` for
+/// anything else (so [`thread_exited`] says no thread has exited).
+///
+/// # Safety
+/// None needed; the signature matches the others.
+#[cfg(miri)]
+#[allow(clippy::unnecessary_wraps)]
+unsafe fn raw(n: libc::c_long, _a: usize, _b: usize, _c: usize) -> libc::c_long {
+    match n {
+        // SAFETY: takes no arguments and cannot fail.
+        libc::SYS_gettid => libc::c_long::from(unsafe { libc::gettid() }),
+        // SAFETY: as above.
+        libc::SYS_getpid => libc::c_long::from(unsafe { libc::getpid() }),
+        _ => -libc::c_long::from(libc::ENOSYS),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn ids_match_libc_and_a_live_thread_has_not_exited() {
         // SAFETY: plain queries.
-        let (pid, tid) = unsafe { (libc::getpid(), libc::syscall(libc::SYS_gettid)) };
+        let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
         assert_eq!(super::getpid(), pid);
-        assert_eq!(libc::c_long::from(super::gettid()), tid);
+        assert_eq!(super::gettid(), tid);
         assert!(!super::thread_exited(super::gettid()));
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri has no tgkill")]
     fn a_joined_thread_has_exited_eventually() {
         let tid = std::thread::spawn(super::gettid).join().unwrap();
         // The kernel releases the id shortly after the join returns.

@@ -184,10 +184,10 @@ impl Account {
     #[inline]
     fn charge_from<'a>(
         self: &'a Arc<Self>,
-        first: &Self,
+        first: &Arc<Self>,
         held: Option<*const ()>,
     ) -> Result<Charge<'a>, ChargeError> {
-        let mut level: &Self = first;
+        let mut level: &Arc<Self> = first;
         loop {
             if let Err(err) = level.charge_one(self.depth - level.depth, held) {
                 self.undo_below(level);
@@ -204,7 +204,11 @@ impl Account {
     /// a refusal leaves nothing charged here. See "The owner pin" at
     /// `Account`.
     #[inline]
-    fn charge_one(&self, depth: usize, held: Option<*const ()>) -> Result<(), ChargeError> {
+    fn charge_one(
+        self: &Arc<Self>,
+        depth: usize,
+        held: Option<*const ()>,
+    ) -> Result<(), ChargeError> {
         let old = self.state.fetch_add(1, Ordering::Acquire);
         if old & (PINNED | GONE) == PINNED {
             // The level between its transitions: covered by the
@@ -218,7 +222,7 @@ impl Account {
     /// `PINNED`: a pin to make and publish, or the owner gone.
     #[inline(never)]
     fn charge_unpinned(
-        &self,
+        self: &Arc<Self>,
         old: usize,
         depth: usize,
         held: Option<*const ()>,
@@ -234,7 +238,7 @@ impl Account {
     /// Refuses (undoing this level's charge) if `count`, the value this
     /// level's increment produced, is over the limit.
     #[inline]
-    fn check_limit(&self, count: usize, depth: usize) -> Result<(), ChargeError> {
+    fn check_limit(self: &Arc<Self>, count: usize, depth: usize) -> Result<(), ChargeError> {
         if count > self.limit {
             return Err(self.over_limit(depth));
         }
@@ -243,7 +247,7 @@ impl Account {
 
     /// Undoes this level's charge, refused over the limit.
     #[cold]
-    fn over_limit(&self, depth: usize) -> ChargeError {
+    fn over_limit(self: &Arc<Self>, depth: usize) -> ChargeError {
         self.decrement();
         ChargeError::OverLimit {
             depth,
@@ -294,7 +298,7 @@ impl Account {
     /// releasing it again if another charge published one first. Returns
     /// whether the charge is covered. Lock-free: see "The owner pin" at
     /// `Account`.
-    fn publish_pin(&self, first: bool, held: Option<*const ()>) -> bool {
+    fn publish_pin(self: &Arc<Self>, first: bool, held: Option<*const ()>) -> bool {
         if !self.pin(first, held) {
             return false;
         }
@@ -309,7 +313,7 @@ impl Account {
     /// Drops a reference this charge took that is not the account's: the
     /// account's was published by another charge, and this charge is
     /// counted, so the account's stays at least as long as this one.
-    fn release_extra(&self) {
+    fn release_extra(self: &Arc<Self>) {
         if self.owner.can_fail() {
             // SAFETY: balances this charge's successful `pin` of an `Arc`;
             // the published reference stays while this charge is counted,

@@ -36,12 +36,16 @@ impl Owing for Account {
 
 /// Records one owed release of `account`'s owner. Lock-free, no
 /// allocation: async-signal-safe.
-pub(crate) fn defer(account: &Account) {
-    let ptr = core::ptr::from_ref(account);
-    // SAFETY: every `Account` lives in an `Arc` (its constructors return
-    // one, and charging takes `&Arc<Account>`; parents are `Arc`s): the
-    // list keeps the account alive with a strong count of its own, taken
-    // before it is listed.
+///
+/// The pointer listed is the `Arc`'s own ([`Arc::as_ptr`]), not one made
+/// from a `&Account`: the strong count it increments (and `release_deferred`
+/// decrements) lies in front of the account, outside what a reference to
+/// the account may reach (Miri reported that as undefined behaviour under
+/// Stacked Borrows).
+pub(crate) fn defer(account: &Arc<Account>) {
+    let ptr = Arc::as_ptr(account);
+    // SAFETY: the list keeps the account alive with a strong count of its
+    // own, taken before it is listed.
     unsafe { owe(&OWING, ptr, || Arc::increment_strong_count(ptr)) };
 }
 

@@ -33,12 +33,14 @@ impl Account {
     /// One decrement at each level from `self` up to (not including)
     /// `stop`, or to the root; each level releases its owner on 1 -> 0.
     #[inline]
-    fn decrement_levels(&self, stop: Option<&Self>) {
+    fn decrement_levels(self: &Arc<Self>, stop: Option<&Self>) {
         let mut level = Some(self);
-        while let Some(l) = level.filter(|l| !stop.is_some_and(|s| core::ptr::eq(*l, s))) {
+        while let Some(l) =
+            level.filter(|l| !stop.is_some_and(|s| core::ptr::eq(Arc::as_ptr(l), s)))
+        {
             // Read the parent before the release: nothing of a level is
             // touched after its owner may be gone.
-            level = l.parent.as_deref();
+            level = l.parent.as_ref();
             l.decrement();
         }
     }
@@ -46,7 +48,7 @@ impl Account {
     /// One decrement at this level, releasing on 1 -> 0 (see "The
     /// 1 -> 0 transition" at `Account`).
     #[inline]
-    pub(super) fn decrement(&self) {
+    pub(super) fn decrement(self: &Arc<Self>) {
         // One step, for a level that has never seen a charge race its
         // 1 -> 0: the count and the pin off together.
         if !self.shared.load(Ordering::Relaxed) && self.state.load(Ordering::Relaxed) == PINNED | 1
@@ -74,7 +76,7 @@ impl Account {
     /// if the level went idle meanwhile, it is released unless a charge
     /// comes in.
     #[cold]
-    fn republish(&self) {
+    fn republish(self: &Arc<Self>) {
         self.shared.store(true, Ordering::Relaxed);
         let old = self.state.fetch_or(PINNED, Ordering::AcqRel);
         if old & PINNED != 0 {
@@ -92,7 +94,7 @@ impl Account {
     /// came in since (it found `PINNED` and relies on the reference; the
     /// last of its epoch releases it instead).
     #[inline(never)]
-    fn unpin_idle(&self) {
+    fn unpin_idle(self: &Arc<Self>) {
         if self
             .state
             .compare_exchange(PINNED, 0, Ordering::Acquire, Ordering::Relaxed)
@@ -104,7 +106,7 @@ impl Account {
 
     /// Drops the owner reference taken on 0 -> 1, now or deferred.
     #[inline]
-    pub(super) fn release_owner(&self) {
+    pub(super) fn release_owner(self: &Arc<Self>) {
         // Every decrement was Release: see all uses before the owner goes.
         fence(Ordering::Acquire);
         match self.release {

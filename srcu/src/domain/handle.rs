@@ -144,18 +144,29 @@ impl Srcu {
     #[allow(clippy::inline_always)] // on the read path
     #[inline(always)]
     pub(crate) fn inner(&self) -> &Inner {
+        // SAFETY: published by `allocate` (an `Arc` we own a count of),
+        // alive until `drop`.
+        unsafe { &*self.inner_ptr() }
+    }
+
+    /// The shared state as `Arc::into_raw` gave it, allocated on first
+    /// use: a pointer with the provenance of the whole `Arc` allocation
+    /// (a pointer made from the `&Inner` of [`inner`](Self::inner) may
+    /// only touch `Inner`, not the counts in front of it that
+    /// [`inner_arc`](Self::inner_arc) increments).
+    #[allow(clippy::inline_always)] // on the read path
+    #[inline(always)]
+    fn inner_ptr(&self) -> *const Inner {
         let p = self.inner.load(Ordering::Acquire);
         if p.is_null() {
             return self.allocate();
         }
-        // SAFETY: published by `allocate` (an `Arc` we own a count of),
-        // alive until `drop`.
-        unsafe { &*p }
+        p
     }
 
     /// The shared state, for the reclaimer thread.
     pub(crate) fn inner_arc(&self) -> Arc<Inner> {
-        let p: *const Inner = self.inner();
+        let p = self.inner_ptr();
         // SAFETY: `p` came from `Arc::into_raw` and we hold that count.
         unsafe {
             Arc::increment_strong_count(p);
@@ -164,7 +175,7 @@ impl Srcu {
     }
 
     #[cold]
-    fn allocate(&self) -> &Inner {
+    fn allocate(&self) -> *const Inner {
         let fresh = Arc::into_raw(Arc::new(Inner::new())).cast_mut();
         let p = pcpu::unstable::sync::publish_once(&self.inner, fresh, |f| {
             // SAFETY: a loser's `fresh` was never shared.
@@ -174,8 +185,8 @@ impl Srcu {
         if p == fresh {
             fork::register(&self.inner_arc());
         }
-        // SAFETY: published (by us or the winner); alive until drop.
-        unsafe { &*p }
+        // Published (by us or the winner); alive until drop.
+        p
     }
 }
 

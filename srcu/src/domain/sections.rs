@@ -132,13 +132,13 @@ impl Inner {
 }
 
 /// The light fence of the slot path (B, C): slots are handed out only in
-/// membarrier mode, where it is a compiler fence (loom: a full fence, as
-/// `pcpu::fence::light` models membarrier).
+/// membarrier mode, where it is a compiler fence (loom and Miri: a full
+/// fence, as `pcpu::fence::light` models membarrier there).
 #[allow(clippy::inline_always)]
 #[inline(always)]
 fn slot_fence() {
-    #[cfg(not(pcpu_loom))]
+    #[cfg(not(any(pcpu_loom, miri)))]
     core::sync::atomic::compiler_fence(Ordering::SeqCst);
-    #[cfg(pcpu_loom)]
+    #[cfg(any(pcpu_loom, miri))]
     pcpu::fence::light();
 }

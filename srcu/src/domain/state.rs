@@ -55,8 +55,13 @@ impl Inner {
         let this = Self {
             fast: pcpu::rseq::Adder::get().filter(|_| light_is_compiler),
             // Slots rely on membarrier (their fence is a compiler fence);
-            // loom models them with full fences.
-            readers: Readers::new(light_is_compiler || cfg!(pcpu_loom)),
+            // loom models them with full fences, and so does Miri where
+            // pcpu models membarrier as available.
+            readers: Readers::new(
+                light_is_compiler
+                    || cfg!(pcpu_loom)
+                    || (cfg!(miri) && pcpu::fence::mode() == pcpu::fence::Mode::Membarrier),
+            ),
             counts: PerCpu::default(),
             completed: AtomicU64::new(0),
             hot: AtomicU64::new(0),

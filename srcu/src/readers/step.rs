@@ -2,7 +2,7 @@
 //! handler cannot split, and no `lock` prefix (only the owner writes it).
 
 use pcpu::unstable::sync::atomic::AtomicU64;
-#[cfg(not(all(target_arch = "x86_64", not(pcpu_loom))))]
+#[cfg(not(all(target_arch = "x86_64", not(pcpu_loom), not(miri))))]
 use pcpu::unstable::sync::atomic::Ordering;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -19,7 +19,7 @@ pub(super) enum Step {
 #[allow(clippy::inline_always)]
 #[inline(always)]
 pub(super) fn step(word: &AtomicU64, step: Step) {
-    #[cfg(all(target_arch = "x86_64", not(pcpu_loom)))]
+    #[cfg(all(target_arch = "x86_64", not(pcpu_loom), not(miri)))]
     // SAFETY: an aligned `u64` of this thread's slot, written by this
     // thread only; other threads read it with atomic loads, which see the
     // old or the new value (aligned 8-byte accesses do not tear).
@@ -30,7 +30,7 @@ pub(super) fn step(word: &AtomicU64, step: Step) {
             core::arch::asm!("dec qword ptr [{0}]", in(reg) word.as_ptr(), options(nostack));
         }
     }
-    #[cfg(not(all(target_arch = "x86_64", not(pcpu_loom))))]
+    #[cfg(not(all(target_arch = "x86_64", not(pcpu_loom), not(miri))))]
     if step == Step::Up {
         word.fetch_add(1, Ordering::Relaxed);
     } else {

@@ -209,7 +209,7 @@ impl Table {
 /// Reserves a table's zero-filled memory with `mmap` (untouched pages
 /// cost nothing), aligned to [`TABLE_ALIGN`]: twice that is mapped and
 /// what lies outside the aligned part unmapped again.
-#[cfg(not(pcpu_loom))]
+#[cfg(not(any(pcpu_loom, miri)))]
 fn reserve() -> Option<*const Slot> {
     let span = 2 * TABLE_ALIGN;
     // SAFETY: a fresh private anonymous mapping; no existing memory is
@@ -246,4 +246,17 @@ fn reserve() -> Option<*const Slot> {
         }
     }
     Some(base as *const Slot)
+}
+
+/// Under Miri, whose `munmap` frees only whole mappings: the same
+/// zero-filled, aligned, never-freed memory from the allocator.
+#[cfg(all(miri, not(pcpu_loom)))]
+fn reserve() -> Option<*const Slot> {
+    let layout = std::alloc::Layout::from_size_align(TABLE_ALIGN, TABLE_ALIGN).ok()?;
+    // SAFETY: a layout of non-zero size.
+    let base = unsafe { std::alloc::alloc_zeroed(layout) };
+    // Aligned to `TABLE_ALIGN`, a multiple of `Slot`'s alignment.
+    #[allow(clippy::cast_ptr_alignment)]
+    let base = base.cast::<Slot>();
+    (!base.is_null()).then_some(base.cast_const())
 }
