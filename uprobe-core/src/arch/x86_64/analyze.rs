@@ -291,6 +291,7 @@ mod tests {
             // Found by fuzzing: the tables looked past one REX byte only.
             &[0x42, 0x4f, 0x0f, 0x05], // syscall after two REX bytes
             &[0x40, 0xf0, 0xff, 0x00], // lock inc dword [rax] after a REX byte
+            &[0x67, 0x66, 0xe9, 0, 0, 0, 0], // 66-prefixed jmp after 67 (fuzzing)
         ] {
             assert!(
                 matches!(emu(refused), Err(AttachError::Unsupported { .. })),

@@ -172,12 +172,25 @@ pub(super) fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'
 }
 
 pub(super) fn has_operand_size_override(bytes: &[u8]) -> bool {
+    // Every prefix byte before the opcode, in any order: `67 66 e9` is
+    // a 16-bit `jmp` on AMD processors too (found by fuzzing, `x86_exec`,
+    // on an AMD host: the scan stopped at the `67`).
     bytes
         .iter()
         .take_while(|b| {
             matches!(
                 b,
-                0x66 | 0xf2 | 0xf3 | 0x2e | 0x3e | 0x26 | 0x64 | 0x65 | 0x36
+                0x66 | 0x67
+                    | 0xf0
+                    | 0xf2
+                    | 0xf3
+                    | 0x2e
+                    | 0x3e
+                    | 0x26
+                    | 0x64
+                    | 0x65
+                    | 0x36
+                    | 0x40..=0x4f
             )
         })
         .any(|&b| b == 0x66)
