@@ -112,7 +112,10 @@ pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
 /// any address, aligned or not, and a fault is the thread's own, as the
 /// instruction's would have been (raised here instead). A Rust read of a
 /// null or dangling pointer is undefined behaviour (a debug build stops
-/// on it), so the load is the machine's.
+/// on it), so the load is the machine's. One difference remains: a
+/// non-canonical address formed from `rsp` or `rbp` raises #SS (SIGBUS)
+/// in the instruction and #GP (SIGSEGV) here, the base register being
+/// this load's own.
 ///
 /// # Safety
 /// `addr` is what the interrupted thread's instruction reads.
