@@ -169,6 +169,7 @@ fn is_branch(e: &Emulation) -> bool {
             | Emulation::Jcc { .. }
             | Emulation::Ret { .. }
             | Emulation::Loop { .. }
+            | Emulation::Indirect { .. }
     )
 }
 
@@ -289,9 +290,11 @@ mod tests {
             &[0x67, 0xe2, 0xfe],       // loop with ecx
             &[0x67, 0xe3, 0xfc],       // jecxz (found by fuzzing: it ran out of line)
             // Found by fuzzing: the tables looked past one REX byte only.
-            &[0x42, 0x4f, 0x0f, 0x05], // syscall after two REX bytes
-            &[0x40, 0xf0, 0xff, 0x00], // lock inc dword [rax] after a REX byte
+            &[0x42, 0x4f, 0x0f, 0x05],       // syscall after two REX bytes
+            &[0x40, 0xf0, 0xff, 0x00],       // lock inc dword [rax] after a REX byte
             &[0x67, 0x66, 0xe9, 0, 0, 0, 0], // 66-prefixed jmp after 67 (fuzzing)
+            &[0x66, 0xff, 0x17],             // 66-prefixed call [rdi] (fuzzing)
+            &[0x66, 0xff, 0xe0],             // 66-prefixed jmp rax
         ] {
             assert!(
                 matches!(emu(refused), Err(AttachError::Unsupported { .. })),

@@ -180,17 +180,8 @@ pub(super) fn has_operand_size_override(bytes: &[u8]) -> bool {
         .take_while(|b| {
             matches!(
                 b,
-                0x66 | 0x67
-                    | 0xf0
-                    | 0xf2
-                    | 0xf3
-                    | 0x2e
-                    | 0x3e
-                    | 0x26
-                    | 0x64
-                    | 0x65
-                    | 0x36
-                    | 0x40..=0x4f
+                0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3 | 0x2e | 0x3e | 0x26 | 0x64 | 0x65 | 0x36 | 0x40
+                    ..=0x4f
             )
         })
         .any(|&b| b == 0x66)

@@ -341,7 +341,15 @@ fn relocatable(bytes: &[u8], insn: &Instruction) -> Result<(), NotOptimized> {
         {
             refuse("an rcx loop (no rel32 form to relocate it to)")
         }
-        _ if super::insn::has_operand_size_override(bytes) && is_near_branch(insn) => {
+        _ if super::insn::has_operand_size_override(bytes)
+            && (is_near_branch(insn)
+                || matches!(
+                    insn.flow_control(),
+                    FlowControl::IndirectBranch | FlowControl::IndirectCall
+                )) =>
+        {
+            // Found by fuzzing (`x86_exec`, on AMD): `66 ff 17` is a
+            // 16-bit `call` there, moved as a 64-bit one.
             refuse("a 66-prefixed branch")
         }
         _ => Ok(()),
