@@ -142,14 +142,13 @@ pub fn sched_getcpu() -> usize {
     // SAFETY: ids below `CPU_SETSIZE` are within `set`.
     let allowed = |cpu: &usize| got == 0 && unsafe { libc::CPU_ISSET(*cpu, &set) };
     // Miri's CPUs, which are all there are (see `possible_cpus`).
-    let cpus = 0..possible_cpus().min(libc::CPU_SETSIZE as usize);
-    let count = cpus.clone().filter(allowed).count();
-    if count == 0 {
+    let cpus: Vec<usize> = (0..possible_cpus().min(libc::CPU_SETSIZE as usize))
+        .filter(allowed)
+        .collect();
+    if cpus.is_empty() {
         return (draw % possible_cpus() as u64) as usize;
     }
-    cpus.filter(allowed)
-        .nth((draw % count as u64) as usize)
-        .unwrap_or(0)
+    cpus[(draw % cpus.len() as u64) as usize]
 }
 
 static POSSIBLE: AtomicUsize = AtomicUsize::new(0);

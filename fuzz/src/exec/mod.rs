@@ -185,9 +185,9 @@ fn undefined_flags(insns: &[Instruction]) -> u64 {
     u
 }
 
-/// What the original code is and where it may go: its instructions (at
-/// the addresses they run at) and the layout with the original code,
-/// its end and its branch targets placed.
+/// Places the original code (`insns`, decoded from `bytes` at the
+/// addresses they run at) in the layout, with its end and its branch
+/// targets, and the pages its RIP-relative operands address.
 ///
 /// # Errors
 /// Where it cannot be laid out or run.
@@ -195,7 +195,7 @@ pub fn lay_out_original(
     layout: &mut Layout,
     insns: &[Instruction],
     bytes: &[u8],
-) -> Result<u64, Skip> {
+) -> Result<(), Skip> {
     let first = insns.first().ok_or(Skip::Unrunnable)?;
     let (start, end) = (first.ip(), insns.last().expect("one").next_ip());
     if insns.iter().any(unrunnable) {
@@ -223,7 +223,7 @@ pub fn lay_out_original(
             layout.touch(i.ip_rel_memory_address(), 64);
         }
     }
-    Ok(end)
+    Ok(())
 }
 
 /// Runs the original (from `start` at the first instruction) and the
