@@ -106,7 +106,6 @@ impl<T> Shared<T> {
         // Release: a consumer that reads the end of the round sees our CASes.
         self.expiring.fetch_sub(1, Ordering::Release);
         self.domain.read_unlock(bank);
-        self.expired.fetch_add(n, Ordering::Relaxed);
         n
     }
 
@@ -162,7 +161,10 @@ impl<T> Shared<T> {
             )
             .is_ok()
         {
-            // We won: the lease's section is ours to end.
+            // We won: the lease's section is ours to end. Counted first:
+            // a grace period that ending the section lets finish sees the
+            // count (`LeaseSet::expired`) that includes it.
+            self.expired.fetch_add(1, Ordering::Relaxed);
             self.domain.read_unlock(usize::from(bank));
             true
         } else {

@@ -222,6 +222,10 @@ impl<'d, T: Send + Sync + 'static> LeaseSet<'d, T> {
     }
 
     /// How many leases have been expired so far.
+    ///
+    /// A lease is counted before its read section ends, so once a grace
+    /// period that the lease held up has finished, the count includes it.
+    /// Async-signal-safe (one atomic load).
     #[must_use]
     pub fn expired(&self) -> u64 {
         self.shared.expired.load(Ordering::Relaxed)
