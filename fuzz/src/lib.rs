@@ -1,10 +1,13 @@
-//! What the fuzz targets share: reading an input ([`Input`]) and, on
-//! x86-64, the checks that moved code means and does what the original
-//! does ([`x86`]: decoded and compared; [`exec`]: run and compared).
+//! What the fuzz targets share: reading an input ([`Input`]) and the
+//! checks that moved code means and does what the original does: on
+//! x86-64, [`x86`] (decoded and compared) and [`exec`] (run and
+//! compared); on aarch64, [`a64`] (a hit run against the original).
 //!
 //! Every check panics on a mismatch, with what differs: libFuzzer then
 //! saves the input as a crash.
 
+#[cfg(target_arch = "aarch64")]
+pub mod a64;
 #[cfg(target_arch = "x86_64")]
 pub mod exec;
 #[cfg(target_arch = "x86_64")]

@@ -269,6 +269,30 @@ core::arch::global_asm!(
         ".quad 0x0fedcba987654321",
         ".quad 0x8877665544332211"
     ),
+    // Literals that are only 4-aligned (found by fuzzing: the simulator
+    // read them with an aligned 8-byte load, undefined behaviour that a
+    // debug build stops on).
+    snippet!(
+        "sn_ldr_x_unaligned",
+        "ldr x9, 1f",
+        "ret",
+        ".p2align 3",
+        ".word 0",
+        "1:",
+        ".quad 0x0123456789abcdef"
+    ),
+    snippet!(
+        "sn_ldr_q_unaligned",
+        "ldr q1, 1f",
+        "fmov x9, d1",
+        "mov x10, v1.d[1]",
+        "ret",
+        ".p2align 4",
+        ".word 0",
+        "1:",
+        ".quad 0x0fedcba987654321",
+        ".quad 0x8877665544332211"
+    ),
     snippet!("sn_nop", "nop", "movz x9, #8", "ret"),
     snippet!("sn_bti", "hint #34", "movz x9, #9", "ret"),
     // Out of line: an ordinary instruction, a pre-indexed store pair (the
@@ -302,10 +326,50 @@ macro_rules! snippets {
 }
 
 snippets!(
-    sn_beq, sn_bne, sn_bcs, sn_bcc, sn_bmi, sn_bpl, sn_bvs, sn_bvc, sn_bhi, sn_bls, sn_bge, sn_blt,
-    sn_bgt, sn_ble, sn_bal, sn_b, sn_bl, sn_cbz_w, sn_cbnz_x, sn_tbz_0, sn_tbnz_63, sn_tbz_31,
-    sn_adr, sn_adrp, sn_adr_xzr, sn_br, sn_blr, sn_ret, sn_ldr_w, sn_ldr_x, sn_ldrsw, sn_prfm,
-    sn_ldr_s, sn_ldr_d, sn_ldr_q, sn_ldr_q31, sn_nop, sn_bti, sn_add, sn_stp, sn_mrs, sn_ldar,
+    sn_beq,
+    sn_bne,
+    sn_bcs,
+    sn_bcc,
+    sn_bmi,
+    sn_bpl,
+    sn_bvs,
+    sn_bvc,
+    sn_bhi,
+    sn_bls,
+    sn_bge,
+    sn_blt,
+    sn_bgt,
+    sn_ble,
+    sn_bal,
+    sn_b,
+    sn_bl,
+    sn_cbz_w,
+    sn_cbnz_x,
+    sn_tbz_0,
+    sn_tbnz_63,
+    sn_tbz_31,
+    sn_adr,
+    sn_adrp,
+    sn_adr_xzr,
+    sn_br,
+    sn_blr,
+    sn_ret,
+    sn_ldr_w,
+    sn_ldr_x,
+    sn_ldrsw,
+    sn_prfm,
+    sn_ldr_s,
+    sn_ldr_d,
+    sn_ldr_q,
+    sn_ldr_q31,
+    sn_ldr_x_unaligned,
+    sn_ldr_q_unaligned,
+    sn_nop,
+    sn_bti,
+    sn_add,
+    sn_stp,
+    sn_mrs,
+    sn_ldar,
 );
 
 /// A small deterministic generator (xorshift), for register states.
@@ -453,6 +517,8 @@ fn literal_loads_including_simd() {
     same_with_probe("ldr d", sn_ldr_d, 0);
     same_with_probe("ldr q", sn_ldr_q, 0);
     same_with_probe("ldr q31", sn_ldr_q31, 0);
+    same_with_probe("ldr x, 4-aligned", sn_ldr_x_unaligned, 0);
+    same_with_probe("ldr q, 4-aligned", sn_ldr_q_unaligned, 0);
 }
 
 #[test]
@@ -463,4 +529,53 @@ fn hints_and_out_of_line_instructions() {
     same_with_probe("stp pre-index", sn_stp, 0);
     same_with_probe("mrs tpidr_el0", sn_mrs, 0);
     same_with_probe("ldar", sn_ldar, 8);
+}
+
+/// A slot source that hands out a slot beyond a `B`'s +-128 MiB for a
+/// jump back gets an error, not a branch that lands elsewhere (found by
+/// fuzzing: the branch's offset was truncated).
+#[test]
+fn a_jump_back_out_of_reach_is_refused() {
+    use uprobe_core::testing::code::analyze;
+    let add = 0x8b02_0020_u32.to_le_bytes(); // add x0, x1, x2
+    let at = 0x1000_0000_0000_usize;
+    for (slot, ok) in [
+        (at + (128 << 20) - 8, true),
+        (at - (128 << 20) + 8, true),
+        (at + (128 << 20) + 8, false),
+        (at - (200 << 20), false),
+    ] {
+        let result = analyze(at, &add, slot);
+        assert_eq!(result.is_ok(), ok, "slot {slot:#x}: {result:?}");
+        if let Ok(a) = result {
+            let code = a.slot_code().expect("run out of line");
+            let back = u32::from_le_bytes(code[4..8].try_into().unwrap());
+            let offset = i64::from((back << 6) as i32 >> 6) * 4;
+            assert_eq!(
+                slot as i64 + 4 + offset,
+                at as i64 + 4,
+                "lands on the next instruction"
+            );
+        }
+    }
+}
+
+/// `bc.cond` (FEAT_HBC) is simulated only on a CPU that runs it: elsewhere
+/// its encoding is unallocated, and it runs out of line to raise SIGILL
+/// as it would in place (found by fuzzing against execution: it was
+/// simulated as a branch everywhere).
+#[test]
+fn bc_cond_is_simulated_only_where_the_cpu_has_it() {
+    use uprobe_core::testing::{Class, classify, has_hbc};
+    let bc_eq = 0x5400_0050; // bc.eq .+8
+    let expected = if has_hbc() {
+        Class::Simulated
+    } else {
+        Class::OutOfLine
+    };
+    assert_eq!(
+        std::mem::discriminant(&classify(bc_eq)),
+        std::mem::discriminant(&expected)
+    );
+    assert!(matches!(classify(0x5400_0040), Class::Simulated), "b.eq");
 }

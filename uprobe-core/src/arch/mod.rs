@@ -332,4 +332,4 @@ pub(crate) use imp::define_callee;
 /// The aarch64 classifier, for the tests that check it against an
 /// independent decoder.
 #[cfg(uprobe_arch = "aarch64")]
-pub use imp::{Class, classify};
+pub use imp::{Class, classify, has_hbc};

@@ -11,11 +11,11 @@ pub mod objects;
 /// the tests and the fuzz target that check it against an independent
 /// decoder.
 #[cfg(not(uprobe_arch = "aarch64"))]
-pub use crate::arch::a64_decode::{Class, classify};
+pub use crate::arch::a64_decode::{Class, classify, has_hbc};
 /// The aarch64 classifier, for the tests and the fuzz target that check
 /// it against an independent decoder.
 #[cfg(uprobe_arch = "aarch64")]
-pub use crate::arch::{Class, classify};
+pub use crate::arch::{Class, classify, has_hbc};
 pub use crate::site::returns::{Pinning, ReturnHold};
 pub use crate::table::lookup::Lookup;
 

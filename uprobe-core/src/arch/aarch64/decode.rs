@@ -111,6 +111,26 @@ fn field(insn: u32, lo: u32, width: u32) -> u32 {
     (insn >> lo) & ((1 << width) - 1)
 }
 
+/// `HWCAP2_HBC`: the CPU runs `BC.cond` (`FEAT_HBC`).
+#[cfg(target_arch = "aarch64")]
+const HWCAP2_HBC: u64 = 1 << 44;
+
+/// Whether this CPU runs `BC.cond` (`FEAT_HBC`); built for another host (the
+/// classifier's tests), as if it did. Async-signal-safe.
+#[must_use]
+pub fn has_hbc() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: getauxval reads the auxiliary vector; it has no
+        // preconditions.
+        (unsafe { libc::getauxval(libc::AT_HWCAP2) } & HWCAP2_HBC) != 0
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        true
+    }
+}
+
 /// The simulation of `insn` at `addr`, or `None` if it is not simulated.
 pub(crate) fn simulate(addr: u64, insn: u32) -> Option<Emulation> {
     let next = addr.wrapping_add(4);
@@ -125,8 +145,10 @@ pub(crate) fn simulate(addr: u64, insn: u32) -> Option<Emulation> {
         let link = (insn >> 31 == 1).then_some(next);
         return Some(Emulation::Branch { target, link });
     }
-    // b.cond / bc.cond: imm19 words.
-    if insn & 0xff00_0000 == 0x5400_0000 {
+    // b.cond / bc.cond: imm19 words (bc.cond only where the CPU has it:
+    // elsewhere its encoding is unallocated, and it runs out of line to
+    // fault there as it would in place).
+    if insn & 0xff00_0000 == 0x5400_0000 && (insn & 0x10 == 0 || has_hbc()) {
         return Some(Emulation::CondBranch {
             cond: field(insn, 0, 4) as u8,
             target: rel(sext(field(insn, 5, 19), 19) * 4),
@@ -247,7 +269,8 @@ pub(crate) fn refusal(insn: u32) -> Option<&'static str> {
     None
 }
 
-/// The class of the 32-bit encoding `insn` (for tests and diagnostics).
+/// The class of the 32-bit encoding `insn` on this CPU (for tests and
+/// diagnostics; see [`has_hbc`] for the one form that depends on it).
 #[must_use]
 pub fn classify(insn: u32) -> Class {
     if simulate(0x1000, insn).is_some() {

@@ -19,7 +19,7 @@ pub use context::Reg;
 pub(crate) use context::{
     ARGS, PC, float_return_bits, reg, return_address_at, set_float_return, set_reg,
 };
-pub use decode::{Class, classify};
+pub use decode::{Class, classify, has_hbc};
 pub(crate) use decode::{Emulation, is_boundary};
 pub(crate) use insn::analyze;
 pub(crate) use simulate::apply;

@@ -16,6 +16,29 @@ impl Emulation {
     }
 }
 
+/// The `bytes` (4, 8 or 16) at the 4-aligned `addr`, little-endian: an 8-
+/// or 16-byte literal need only be 4-aligned, and a wider Rust read must
+/// be aligned (or be a `memcpy` call in an unoptimised build, which could
+/// be the very function probed). An aligned 8-byte literal is read in one
+/// access, as the instruction reads it; otherwise a 32-bit word at a
+/// time. Async-signal-safe.
+///
+/// # Safety
+/// The bytes are readable, and `addr` is 4-aligned.
+unsafe fn load_words(addr: u64, bytes: usize) -> u128 {
+    if bytes == 8 && addr.is_multiple_of(8) {
+        // SAFETY: the caller's contract, and aligned.
+        return u128::from(unsafe { (addr as *const u64).read_volatile() });
+    }
+    let mut value = 0u128;
+    for i in 0..bytes / 4 {
+        // SAFETY: the caller's contract.
+        let word = unsafe { (addr as *const u32).add(i).read_volatile() };
+        value |= u128::from(word) << (32 * i);
+    }
+    value
+}
+
 /// PSTATE.BTYPE, bits 11:10.
 const BTYPE_MASK: u64 = 0b11 << 10;
 
@@ -105,27 +128,16 @@ pub(crate) unsafe fn apply(e: &Emulation, uc: &mut libc::ucontext_t) {
             addr,
             next,
         } => {
-            // SAFETY: the caller's contract: the load's own address.
-            unsafe {
-                match kind {
-                    LiteralKind::W => {
-                        write(m, rt, u64::from((addr as *const u32).read_volatile()));
-                    }
-                    LiteralKind::X => write(m, rt, (addr as *const u64).read_volatile()),
-                    LiteralKind::Sw => write(
-                        m,
-                        rt,
-                        i64::from((addr as *const i32).read_volatile()) as u64,
-                    ),
-                    LiteralKind::Prefetch => {}
-                    LiteralKind::Simd { bytes } => {
-                        let value = match bytes {
-                            4 => u128::from((addr as *const u32).read_volatile()),
-                            8 => u128::from((addr as *const u64).read_volatile()),
-                            _ => (addr as *const u128).read_unaligned(),
-                        };
-                        super::context::set_vreg(uc, rt, value);
-                    }
+            // SAFETY: the caller's contract: the load's own address, which
+            // is 4-aligned (the PC plus a multiple of 4).
+            let load = |bytes: usize| unsafe { load_words(addr, bytes) };
+            match kind {
+                LiteralKind::W => write(m, rt, load(4) as u64),
+                LiteralKind::X => write(m, rt, load(8) as u64),
+                LiteralKind::Sw => write(m, rt, i64::from(load(4) as u32 as i32) as u64),
+                LiteralKind::Prefetch => {}
+                LiteralKind::Simd { bytes } => {
+                    super::context::set_vreg(uc, rt, load(usize::from(bytes)));
                 }
             }
             uc.uc_mcontext.pc = next;
