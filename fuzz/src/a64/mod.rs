@@ -325,6 +325,11 @@ pub fn check(insn: u32, at: u64, slot: u64, start: &Regs, seed: u64) -> Result<(
     layout.code(at, &bytes)?;
     let slot = match analysis.slot_code() {
         Some(code) => {
+            // The original must end at the next word, `udf`: not on the
+            // slot's copy.
+            if slot < at + 8 && at < slot + code.len() as u64 {
+                return Err(Skip::Layout);
+            }
             layout.code(slot, code)?;
             Some(slot)
         }
