@@ -10,6 +10,7 @@ use uprobe_core::{AttachError, Probe, Uprobe};
 
 use super::Agent;
 use super::threads::{mark_self, unmark_self};
+use crate::names::{self, Name};
 use crate::shared::Slot;
 use crate::spec::{self, ProbeSpec, Target};
 
@@ -42,8 +43,9 @@ impl Agent {
                     // over every object, may gain sites in objects loaded
                     // later.
                     *done = match &spec.target {
-                        Target::Function { object, .. } => {
-                            !spec.target.is_pattern() || object.is_some()
+                        Target::Function { object, name } => {
+                            let many = spec.target.is_pattern() || names::is_demangled_form(name);
+                            !many || object.is_some()
                         }
                         Target::Usdt { .. } => false,
                     };
@@ -137,6 +139,27 @@ impl Agent {
             Target::Function { object, name } if spec::is_pattern(name) => {
                 return self.attach_pattern(i, spec, object.as_deref(), name, attached);
             }
+            Target::Function { object, name } if names::is_demangled_form(name) => {
+                // A demangled name: every function that has it (the
+                // overloads of a C++ name), in this probe's slot.
+                let found = uprobe_core::functions::matching(object.as_deref(), |f| {
+                    let f = Name::new(f);
+                    f.demangled.is_some() && f.matches(name)
+                })
+                .map_err(|e| (e.to_string(), later(&e)))?;
+                let fresh: Vec<Uprobe> = found
+                    .iter()
+                    .filter(|f| !attached.contains(&f.addr))
+                    .map(uprobe_core::functions::Function::uprobe)
+                    .collect();
+                if fresh.is_empty() && attached.is_empty() {
+                    return Err((
+                        format!("no function is named {name:?} in the loaded objects"),
+                        true,
+                    ));
+                }
+                fresh
+            }
             Target::Function { object, name } => {
                 let found = match object {
                     Some(o) => Uprobe::in_object(o, name),
@@ -196,7 +219,8 @@ impl Agent {
         attached: &mut HashSet<usize>,
     ) -> Result<(), NotYet> {
         let found = uprobe_core::functions::matching(object, |f| {
-            spec::glob(name, f) && !self.plan.excludes(f)
+            let f = Name::new(f);
+            f.matches(name) && !self.plan.exclude.iter().any(|x| f.matches(x))
         })
         .map_err(|e| {
             let later = matches!(e, AttachError::NoSuchObject { .. });
@@ -217,7 +241,8 @@ impl Agent {
         for f in fresh {
             attached.insert(f.addr);
             let file = f.object.file_name().unwrap_or(f.object.as_os_str());
-            let label = spec::function_label(Some(&file.to_string_lossy()), &f.name);
+            let label =
+                spec::function_label(Some(&file.to_string_lossy()), &names::display(&f.name));
             let Some((_, slot)) = self.report.claim(i, &label) else {
                 continue; // counted as lost
             };

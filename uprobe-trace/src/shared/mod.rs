@@ -5,24 +5,31 @@
 //! the same counters) and is mapped again by programs it execs (the
 //! agent travels in the environment), and every count is in it the
 //! moment it happens, so even `_exit` loses nothing.
+//!
+//! The file: the [`Header`], the index of the slots by probe and label
+//! ([`slots`]), the stack and object tables ([`stacks`]), then the slots
+//! in chunks that the file grows by as functions are matched, each chunk
+//! with its slots' counters. Every process maps the chunks it uses.
 
+mod slots;
 mod stacks;
 
+pub use slots::{PER_CHUNK, Slot};
 pub use stacks::{MAX_FRAMES, ObjectEntry, StackEntry};
 
+use std::ffi::CString;
 use std::fs::OpenOptions;
 use std::io;
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
-
-use uprobe_core::{CountCell, LatencyCell};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 /// Marks a report file (and its layout version).
-pub const MAGIC: u64 = 0x7570_7472_6163_6503;
-/// Slots a report holds at most: the probes asked for plus the functions
-/// their patterns match.
-pub const MAX_SLOTS: usize = 8192;
+pub const MAGIC: u64 = 0x7570_7472_6163_6504;
+/// Probes a user may ask for at once (each `-f`, `-u` or `--hist`; the
+/// functions their patterns match are not counted: the report grows).
+pub const MAX_PROBES: usize = 4096;
 /// Histogram buckets: bucket `k` counts values in `[2^(k-1), 2^k)`
 /// (bucket 0: the value 0), as a timing probe's latency cells do.
 pub const BUCKETS: usize = uprobe_core::LATENCY_BUCKETS;
@@ -39,14 +46,14 @@ const LABEL_LEN: usize = 200;
 pub struct Header {
     /// [`MAGIC`].
     pub magic: AtomicU64,
-    /// Slots the file has room for.
-    pub capacity: AtomicU64,
+    /// Bytes of a chunk of slots and their counters.
+    pub chunk_bytes: AtomicU64,
     /// The size of a slot, of a stack entry and of an object entry, as
     /// the tool that made the report lays them out (an agent of another
     /// build refuses a report it would misread).
     pub layout: AtomicU64,
     /// Slots handed out (the probes asked for first, then the functions
-    /// patterns matched); may pass `capacity` when the report is full.
+    /// patterns matched, one per probe and label over every process).
     pub used: AtomicU64,
     /// Agents (processes) that started tracing.
     pub agents: AtomicU64,
@@ -59,7 +66,8 @@ pub struct Header {
     pub stopped: AtomicU64,
     /// Lines of `--print` output that could not be written.
     pub lost_lines: AtomicU64,
-    /// Functions patterns matched that found no slot (a full report).
+    /// Functions patterns matched that found no slot (the report could
+    /// not grow: no memory, or no file descriptor to grow it with).
     pub lost_slots: AtomicU64,
     /// Stacks (`--stacks`) that found no entry (a full table).
     pub lost_stacks: AtomicU64,
@@ -122,61 +130,19 @@ impl core::fmt::Debug for Sharded {
     }
 }
 
-/// One probe's counts: a probe asked for, or one function a pattern
-/// matched. Cache-line aligned (its counter shards are).
-#[repr(C)]
-pub struct Slot {
-    /// The probe asked for that made this slot (itself, or the pattern).
-    pub probe: AtomicU32,
-    /// The label's length; 0 until the slot is filled in.
-    pub label_len: AtomicU32,
-    /// How the report names the slot (`malloc`, `libc.so.6:strlen`).
-    pub label: [AtomicU8; LABEL_LEN],
-    /// Sites attached (a USDT probe can have several), over every process.
-    pub sites: AtomicU64,
-    /// Of those, sites on the trap path (no jump).
-    pub trap_sites: AtomicU64,
-    /// Calls (hits of the entry probe) that ran a handler; a counting
-    /// probe's are in the slot's count cells ([`Report::calls`] sums
-    /// both).
-    pub hits: Sharded,
-    /// Returns seen (latency probes).
-    pub returns: Sharded,
-    /// Latencies in nanoseconds by log2 bucket (latency probes).
-    pub histogram: [AtomicU64; BUCKETS],
-    /// `--hist`: the values drawn, by log2 bucket.
-    pub values: [AtomicU64; BUCKETS],
-    /// `--hist`: negative values drawn.
-    pub negative: AtomicU64,
-    /// Why the probe is not attached (length, text); 0 once attached.
-    pub error_len: AtomicU32,
-    /// Why the last site on a breakpoint did not take a jump (length).
-    pub trap_why_len: AtomicU32,
-    /// See `error_len`.
-    pub error: [AtomicU8; ERROR_LEN],
-    /// See `trap_why_len`.
-    pub trap_why: [AtomicU8; TRAP_WHY_LEN],
-}
-
-/// Bytes of a slot's reason for a breakpoint.
-const TRAP_WHY_LEN: usize = 240;
-
-impl core::fmt::Debug for Slot {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Slot")
-            .field("label", &self.label())
-            .field("sites", &self.sites.load(Ordering::Relaxed))
-            .field("hits", &self.hits.sum())
-            .field("returns", &self.returns.sum())
-            .field("error", &self.error())
-            .finish_non_exhaustive()
-    }
-}
-
 /// A mapped report file.
 pub struct Report {
+    /// The mapping of everything before the chunks.
     base: *mut u8,
     len: usize,
+    /// The file, to map chunks from (and grow it by them).
+    path: CString,
+    /// Count cells (and latency cells) per slot.
+    cells: usize,
+    /// Bytes of a chunk.
+    chunk_bytes: usize,
+    /// Each chunk's mapping in this process (null: not mapped yet).
+    chunks: Box<[AtomicPtr<u8>]>,
 }
 
 // SAFETY: the mapping is shared memory accessed through atomics (and the
@@ -194,39 +160,15 @@ impl core::fmt::Debug for Report {
 }
 
 impl Report {
-    fn size(slots: usize, cells: usize) -> usize {
-        Self::latency_at(slots, cells) + slots * cells * size_of::<LatencyCell>()
-    }
-
-    /// Where the slots' latency cells start (after their count cells).
-    fn latency_at(slots: usize, cells: usize) -> usize {
-        (Self::cells_at(slots) + slots * cells * size_of::<CountCell>())
-            .next_multiple_of(align_of::<LatencyCell>())
-    }
-
-    /// Where the slots' count cells start (after the stack and object
-    /// tables), aligned as cells are.
-    fn cells_at(slots: usize) -> usize {
-        (Self::stacks_at(slots)
-            + stacks::STACKS * size_of::<StackEntry>()
-            + stacks::OBJECTS * size_of::<ObjectEntry>())
-        .next_multiple_of(align_of::<CountCell>())
-    }
-
-    /// Where the stack table starts, after `slots` slots.
-    fn stacks_at(slots: usize) -> usize {
-        size_of::<Header>() + slots * size_of::<Slot>()
-    }
-
     /// Creates the report file at `path` (readable and writable by its
-    /// owner only) with a slot for each label (probe
-    /// `i` is slot `i`) and room for `capacity` slots in all, and maps it.
-    /// The file is sparse: slots never used take no memory.
-    pub fn create(path: &Path, labels: &[String], capacity: usize) -> io::Result<Self> {
-        if labels.len() > capacity || capacity > MAX_SLOTS {
+    /// owner only) with a slot for each label (probe `i` is slot `i`), and
+    /// maps it. The file is sparse, and grows by a chunk of slots at a time
+    /// as functions are matched.
+    pub fn create(path: &Path, labels: &[String]) -> io::Result<Self> {
+        if labels.len() > MAX_PROBES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("at most {MAX_SLOTS} probes"),
+                format!("at most {MAX_PROBES} probes"),
             ));
         }
         let file = OpenOptions::new()
@@ -235,19 +177,23 @@ impl Report {
             .create_new(true)
             .mode(0o600)
             .open(path)?;
-        let cells = uprobe_core::count_cells();
-        let size = Self::size(capacity, cells);
-        file.set_len(size as u64)?;
-        let report = Self::map(&file, size)?;
+        let cells = uprobe_core::count_cells().max(uprobe_core::latency_cells());
+        file.set_len(slots::BASE as u64)?;
+        let mut report = Self::map(path, &file)?;
+        report.cells = cells;
+        report.chunk_bytes = slots::chunk_bytes(cells);
         let header = report.header();
-        header.capacity.store(capacity as u64, Ordering::Relaxed);
         header.count_cells.store(cells as u64, Ordering::Relaxed);
+        header
+            .chunk_bytes
+            .store(report.chunk_bytes as u64, Ordering::Relaxed);
         header.layout.store(layout(), Ordering::Relaxed);
         header.used.store(labels.len() as u64, Ordering::Relaxed);
         for (i, label) in labels.iter().enumerate() {
-            if let Some(slot) = report.slot(i) {
-                slot.fill(i, label);
-            }
+            report
+                .slot(i)
+                .ok_or_else(io::Error::last_os_error)?
+                .fill(i, i, label);
         }
         header.magic.store(MAGIC, Ordering::Release);
         Ok(report)
@@ -257,36 +203,41 @@ impl Report {
     pub fn open(path: &Path) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let len = usize::try_from(file.metadata()?.len()).unwrap_or(0);
-        if len < size_of::<Header>() {
+        if len < slots::BASE {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "not a report"));
         }
-        let report = Self::map(&file, len)?;
-        let capacity = report.header().capacity.load(Ordering::Relaxed) as usize;
-        let cells = report.header().count_cells.load(Ordering::Relaxed) as usize;
-        if report.header().magic.load(Ordering::Acquire) != MAGIC
-            || capacity > MAX_SLOTS
+        let mut report = Self::map(path, &file)?;
+        let header = report.header();
+        let cells = header.count_cells.load(Ordering::Relaxed) as usize;
+        let chunk_bytes = header.chunk_bytes.load(Ordering::Relaxed) as usize;
+        if header.magic.load(Ordering::Acquire) != MAGIC
             || cells > MAX_CELLS
-            || len < Self::size(capacity, cells)
+            || chunk_bytes != slots::chunk_bytes(cells)
         {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "not a report"));
         }
-        if report.header().layout.load(Ordering::Relaxed) != layout() {
+        if header.layout.load(Ordering::Relaxed) != layout() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "a report laid out by another build of uprobe-trace",
             ));
         }
+        report.cells = cells;
+        report.chunk_bytes = chunk_bytes;
         Ok(report)
     }
 
-    fn map(file: &std::fs::File, len: usize) -> io::Result<Self> {
+    /// Maps the part of the file before the chunks.
+    fn map(path: &Path, file: &std::fs::File) -> io::Result<Self> {
         use std::os::fd::AsRawFd as _;
-        // SAFETY: a shared mapping of a file of `len` bytes; the fd may be
-        // closed afterwards (the mapping stays).
+        let path = CString::new(path.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: a shared mapping of the file's first `BASE` bytes (its
+        // length was set or checked); the fd may be closed afterwards.
         let p = unsafe {
             libc::mmap(
                 core::ptr::null_mut(),
-                len,
+                slots::BASE,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
@@ -298,7 +249,13 @@ impl Report {
         }
         Ok(Self {
             base: p.cast(),
-            len,
+            len: slots::BASE,
+            path,
+            cells: 0,
+            chunk_bytes: 0,
+            chunks: (0..slots::MAX_CHUNKS)
+                .map(|_| AtomicPtr::new(core::ptr::null_mut()))
+                .collect(),
         })
     }
 
@@ -308,115 +265,6 @@ impl Report {
     pub fn header(&self) -> &Header {
         // SAFETY: the mapping starts with a header (checked at open).
         unsafe { &*self.base.cast::<Header>() }
-    }
-
-    /// Slot `i`, if the report has room for it.
-    #[must_use]
-    #[allow(clippy::cast_ptr_alignment)] // page-aligned, cache-line multiples
-    pub fn slot(&self, i: usize) -> Option<&Slot> {
-        let capacity = self.header().capacity.load(Ordering::Relaxed) as usize;
-        let at = size_of::<Header>() + i * size_of::<Slot>();
-        // SAFETY: inside the mapping (checked), aligned (the header and
-        // slots are multiples of a cache line, the mapping page-aligned).
-        (i < capacity && at + size_of::<Slot>() <= self.len)
-            .then(|| unsafe { &*self.base.add(at).cast::<Slot>() })
-    }
-
-    /// A new slot for a function probe `probe`'s pattern matched, labelled
-    /// `label`; `None` when the report is full. Not async-signal-safe
-    /// only in that it may be slow (it writes the label byte by byte).
-    #[must_use]
-    pub fn claim(&self, probe: usize, label: &str) -> Option<(usize, &Slot)> {
-        let i = self.header().used.fetch_add(1, Ordering::Relaxed) as usize;
-        let Some(slot) = self.slot(i) else {
-            self.header().lost_slots.fetch_add(1, Ordering::Relaxed);
-            return None;
-        };
-        slot.fill(probe, label);
-        Some((i, slot))
-    }
-
-    /// Slot `i`'s count cells, where counting probes count its calls
-    /// (`None`: the report has no room for them, or this machine's
-    /// counters need more cells than the tool that made it laid out).
-    #[must_use]
-    #[allow(clippy::cast_ptr_alignment)] // aligned by `cells_at`
-    pub fn count_cells(&self, i: usize) -> Option<&[CountCell]> {
-        let capacity = self.header().capacity.load(Ordering::Relaxed) as usize;
-        let n = self.header().count_cells.load(Ordering::Relaxed) as usize;
-        let at = Self::cells_at(capacity) + i * n * size_of::<CountCell>();
-        // SAFETY: inside the mapping (checked), aligned (the mapping is
-        // page-aligned, `cells_at` a multiple of the cells' alignment);
-        // zero bytes are a `CountCell` at zero, and cells are atomics.
-        (i < capacity
-            && n >= uprobe_core::count_cells()
-            && at + n * size_of::<CountCell>() <= self.len)
-            .then(|| unsafe {
-                core::slice::from_raw_parts(self.base.add(at).cast::<CountCell>(), n)
-            })
-    }
-
-    /// Slot `i`'s latency cells, where a timing probe counts its calls
-    /// and times their returns (`None` as for
-    /// [`count_cells`](Self::count_cells)). The count cells' number.
-    #[must_use]
-    #[allow(clippy::cast_ptr_alignment)] // aligned by `latency_at`
-    pub fn latency_cells(&self, i: usize) -> Option<&[LatencyCell]> {
-        let capacity = self.header().capacity.load(Ordering::Relaxed) as usize;
-        let n = self.header().count_cells.load(Ordering::Relaxed) as usize;
-        let at = Self::latency_at(capacity, n) + i * n * size_of::<LatencyCell>();
-        // SAFETY: as in `count_cells`; zero bytes are a `LatencyCell` at
-        // zero.
-        (i < capacity
-            && n >= uprobe_core::latency_cells()
-            && at + n * size_of::<LatencyCell>() <= self.len)
-            .then(|| unsafe {
-                core::slice::from_raw_parts(self.base.add(at).cast::<LatencyCell>(), n)
-            })
-    }
-
-    /// Calls of slot `i`: counted by its handlers, in its count cells and
-    /// in its latency cells.
-    #[must_use]
-    pub fn calls(&self, i: usize) -> u64 {
-        let counted = self.count_cells(i).map_or(0, CountCell::sum);
-        let timed = self.latency_cells(i).map_or(0, LatencyCell::total_calls);
-        self.slot(i)
-            .map_or(0, |s| s.hits.sum())
-            .wrapping_add(counted)
-            .wrapping_add(timed)
-    }
-
-    /// Returns of slot `i` and their latencies by log2 bucket (ns): those
-    /// its return handlers recorded, and those its latency cells hold.
-    #[must_use]
-    pub fn latencies(&self, i: usize) -> (u64, [u64; BUCKETS]) {
-        let mut hist = self
-            .latency_cells(i)
-            .map_or([0; BUCKETS], LatencyCell::histogram);
-        let mut returns: u64 = hist.iter().sum();
-        if let Some(slot) = self.slot(i) {
-            returns = returns.wrapping_add(slot.returns.sum());
-            for (h, b) in hist.iter_mut().zip(&slot.histogram) {
-                *h = h.wrapping_add(b.load(Ordering::Relaxed));
-            }
-        }
-        (returns, hist)
-    }
-
-    /// The index of `slot`, one of this report's.
-    #[must_use]
-    pub fn index_of(&self, slot: &Slot) -> usize {
-        let at = core::ptr::from_ref(slot) as usize - self.base as usize;
-        (at - size_of::<Header>()) / size_of::<Slot>()
-    }
-
-    /// The slots filled in so far, with their indexes.
-    pub fn slots(&self) -> impl Iterator<Item = (usize, &Slot)> {
-        let used = self.header().used.load(Ordering::Acquire) as usize;
-        (0..used)
-            .map_while(|i| self.slot(i).map(|s| (i, s)))
-            .filter(|(_, s)| s.label_len.load(Ordering::Acquire) != 0)
     }
 }
 
@@ -429,6 +277,13 @@ impl Report {
     /// Nothing reads or writes the report (through any reference) after
     /// this call.
     pub unsafe fn unmap(&self) {
+        for chunk in &self.chunks {
+            let p = chunk.swap(core::ptr::null_mut(), Ordering::Relaxed);
+            if !p.is_null() {
+                // SAFETY: a chunk mapping of ours; no access follows.
+                unsafe { libc::munmap(p.cast(), self.chunk_bytes) };
+            }
+        }
         // SAFETY: our own mapping; the caller promises no access follows.
         unsafe { libc::munmap(self.base.cast(), self.len) };
     }
@@ -436,8 +291,8 @@ impl Report {
 
 impl Drop for Report {
     fn drop(&mut self) {
-        // SAFETY: our own mapping.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
+        // SAFETY: nothing can use the report once it is dropped.
+        unsafe { self.unmap() };
     }
 }
 
@@ -445,6 +300,7 @@ impl Drop for Report {
 fn layout() -> u64 {
     ((size_of::<Header>() as u64) << 48)
         | ((size_of::<Slot>() as u64) << 32)
+        | ((PER_CHUNK as u64) << 24)
         | ((size_of::<StackEntry>() as u64) << 16)
         | size_of::<ObjectEntry>() as u64
 }
@@ -478,68 +334,6 @@ impl Header {
     #[must_use]
     pub fn error(&self) -> Option<String> {
         get_text(&self.error_len, &self.error)
-    }
-}
-
-impl Slot {
-    /// Fills in a fresh slot for probe `probe`.
-    fn fill(&self, probe: usize, label: &str) {
-        self.probe.store(probe as u32, Ordering::Relaxed);
-        // A label is never empty (an empty one would read as unfilled).
-        set_text(
-            &self.label_len,
-            &self.label,
-            if label.is_empty() { "?" } else { label },
-        );
-    }
-
-    /// Records why a site stays on a breakpoint.
-    pub fn set_trap_why(&self, text: &str) {
-        set_text(&self.trap_why_len, &self.trap_why, text);
-    }
-
-    /// Why the last site on a breakpoint did not take a jump.
-    #[must_use]
-    pub fn trap_why(&self) -> Option<String> {
-        get_text(&self.trap_why_len, &self.trap_why)
-    }
-
-    /// How the report names the slot.
-    #[must_use]
-    pub fn label(&self) -> String {
-        get_text(&self.label_len, &self.label).unwrap_or_default()
-    }
-
-    /// Records why the probe is not attached (or clears it with `""`).
-    pub fn set_error(&self, text: &str) {
-        set_text(&self.error_len, &self.error, text);
-    }
-
-    /// Why the probe is not attached, if it is not.
-    #[must_use]
-    pub fn error(&self) -> Option<String> {
-        get_text(&self.error_len, &self.error)
-    }
-
-    /// Records one latency. Async-signal-safe.
-    pub fn record_latency(&self, nanos: u64) {
-        self.histogram[bucket(nanos)].fetch_add(1, Ordering::Relaxed);
-        self.returns.add(1);
-    }
-
-    /// Records one value drawn for `--hist`. Async-signal-safe.
-    pub fn record_value(&self, value: crate::spec::Value) {
-        match value {
-            crate::spec::Value::Signed(v) if v < 0 => {
-                self.negative.fetch_add(1, Ordering::Relaxed);
-            }
-            crate::spec::Value::Signed(v) => {
-                self.values[bucket(v as u64)].fetch_add(1, Ordering::Relaxed);
-            }
-            crate::spec::Value::Unsigned(v) => {
-                self.values[bucket(v)].fetch_add(1, Ordering::Relaxed);
-            }
-        }
     }
 }
 

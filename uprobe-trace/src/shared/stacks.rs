@@ -104,9 +104,8 @@ impl Report {
     #[must_use]
     #[allow(clippy::cast_ptr_alignment)] // page-aligned, cache-line multiples
     pub fn stacks(&self) -> &[StackEntry] {
-        let capacity = self.header().capacity.load(Ordering::Relaxed) as usize;
-        let at = Self::stacks_at(capacity);
-        // SAFETY: inside the mapping (its size was checked at open),
+        let at = super::slots::STACKS_AT;
+        // SAFETY: inside the base mapping (its size was checked at open),
         // aligned, atomics only.
         unsafe { core::slice::from_raw_parts(self.base.add(at).cast::<StackEntry>(), STACKS) }
     }
@@ -115,8 +114,7 @@ impl Report {
     #[must_use]
     #[allow(clippy::cast_ptr_alignment)] // page-aligned, cache-line multiples
     pub fn objects(&self) -> &[ObjectEntry] {
-        let capacity = self.header().capacity.load(Ordering::Relaxed) as usize;
-        let at = Self::stacks_at(capacity) + STACKS * size_of::<StackEntry>();
+        let at = super::slots::STACKS_AT + STACKS * size_of::<StackEntry>();
         // SAFETY: as in `stacks`.
         unsafe { core::slice::from_raw_parts(self.base.add(at).cast::<ObjectEntry>(), OBJECTS) }
     }
@@ -184,7 +182,7 @@ mod tests {
     #[test]
     fn stacks_are_counted_by_content() {
         let path = std::env::temp_dir().join(format!("uprobe-trace-stacks-{}", std::process::id()));
-        let report = Report::create(&path, &["malloc".into()], 4).unwrap();
+        let report = Report::create(&path, &["malloc".into()]).unwrap();
         let _ = std::fs::remove_file(&path);
         for _ in 0..3 {
             report.record_stack(0, 1, &[0x10, 0x20, 0x30]);

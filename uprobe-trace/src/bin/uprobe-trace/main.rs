@@ -13,6 +13,7 @@
 #[cfg(target_arch = "x86_64")]
 mod inject;
 mod launch;
+mod lines;
 mod metrics;
 mod pid;
 mod program;
@@ -28,9 +29,11 @@ use clap::Parser;
 
 use uprobe_trace::spec::{self, Plan, ProbeSpec};
 
-/// Trace an unmodified program in its own process: call counts, latency
-/// and value histograms, arguments and return values of functions and
-/// USDT probes. No root; no ptrace for a program it starts.
+/// Trace an unmodified program, and every process it starts, in their own
+/// processes: call counts, latency and value histograms, arguments and
+/// return values of functions and USDT probes, one report for the whole
+/// process tree, C++ and Rust names demangled. No root; ptrace only to
+/// join a running process (`--pid`).
 ///
 /// Give the program after `--` to start it with the agent preloaded, or
 /// `--pid PID` to load the agent into a running process (it detaches and
@@ -42,7 +45,9 @@ use uprobe_trace::spec::{self, Plan, ProbeSpec};
 struct Args {
     /// Functions to count, comma-separated: `malloc,free`; with their
     /// object: `libz.so.1:deflate`; patterns: `libsqlite3.so.0:sqlite3_*`,
-    /// `str*`; with argument types for --print: `open(str,int)`. Repeatable.
+    /// `str*`; C++ and Rust names as written: `ns::Widget::draw`,
+    /// `std::vector<*>::push_back`, `myapp::parse*`; with argument types
+    /// for --print: `open(str,int)`. Repeatable.
     #[arg(short = 'f', long = "function", value_name = "LIST")]
     functions: Vec<String>,
     /// Function names patterns leave out (`*_internal`), comma-separated.
@@ -186,11 +191,11 @@ fn plan(args: &Args) -> Result<Plan, String> {
     if plan.probes.is_empty() {
         return Err("nothing to trace: give -f FUNCTIONS, -u PROBE or --hist".into());
     }
-    if plan.probes.len() > uprobe_trace::shared::MAX_SLOTS / 2 {
+    if plan.probes.len() > uprobe_trace::shared::MAX_PROBES {
         return Err(format!(
             "{} probes: at most {}",
             plan.probes.len(),
-            uprobe_trace::shared::MAX_SLOTS / 2
+            uprobe_trace::shared::MAX_PROBES
         ));
     }
     Ok(plan)

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 
 use serde_json::{Value as Json, json};
-use uprobe_trace::shared::{BUCKETS, MAX_SLOTS, Report, Slot, bucket_bounds};
+use uprobe_trace::shared::{BUCKETS, Report, Slot, bucket_bounds};
 use uprobe_trace::spec::{Drawn, Plan, ProbeSpec};
 
 use crate::{Args, End, Failure};
@@ -29,7 +29,7 @@ impl Session {
         let dir = private_dir()?;
         let path = dir.join("report");
         let labels: Vec<String> = plan.probes.iter().map(ProbeSpec::label).collect();
-        let report = Report::create(&path, &labels, MAX_SLOTS).map_err(|e| {
+        let report = Report::create(&path, &labels).map_err(|e| {
             let _ = std::fs::remove_dir(&dir);
             Failure::Run(format!("cannot create {}: {e}", path.display()))
         })?;
@@ -232,7 +232,7 @@ fn text(report: &Report, plan: &Plan, end: Option<End>) -> String {
     if lost > 0 {
         let _ = writeln!(
             out,
-            "{lost} matched functions not traced: the report holds {MAX_SLOTS} probes"
+            "{lost} matched functions not traced: the report could not grow (out of memory or file descriptors)"
         );
     }
     out

@@ -4,8 +4,9 @@
 //!
 //! An address is symbolized in the object its agent listed it in: the
 //! function symbol (`.symtab`, then `.dynsym`) that covers it, or the
-//! nearest one before it in an object without sizes, else
-//! `object+0xoffset`. A return address is looked up one byte back (in its
+//! nearest one before it in an object without sizes, demangled, with
+//! ` (file:line)` where the object has DWARF line tables; without a
+//! symbol, `object:file:line` or else `object+0xoffset`. A return address is looked up one byte back (in its
 //! call), so that a call ending a function is not named after the next.
 
 use std::collections::{BTreeMap, HashMap};
@@ -17,6 +18,7 @@ use object::{Object as _, ObjectSymbol as _, SymbolKind};
 use uprobe_trace::shared::Report;
 
 use crate::Failure;
+use crate::lines::Lines;
 
 /// One object of an agent's process.
 struct Mapped {
@@ -27,10 +29,11 @@ struct Mapped {
     path: PathBuf,
 }
 
-/// An object file's function symbols, by address.
+/// An object file's function symbols, by address, and its line tables.
 struct Symbols {
-    /// `(start, size, name)`, sorted by start.
+    /// `(start, size, name)`, sorted by start; the names demangled.
     by_addr: Vec<(u64, u64, String)>,
+    lines: Option<Lines>,
 }
 
 impl Symbols {
@@ -51,7 +54,13 @@ impl Symbols {
             (*addr, underscores, name.len(), name.clone())
         });
         by_addr.dedup_by_key(|s| s.0);
-        Some(Self { by_addr })
+        for (_, _, name) in &mut by_addr {
+            if let Some(d) = uprobe_trace::names::demangle(name) {
+                *name = d;
+            }
+        }
+        let lines = Lines::read(&file);
+        Some(Self { by_addr, lines })
     }
 
     fn name(&self, addr: u64) -> Option<&str> {
@@ -110,9 +119,15 @@ impl Symbolizer {
             || o.path.display().to_string(),
             |f| f.to_string_lossy().into_owned(),
         );
-        match symbols.as_ref().and_then(|s| s.name(file_addr)) {
-            Some(name) => name.to_string(),
-            None => format!("{object}+{file_addr:#x}"),
+        let name = symbols.as_ref().and_then(|s| s.name(file_addr));
+        let line = symbols
+            .as_ref()
+            .and_then(|s| s.lines.as_ref()?.at(file_addr));
+        match (name, line) {
+            (Some(name), Some(line)) => format!("{name} ({line})"),
+            (Some(name), None) => name.to_string(),
+            (None, Some(line)) => format!("{object}:{line}"),
+            (None, None) => format!("{object}+{file_addr:#x}"),
         }
     }
 }
@@ -132,7 +147,10 @@ pub fn write(report: &Report, path: &Path) -> Result<(), Failure> {
             .iter()
             .enumerate()
             .map(|(k, f)| symbolizer.name(agent, f.load(Relaxed), k > 0))
-            .map(|n| n.replace([';', ' '], "_"))
+            // `;` separates frames; a space is a frame's own (the count
+            // follows the last one: C++ names keep theirs, as perf's
+            // folded stacks do).
+            .map(|n| n.replace(';', "_"))
             .collect();
         let line = names.iter().rev().cloned().collect::<Vec<_>>().join(";");
         *folded.entry(line).or_default() += count;
