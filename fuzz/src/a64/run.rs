@@ -271,12 +271,23 @@ pub(super) fn run(
         libc::sigaltstack(&raw const stack, &raw mut old_stack);
         let old_start = set(libc::SIGUSR1, on_start);
         let old: [libc::sigaction; ENDS.len()] = ENDS.map(|sig| set(sig, on_end));
+        // Only the signals of the run itself get through while it runs:
+        // another (libFuzzer's timer) would push its frame on the code's
+        // stack, which is compared.
+        let mut mask: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&raw mut mask);
+        for sig in ENDS.iter().chain(&[libc::SIGUSR1]) {
+            libc::sigdelset(&raw mut mask, *sig);
+        }
+        let mut old_mask: libc::sigset_t = core::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &raw const mask, &raw mut old_mask);
         // CPU time, not wall-clock time: a loaded machine must not end a
         // run that merely waits to be scheduled (qemu translating the
         // code counts, hence the margin).
         limit(300_000);
         libc::raise(libc::SIGUSR1);
         limit(0);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &raw const old_mask, ptr::null_mut());
         for (sig, act) in ENDS.iter().zip(old.iter()) {
             libc::sigaction(*sig, act, ptr::null_mut());
         }
