@@ -370,6 +370,9 @@ pub struct Plan {
     pub probes: Vec<ProbeSpec>,
     /// Patterns of function names no pattern probe attaches to.
     pub exclude: Vec<String>,
+    /// `--list`: the agent lists what each probe would attach (a slot per
+    /// function or USDT site under it) and attaches nothing.
+    pub list: bool,
 }
 
 impl Plan {
@@ -434,6 +437,7 @@ pub fn encode(plan: &Plan) -> String {
             ),
         })
         .chain(plan.exclude.iter().map(|x| format!("x{FIELD}{x}")))
+        .chain(plan.list.then(|| "L".to_string()))
         .collect::<Vec<_>>()
         .join(&RECORD.to_string())
 }
@@ -451,6 +455,10 @@ pub fn decode(text: &str) -> Result<Plan, String> {
         let (target, types, flags) = match f.as_slice() {
             ["x", pattern] => {
                 plan.exclude.push((*pattern).to_string());
+                continue;
+            }
+            ["L"] => {
+                plan.list = true;
                 continue;
             }
             ["f", o, name, types, flags] => (

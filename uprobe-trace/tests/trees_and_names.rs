@@ -157,6 +157,25 @@ fn cpp_names_are_matched_and_shown_demangled_with_lines() {
     if built.is_none() {
         return;
     }
+    // `--list`: what would be attached, on standard output; the program
+    // does not run.
+    let (out, _) = trace(&[
+        "--list",
+        "-f",
+        "ns::*",
+        "-f",
+        "std::vector<*>::pop_back",
+        "--",
+        program.to_str().unwrap(),
+    ]);
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{listed}");
+    assert_eq!(
+        listed,
+        "ns::*: 2 matches\n  widget:ns::Widget::draw(int) const\n  widget:ns::work(int)\n\
+         std::vector<*>::pop_back: 0 matches\n  \
+         nothing matches std::vector<*>::pop_back in the loaded objects\n"
+    );
     let stacks = dir.join("stacks");
     let (out, report) = trace(&[
         "-f",

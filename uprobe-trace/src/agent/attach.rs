@@ -36,6 +36,13 @@ impl Agent {
             if *done {
                 continue;
             }
+            if self.plan.list {
+                *done = true;
+                if let Err(why) = self.list(i, spec) {
+                    self.slot(i).set_error(&why);
+                }
+                continue;
+            }
             match self.attach(i, spec, attached) {
                 Ok(()) => {
                     self.slot(i).set_error("");

@@ -18,6 +18,7 @@
 //! - [`threads`]: which threads are the agent's (their calls are not the
 //!   program's), and the `dlopen` and `pthread_create` it interposes;
 //! - [`attach`]: attaching probes, patterns and objects loaded later;
+//! - [`list`]: `--list`, what probes would attach, attaching nothing;
 //! - [`handlers`]: what a hit does;
 //! - [`signals`]: SIGTRAP kept deliverable in every thread (preloaded);
 //! - [`text`]: the agent's code pages given back when a session in a
@@ -25,6 +26,7 @@
 
 mod attach;
 mod handlers;
+mod list;
 mod signals;
 mod text;
 mod threads;
@@ -172,6 +174,12 @@ fn preloaded() {
     while !agent.ready.load(Acquire) {
         // SAFETY: sleeping 100 us.
         unsafe { libc::usleep(100) };
+    }
+    if agent.plan.list {
+        // Listed: the program does not run.
+        // SAFETY: ending the process before `main`; the report is in
+        // shared memory already.
+        unsafe { libc::_exit(0) };
     }
 }
 

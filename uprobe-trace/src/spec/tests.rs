@@ -54,8 +54,14 @@ fn plans_round_trip() {
             ProbeSpec::counting(parse_usdt("libstdc++.so.6:libstdcxx:throw").unwrap().0),
         ],
         exclude: vec!["sqlite3_str*".into(), "*_v2".into()],
+        list: false,
     };
     assert_eq!(decode(&encode(&plan)).unwrap(), plan);
+    let listing = Plan {
+        list: true,
+        ..plan.clone()
+    };
+    assert_eq!(decode(&encode(&listing)).unwrap(), listing);
     assert_eq!(plan.probes[1].label(), "libz.so.1:deflate");
     assert_eq!(
         plan.probes[3].args,

@@ -101,6 +101,13 @@ fn run(
     }
     // A run that traced nothing says so, unless the program's own failure
     // says more.
+    if plan.list {
+        return Ok(if status.success() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     if session.nothing_attached(plan) && status.success() {
         eprintln!("uprobe-trace: not one probe attached");
         return Ok(ExitCode::FAILURE);

@@ -98,6 +98,12 @@ struct Args {
     /// Do not trace the programs the traced program runs.
     #[arg(long)]
     no_follow: bool,
+    /// List the functions and USDT probes the specs match, with their
+    /// objects, and attach nothing: in the objects a program loads at its
+    /// start (it does not run), or those a running process has loaded
+    /// (`--pid`).
+    #[arg(long, conflicts_with_all = ["latency", "print", "hist", "stacks", "json", "metrics", "interval", "duration"])]
+    list: bool,
     /// The agent library (default: `libuprobe_trace.so` next to this
     /// executable).
     #[arg(long, value_name = "PATH")]
@@ -188,6 +194,7 @@ fn plan(args: &Args) -> Result<Plan, String> {
         .flat_map(|x| split_list(x))
         .map(spec::parse_exclude)
         .collect::<Result<_, _>>()?;
+    plan.list = args.list;
     if plan.probes.is_empty() {
         return Err("nothing to trace: give -f FUNCTIONS, -u PROBE or --hist".into());
     }

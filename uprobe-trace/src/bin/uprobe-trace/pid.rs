@@ -62,6 +62,14 @@ fn run(
     while header.ready.load(Relaxed) == 0 && alive() {
         std::thread::sleep(Duration::from_millis(10));
     }
+    if plan.list {
+        // Listed in the first round: the agent stops, having attached
+        // nothing.
+        crate::launch::stop_agents(&session.report, || !alive());
+        drop(printer);
+        session.finish(args, plan, None)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if alive() {
         eprintln!("uprobe-trace: tracing process {pid}; Ctrl-C to stop");
     }

@@ -69,8 +69,13 @@ impl Session {
             .all(|r| r.sites == 0 && r.matched.values().all(|m| m.sites == 0))
     }
 
-    /// The final report: printed, and written as JSON where asked.
+    /// The final report: printed, and written as JSON where asked; with
+    /// `--list`, the listing, on standard output.
     pub fn finish(&self, args: &Args, plan: &Plan, end: Option<End>) -> Result<(), Failure> {
+        if plan.list {
+            print!("{}", listing(&self.report, plan));
+            return Ok(());
+        }
         self.print(plan, end);
         if let Some(path) = &args.stacks {
             crate::stacks::write(&self.report, path)?;
@@ -190,6 +195,29 @@ fn rows(report: &Report, plan: &Plan) -> Vec<Row> {
         }
     }
     rows
+}
+
+/// `--list`: each probe, then what it matches (one line each, sorted),
+/// or why nothing.
+fn listing(report: &Report, plan: &Plan) -> String {
+    let mut out = String::new();
+    for (row, spec) in rows(report, plan).iter().zip(&plan.probes) {
+        let n = row.matched.len();
+        let _ = writeln!(
+            out,
+            "{}: {n} match{}",
+            spec.label(),
+            if n == 1 { "" } else { "es" }
+        );
+        for label in row.matched.keys() {
+            let _ = writeln!(out, "  {label}");
+        }
+        if n == 0 {
+            let why = row.error.as_deref().unwrap_or("the agent did not start");
+            let _ = writeln!(out, "  {why}");
+        }
+    }
+    out
 }
 
 /// The report as text.
