@@ -579,3 +579,18 @@ fn bc_cond_is_simulated_only_where_the_cpu_has_it() {
     );
     assert!(matches!(classify(0x5400_0040), Class::Simulated), "b.eq");
 }
+
+/// `blraa`, `blraaz`, `blrab` and `blrabz` are refused: run out of line,
+/// their link register would name the slot, and the callee would return
+/// there (found by fuzzing against execution: x30 was the slot's).
+#[test]
+fn pointer_authenticated_branches_with_link_are_refused() {
+    use uprobe_core::testing::{Class, classify};
+    for insn in [0xd63f_0bff_u32, 0xd63f_0c1f, 0xd73f_0820, 0xd73f_0c41] {
+        assert!(matches!(classify(insn), Class::Refused(_)), "{insn:#010x}");
+    }
+    // Without a link, they run out of line (they do not depend on where).
+    for insn in [0xd61f_081f_u32, 0xd65f_0bff, 0xd71f_0820] {
+        assert!(matches!(classify(insn), Class::OutOfLine), "{insn:#010x}");
+    }
+}

@@ -80,6 +80,12 @@ fn refused_class(i: &Instruction) -> bool {
             | Opcode::SYSL(_)
             | Opcode::ERET
             | Opcode::DRPS
+            // Branches with link that are not simulated: out of line they
+            // would link to the slot.
+            | Opcode::BLRAA
+            | Opcode::BLRAAZ
+            | Opcode::BLRAB
+            | Opcode::BLRABZ
     )
 }
 

@@ -262,6 +262,14 @@ pub(crate) fn refusal(insn: u32) -> Option<&'static str> {
         }
         return Some("it writes a system register or is a system instruction");
     }
+    // blraa / blraaz / blrab / blrabz: run out of line, the link register
+    // would name the slot (a return lands there, after the probe may be
+    // gone); `blr` itself is simulated.
+    if insn & 0xfeff_f800 == 0xd63f_0800 {
+        return Some(
+            "a pointer-authenticated branch with link: out of line, it would link to the slot",
+        );
+    }
     // eret / drps (and their pointer-authenticated forms).
     if insn & 0xfe00_0000 == 0xd600_0000 && matches!(field(insn, 21, 4), 4 | 5) {
         return Some("an exception return or debug state instruction");
