@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::PoisonError;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
+use uprobe_core::functions::Function;
 use uprobe_core::{AttachError, Probe, Uprobe};
 
 use super::Agent;
@@ -17,6 +18,9 @@ use crate::spec::{self, ProbeSpec, Target};
 /// Why a probe is not attached, and whether it may be once more objects
 /// are loaded.
 type NotYet = (String, bool);
+
+/// Functions a pattern attaches at once.
+const BATCH: usize = 64;
 
 impl Agent {
     fn slot(&'static self, i: usize) -> &'static Slot {
@@ -245,23 +249,67 @@ impl Agent {
             ));
         }
         let pattern = self.slot(i);
+        let mut claimed = Vec::with_capacity(fresh.len());
         for f in fresh {
             attached.insert(f.addr);
             let file = f.object.file_name().unwrap_or(f.object.as_os_str());
             let label =
                 spec::function_label(Some(&file.to_string_lossy()), &names::display(&f.name));
-            let Some((_, slot)) = self.report.claim(i, &label) else {
-                continue; // counted as lost
-            };
-            match self.attach_one(slot, spec, f.uprobe()) {
-                Ok(probe) => {
-                    pattern.sites.fetch_add(1, Relaxed);
-                    self.keep(slot, probe);
+            if let Some((_, slot)) = self.report.claim(i, &label) {
+                claimed.push((slot, f));
+            } // else counted as lost
+        }
+        for batch in claimed.chunks(BATCH) {
+            for (slot, result) in self.attach_batch(spec, batch) {
+                match result {
+                    Ok(probe) => {
+                        pattern.sites.fetch_add(1, Relaxed);
+                        self.keep(slot, probe);
+                    }
+                    Err((why, _)) => slot.set_error(&why),
                 }
-                Err((why, _)) => slot.set_error(&why),
             }
         }
         Ok(())
+    }
+
+    /// Attaches `batch` at once (one read of the memory map and of the
+    /// threads for all of them, one grace period), or, where one of them
+    /// fails, each on its own (its error in its slot, the others
+    /// attached).
+    fn attach_batch(
+        &'static self,
+        spec: &ProbeSpec,
+        batch: &[(&'static Slot, Function)],
+    ) -> Vec<(&'static Slot, Result<Probe, NotYet>)> {
+        let builders = batch.iter().map(|(slot, f)| {
+            let builder = if spec.trap_only {
+                f.uprobe().trap_only()
+            } else {
+                f.uprobe()
+            };
+            self.with_handlers(slot, spec, builder)
+        });
+        if let Ok(probes) = Uprobe::attach_all(builders) {
+            let kept = self.tool.is_none()
+                || probes
+                    .iter()
+                    .all(|p| matches!(p.mode(), uprobe_core::Mode::Jump(_)));
+            if kept {
+                return batch
+                    .iter()
+                    .map(|(slot, _)| *slot)
+                    .zip(probes.into_iter().map(Ok))
+                    .collect();
+            }
+            // Loaded into a running process, one stays on a breakpoint:
+            // each again on its own, which says which and why.
+            drop(probes);
+        }
+        batch
+            .iter()
+            .map(|(slot, f)| (*slot, self.attach_one(slot, spec, f.uprobe())))
+            .collect()
     }
 
     /// Attaches one probe counting into `slot`. Loaded into a running
