@@ -104,7 +104,6 @@ fn a_process_tree_is_counted_whole_in_one_row_per_function() {
     assert!(out.status.success(), "{one}");
     let (out, pattern) = trace(&["-f", "libc.so.6:mall*,libc.so.6:free", "--", script]);
     assert!(out.status.success(), "{pattern}");
-    let _ = std::fs::remove_dir_all(&dir);
     // The shell and 41 programs, each with its agent.
     assert!(pattern.contains("42 processes traced"), "{pattern}");
     let total = calls(&one, "malloc").expect("malloc's row");
@@ -118,6 +117,38 @@ fn a_process_tree_is_counted_whole_in_one_row_per_function() {
     );
     assert_eq!(pattern.matches("libc.so.6:malloc:").count(), 1, "{pattern}");
     assert!(!pattern.contains("not traced"), "{pattern}");
+
+    // `--by`: the same calls, by process and by name, summing to them.
+    let json = dir.join("by.json");
+    for by in ["pid", "comm"] {
+        let (out, report) = trace(&[
+            "--by",
+            by,
+            "-f",
+            "malloc",
+            "--json",
+            json.to_str().unwrap(),
+            "--",
+            script,
+        ]);
+        assert!(out.status.success(), "{report}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let probe = &v["probes"][0];
+        let keys = probe["by"].as_object().expect("a breakdown");
+        let sum: u64 = keys.values().map(|n| n.as_u64().unwrap()).sum();
+        assert_eq!(probe["calls"].as_u64(), Some(sum), "{report}");
+        assert_eq!(v["by"], by);
+        if by == "pid" {
+            // The shell and each of the 41 programs.
+            assert_eq!(keys.len(), 42, "{report}");
+            assert!(keys.values().any(|n| n.as_u64() >= Some(5000)), "{report}");
+        } else {
+            assert!(keys["allocs"].as_u64() >= Some(40 * 10 + 5000), "{report}");
+            assert!(report.contains("    comm allocs: "), "{report}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

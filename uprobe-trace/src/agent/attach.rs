@@ -12,7 +12,7 @@ use uprobe_core::{AttachError, Probe, Uprobe};
 use super::Agent;
 use super::threads::{mark_self, unmark_self};
 use crate::names::{self, Name};
-use crate::shared::Slot;
+use crate::shared::{KEY_SEP, Slot};
 use crate::spec::{self, ProbeSpec, Target};
 
 /// Why a probe is not attached, and whether it may be once more objects
@@ -25,6 +25,26 @@ const BATCH: usize = 64;
 impl Agent {
     fn slot(&'static self, i: usize) -> &'static Slot {
         self.report.slot(i).expect("the tool made a slot per probe")
+    }
+
+    /// `label` with this process's `--by` key, if it has one.
+    fn keyed(&self, label: String) -> String {
+        match &self.key {
+            Some(key) => format!("{label}{KEY_SEP}{key}"),
+            None => label,
+        }
+    }
+
+    /// Where probe `i` (not a pattern) counts: its own slot, or with
+    /// `--by` its slot for this process's key.
+    fn probe_slot(&'static self, i: usize, spec: &ProbeSpec) -> Result<&'static Slot, NotYet> {
+        if self.key.is_none() {
+            return Ok(self.slot(i));
+        }
+        self.report
+            .claim(i, &self.keyed(spec.label()))
+            .map(|(_, slot)| slot)
+            .ok_or_else(|| ("the report could not grow".to_string(), false))
     }
 
     /// Attaches every probe not attached yet; returns whether some are
@@ -207,7 +227,7 @@ impl Agent {
                     .map_err(|e| (e.to_string(), false))?
             }
         };
-        let slot = self.slot(i);
+        let slot = self.probe_slot(i, spec)?;
         for builder in builders {
             let addr = builder.addr();
             let probe = self.attach_one(slot, spec, builder)?;
@@ -255,7 +275,7 @@ impl Agent {
             let file = f.object.file_name().unwrap_or(f.object.as_os_str());
             let label =
                 spec::function_label(Some(&file.to_string_lossy()), &names::display(&f.name));
-            if let Some((_, slot)) = self.report.claim(i, &label) {
+            if let Some((_, slot)) = self.report.claim(i, &self.keyed(label)) {
                 claimed.push((slot, f));
             } // else counted as lost
         }

@@ -39,8 +39,8 @@ use std::sync::{Mutex, PoisonError};
 
 use uprobe_core::Probe;
 
-use crate::shared::Report;
-use crate::spec::Plan;
+use crate::shared::{KEY_SEP, Report};
+use crate::spec::{By, Plan};
 use threads::{MAIN_THREAD, gettid};
 
 // Run `init` when the dynamic linker loads the agent.
@@ -80,6 +80,8 @@ struct Agent {
     own_object: Option<PathBuf>,
     /// This agent's number in the report (its objects and stacks).
     id: u32,
+    /// `--by`: the key this process counts under.
+    key: Option<String>,
     /// Whether some probe counts stacks.
     stacks: bool,
     /// The objects listed in the report so far (path, bias).
@@ -255,6 +257,11 @@ fn begin(
         }
     };
     let stacks = plan.probes.iter().any(|p| p.stacks);
+    let key = plan.by.map(|by| match by {
+        By::Pid => std::process::id().to_string(),
+        By::Comm => std::fs::read_to_string("/proc/self/comm")
+            .map_or_else(|_| "?".into(), |c| c.trim_end().replace(KEY_SEP, "?")),
+    });
     let agent: &'static Agent = Box::leak(Box::new(Agent {
         state: Mutex::new(vec![(HashSet::new(), false); plan.probes.len()]),
         report,
@@ -269,6 +276,7 @@ fn begin(
         id,
         stacks,
         listed: Mutex::new(HashSet::new()),
+        key,
     }));
     AGENT.store(core::ptr::from_ref(agent).cast_mut(), Release);
     // A plain pthread: `std::thread` would set up thread-local state on

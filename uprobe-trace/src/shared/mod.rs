@@ -27,6 +27,19 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 /// Marks a report file (and its layout version).
 pub const MAGIC: u64 = 0x7570_7472_6163_6504;
+/// Separates a slot's label from its `--by` key (`malloc\u{1f}1234`):
+/// never in a name.
+pub const KEY_SEP: char = '\u{1f}';
+
+/// A slot's label and its `--by` key, if it has one.
+#[must_use]
+pub fn split_key(label: &str) -> (&str, Option<&str>) {
+    match label.split_once(KEY_SEP) {
+        Some((l, k)) => (l, Some(k)),
+        None => (label, None),
+    }
+}
+
 /// Probes a user may ask for at once (each `-f`, `-u` or `--hist`; the
 /// functions their patterns match are not counted: the report grows).
 pub const MAX_PROBES: usize = 4096;

@@ -55,10 +55,12 @@ fn plans_round_trip() {
         ],
         exclude: vec!["sqlite3_str*".into(), "*_v2".into()],
         list: false,
+        by: None,
     };
     assert_eq!(decode(&encode(&plan)).unwrap(), plan);
     let listing = Plan {
         list: true,
+        by: Some(By::Comm),
         ..plan.clone()
     };
     assert_eq!(decode(&encode(&listing)).unwrap(), listing);

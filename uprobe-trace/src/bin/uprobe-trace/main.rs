@@ -98,6 +98,11 @@ struct Args {
     /// Do not trace the programs the traced program runs.
     #[arg(long)]
     no_follow: bool,
+    /// Break the counts down by KEY: `pid` or `comm` (each process counts
+    /// under its key, at no cost a call; a fork child that does not exec
+    /// counts under its parent's).
+    #[arg(long, value_name = "KEY", value_parser = spec::parse_by)]
+    by: Option<spec::By>,
     /// List the functions and USDT probes the specs match, with their
     /// objects, and attach nothing: in the objects a program loads at its
     /// start (it does not run), or those a running process has loaded
@@ -195,6 +200,7 @@ fn plan(args: &Args) -> Result<Plan, String> {
         .map(spec::parse_exclude)
         .collect::<Result<_, _>>()?;
     plan.list = args.list;
+    plan.by = args.by;
     if plan.probes.is_empty() {
         return Err("nothing to trace: give -f FUNCTIONS, -u PROBE or --hist".into());
     }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use serde_json::{Value as Json, json};
 use uprobe_trace::shared::{Report, bucket_bounds};
-use uprobe_trace::spec::{Drawn, Plan, ProbeSpec};
+use uprobe_trace::spec::{By, Drawn, Plan, ProbeSpec};
 
 use super::{Row, rows};
 
@@ -26,6 +26,7 @@ pub(super) fn json(report: &Report, plan: &Plan) -> Json {
         .collect();
     json!({
         "processes": header.agents.load(Relaxed),
+        "by": plan.by.map(By::name),
         "error": header.error(),
         "lost_print_lines": header.lost_lines.load(Relaxed),
         "lost_functions": header.lost_slots.load(Relaxed),
@@ -63,6 +64,10 @@ fn row_json(row: &Row, spec: &ProbeSpec) -> Json {
         };
         v["hist"] = json!({ "of": of, "negative": row.negative, "buckets": buckets(&row.values) });
     }
+    if !row.by.is_empty() {
+        // `--by`: every key's calls (they sum to `calls`).
+        v["by"] = row.by.iter().map(|(k, c)| (k.clone(), json!(c))).collect();
+    }
     v
 }
 
@@ -71,6 +76,7 @@ fn row_json(row: &Row, spec: &ProbeSpec) -> Json {
 /// the latency and `--hist` histograms with cumulative buckets.
 pub fn openmetrics(report: &Report, plan: &Plan) -> String {
     let mut calls = String::new();
+    let mut by_key = String::new();
     let mut latency = String::new();
     let mut values = String::new();
     for (row, spec) in rows(report, plan).iter().zip(&plan.probes) {
@@ -86,6 +92,17 @@ pub fn openmetrics(report: &Report, plan: &Plan) -> String {
                 "uprobe_trace_calls_total{{probe=\"{probe}\"}} {}",
                 r.hits
             );
+            if let Some(by) = plan.by {
+                for (key, n) in &r.by {
+                    let _ = writeln!(
+                        by_key,
+                        "uprobe_trace_calls_by_{}_total{{probe=\"{probe}\",{}=\"{}\"}} {n}",
+                        by.name(),
+                        by.name(),
+                        label_value(key)
+                    );
+                }
+            }
             if spec.latency {
                 // Bucket k holds [2^(k-1), 2^k) ns: at most 2^k ns.
                 cumulative(
@@ -125,6 +142,14 @@ pub fn openmetrics(report: &Report, plan: &Plan) -> String {
     );
     out.push_str("# TYPE uprobe_trace_calls counter\n# HELP uprobe_trace_calls Calls of each probed function or USDT probe.\n");
     out.push_str(&calls);
+    if let Some(by) = plan.by.filter(|_| !by_key.is_empty()) {
+        let name = by.name();
+        let _ = writeln!(
+            out,
+            "# TYPE uprobe_trace_calls_by_{name} counter\n# HELP uprobe_trace_calls_by_{name} Calls of each probe by {name} (--by)."
+        );
+        out.push_str(&by_key);
+    }
     if !latency.is_empty() {
         out.push_str("# TYPE uprobe_trace_latency_seconds histogram\n# HELP uprobe_trace_latency_seconds Time from a function's entry to its return.\n");
         out.push_str(&latency);

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 
-use uprobe_trace::shared::{BUCKETS, Report, Slot};
+use uprobe_trace::shared::{BUCKETS, Report, Slot, split_key};
 use uprobe_trace::spec::{Plan, ProbeSpec};
 
 use crate::{Args, End, Failure};
@@ -141,6 +141,8 @@ pub(super) struct Row {
     trap_why: Option<String>,
     /// The functions a pattern matched, by label.
     matched: BTreeMap<String, Row>,
+    /// `--by`: calls by key.
+    by: BTreeMap<String, u64>,
 }
 
 impl Row {
@@ -188,16 +190,21 @@ pub(super) fn rows(report: &Report, plan: &Plan) -> Vec<Row> {
             continue;
         };
         let (calls, latencies) = (report.calls(i), report.latencies(i));
-        if i == probe {
-            row.add(slot, calls, &latencies);
+        let label = slot.label();
+        // A slot of `--by`'s: `label KEY_SEP key`; the probe's own (a
+        // function or USDT probe asked for) or a matched function's.
+        let (base, key) = split_key(&label);
+        let row = if i == probe || (key.is_some() && base == row.label) {
+            row
         } else {
-            row.matched
-                .entry(slot.label())
-                .or_insert_with(|| Row {
-                    label: slot.label(),
-                    ..Row::default()
-                })
-                .add(slot, calls, &latencies);
+            row.matched.entry(base.to_string()).or_insert_with(|| Row {
+                label: base.to_string(),
+                ..Row::default()
+            })
+        };
+        row.add(slot, calls, &latencies);
+        if let Some(key) = key.filter(|_| calls > 0) {
+            *row.by.entry(key.to_string()).or_default() += calls;
         }
     }
     rows

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 
 use uprobe_trace::shared::{Report, bucket_bounds};
-use uprobe_trace::spec::{Drawn, Plan, ProbeSpec};
+use uprobe_trace::spec::{By, Drawn, Plan, ProbeSpec};
 
 use super::{Row, rows};
 use crate::End;
@@ -60,9 +60,9 @@ pub(super) fn text(report: &Report, plan: &Plan, end: Option<End>) -> String {
     }
     for (row, spec) in rows(report, plan).iter().zip(&plan.probes) {
         if spec.target.is_pattern() {
-            pattern_text(&mut out, row, spec);
+            pattern_text(&mut out, row, spec, plan.by);
         } else {
-            row_text(&mut out, row, spec, "");
+            row_text(&mut out, row, spec, plan.by, "");
         }
     }
     let lost = header.lost_lines.load(Relaxed);
@@ -79,7 +79,31 @@ pub(super) fn text(report: &Report, plan: &Plan, end: Option<End>) -> String {
     out
 }
 
-fn row_text(out: &mut String, row: &Row, spec: &ProbeSpec, indent: &str) {
+/// Keys shown under a row (the JSON has them all).
+const TOP_KEYS: usize = 10;
+
+/// `--by`: a row's calls by key, most first.
+fn by_text(out: &mut String, row: &Row, by: Option<By>, indent: &str) {
+    let Some(by) = by.filter(|_| !row.by.is_empty()) else {
+        return;
+    };
+    let mut keys: Vec<(&String, &u64)> = row.by.iter().collect();
+    keys.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    for (key, calls) in keys.iter().take(TOP_KEYS) {
+        let _ = writeln!(out, "{indent}    {} {key}: {calls}", by.name());
+    }
+    if keys.len() > TOP_KEYS {
+        let rest: u64 = keys[TOP_KEYS..].iter().map(|(_, c)| **c).sum();
+        let _ = writeln!(
+            out,
+            "{indent}    ({} more {}s: {rest})",
+            keys.len() - TOP_KEYS,
+            by.name()
+        );
+    }
+}
+
+fn row_text(out: &mut String, row: &Row, spec: &ProbeSpec, by: Option<By>, indent: &str) {
     let _ = write!(
         out,
         "{indent}{}: {} call{}",
@@ -105,6 +129,7 @@ fn row_text(out: &mut String, row: &Row, spec: &ProbeSpec, indent: &str) {
         let _ = writeln!(out, "{indent}  not attached: {e}");
         return;
     }
+    by_text(out, row, by, indent);
     if spec.latency {
         out.push_str(&histogram(
             &row.latency,
@@ -127,7 +152,7 @@ fn row_text(out: &mut String, row: &Row, spec: &ProbeSpec, indent: &str) {
     }
 }
 
-fn pattern_text(out: &mut String, row: &Row, spec: &ProbeSpec) {
+fn pattern_text(out: &mut String, row: &Row, spec: &ProbeSpec, by: Option<By>) {
     let attached = row.matched.values().filter(|r| r.error.is_none()).count();
     let _ = writeln!(
         out,
@@ -142,7 +167,7 @@ fn pattern_text(out: &mut String, row: &Row, spec: &ProbeSpec) {
     let mut matched: Vec<&Row> = row.matched.values().collect();
     matched.sort_by(|a, b| b.hits.cmp(&a.hits).then(a.label.cmp(&b.label)));
     for r in matched {
-        row_text(out, r, spec, "  ");
+        row_text(out, r, spec, by, "  ");
     }
 }
 
