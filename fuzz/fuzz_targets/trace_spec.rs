@@ -1,4 +1,5 @@
-//! `uprobe-trace`'s command-line specs (`-f`, `-u`, `--hist`, `-x`) and
+//! `uprobe-trace`'s command-line specs (`-f`, `-u`, `--hist`, `-x`, and
+//! the filters after ` if `) and
 //! the plan the tool hands its agent: any text parses into a probe or an
 //! error, and every plan made of parsed probes decodes, from its
 //! encoding, into the same plan.
@@ -9,6 +10,9 @@ use libfuzzer_sys::fuzz_target;
 // The module itself, not the crate: `uprobe-trace`'s library is the agent
 // the tool preloads, and linking it interposes `pthread_create`,
 // `dlopen` and `sigaction` (which the fuzzer's sanitizer intercepts too).
+#[path = "../../uprobe-trace/src/filter.rs"]
+#[allow(dead_code)]
+mod filter;
 #[path = "../../uprobe-trace/src/spec.rs"]
 #[allow(dead_code)]
 mod spec;
@@ -45,6 +49,8 @@ fuzz_target!(|data: &[u8]| {
                 probe.print = flags & 2 != 0;
                 probe.stacks = flags & 4 != 0;
                 probe.trap_only = flags & 8 != 0;
+                // A filter after ` if `: parsed, it survives the encoding too.
+                probe.filter = spec::split_filter(item).ok().and_then(|(_, f)| f);
                 let _ = probe.label();
                 plan.probes.push(probe);
             }

@@ -50,8 +50,9 @@
 //! setting to change.
 //!
 //! The library half of this crate is that agent plus what the tool shares
-//! with it: the probe specs ([`spec`]), function names as people write
-//! them ([`names`]) and the report's layout ([`shared`]).
+//! with it: the probe specs ([`spec`]) and their filters ([`filter`]),
+//! function names as people write them ([`names`]) and the report's
+//! layout ([`shared`]).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 #[cfg(not(target_os = "linux"))]
@@ -62,6 +63,7 @@ compile_error!("uprobe-trace supports Linux only (LD_PRELOAD, uprobe-core)");
     not(pcpu_force_generic)
 ))]
 mod agent;
+pub mod filter;
 pub mod names;
 pub mod shared;
 pub mod spec;

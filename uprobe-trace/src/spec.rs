@@ -4,6 +4,8 @@
 //! plus the value a `--hist` draws, as the command line says them and as
 //! the tool hands them to the agent.
 
+use crate::filter::Filter;
+
 /// How `--print` shows an argument (and `--hist` reads it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArgType {
@@ -146,6 +148,8 @@ pub struct ProbeSpec {
     pub stacks: bool,
     /// On breakpoints only, never jumps (`--breakpoints`).
     pub trap_only: bool,
+    /// Only the calls for which it holds count (`if ...`).
+    pub filter: Option<Filter>,
 }
 
 impl ProbeSpec {
@@ -160,6 +164,7 @@ impl ProbeSpec {
             hist: None,
             stacks: false,
             trap_only: false,
+            filter: None,
         }
     }
 
@@ -183,14 +188,17 @@ impl ProbeSpec {
     #[must_use]
     pub fn wants_return(&self) -> bool {
         matches!(self.target, Target::Function { .. })
-            && (self.latency || self.print || self.hist == Some(Drawn::Ret))
+            && (self.latency
+                || self.print
+                || self.hist == Some(Drawn::Ret)
+                || self.filter.as_ref().is_some_and(Filter::uses_ret))
     }
 
     /// Whether the probe only counts calls: no handler needed, the
     /// engine's counting probes count for it.
     #[must_use]
     pub fn only_counts(&self) -> bool {
-        !self.latency && !self.print && self.hist.is_none() && !self.stacks
+        !self.latency && !self.print && self.hist.is_none() && !self.stacks && self.filter.is_none()
     }
 
     /// Whether the probe only counts calls and times their returns: no
@@ -202,6 +210,7 @@ impl ProbeSpec {
             && !self.print
             && self.hist.is_none()
             && !self.stacks
+            && self.filter.is_none()
     }
 }
 
@@ -286,6 +295,7 @@ pub fn parse_exclude(text: &str) -> Result<String, String> {
 /// pattern. Returns the target and the argument types.
 pub fn parse_function(text: &str) -> Result<(Target, Vec<ArgType>), String> {
     printable(text)?;
+    let (text, _) = split_filter(text)?;
     let (head, types) = split_types(text)?;
     let (object, name) = match split_object(head) {
         Some((o, n)) => (Some(o.to_string()), n),
@@ -303,6 +313,18 @@ pub fn parse_function(text: &str) -> Result<(Target, Vec<ArgType>), String> {
     ))
 }
 
+/// A spec and the filter after its ` if ` (`malloc(size_t) if arg0 >
+/// 4096`), parsed.
+///
+/// # Errors
+/// A filter that does not parse.
+pub fn split_filter(text: &str) -> Result<(&str, Option<Filter>), String> {
+    match text.split_once(" if ") {
+        Some((head, filter)) => Ok((head.trim_end(), Some(Filter::parse(filter)?))),
+        None => Ok((text, None)),
+    }
+}
+
 /// `object:name` split at its last lone `:` (one that is not half of a
 /// `::`, which C++ and Rust names have); `None` without one.
 fn split_object(head: &str) -> Option<(&str, &str)> {
@@ -316,6 +338,7 @@ fn split_object(head: &str) -> Option<(&str, &str)> {
 /// Parses a `-u` item: `[object:]provider:name[(type,...)]`.
 pub fn parse_usdt(text: &str) -> Result<(Target, Vec<ArgType>), String> {
     printable(text)?;
+    let (text, _) = split_filter(text)?;
     let (head, types) = split_types(text)?;
     let parts: Vec<&str> = head.rsplitn(3, ':').collect();
     let (object, provider, name) = match parts.as_slice() {
@@ -455,24 +478,32 @@ pub fn encode(plan: &Plan) -> String {
         f
     };
     let types = |p: &ProbeSpec| p.args.iter().map(|t| t.code()).collect::<String>();
+    let filter = |p: &ProbeSpec| {
+        p.filter
+            .as_ref()
+            .map_or("", |f| f.text.as_str())
+            .to_string()
+    };
     plan.probes
         .iter()
         .map(|p| match &p.target {
             Target::Function { object, name } => format!(
-                "f{FIELD}{}{FIELD}{name}{FIELD}{}{FIELD}{}",
+                "f{FIELD}{}{FIELD}{name}{FIELD}{}{FIELD}{}{FIELD}{}",
                 object.as_deref().unwrap_or(""),
                 types(p),
-                flags(p)
+                flags(p),
+                filter(p)
             ),
             Target::Usdt {
                 object,
                 provider,
                 name,
             } => format!(
-                "u{FIELD}{}{FIELD}{provider}{FIELD}{name}{FIELD}{}{FIELD}{}",
+                "u{FIELD}{}{FIELD}{provider}{FIELD}{name}{FIELD}{}{FIELD}{}{FIELD}{}",
                 object.as_deref().unwrap_or(""),
                 types(p),
-                flags(p)
+                flags(p),
+                filter(p)
             ),
         })
         .chain(plan.exclude.iter().map(|x| format!("x{FIELD}{x}")))
@@ -492,7 +523,7 @@ pub fn decode(text: &str) -> Result<Plan, String> {
         let f: Vec<&str> = record.split(FIELD).collect();
         let object = |o: &str| (!o.is_empty()).then(|| o.to_string());
         let bad = || format!("a probe the agent cannot read: {record:?}");
-        let (target, types, flags) = match f.as_slice() {
+        let (target, types, flags, filter) = match f.as_slice() {
             ["x", pattern] => {
                 plan.exclude.push((*pattern).to_string());
                 continue;
@@ -505,15 +536,16 @@ pub fn decode(text: &str) -> Result<Plan, String> {
                 plan.by = Some(parse_by(key)?);
                 continue;
             }
-            ["f", o, name, types, flags] => (
+            ["f", o, name, types, flags, filter] => (
                 Target::Function {
                     object: object(o),
                     name: (*name).to_string(),
                 },
                 *types,
                 *flags,
+                *filter,
             ),
-            ["u", o, provider, name, types, flags] => (
+            ["u", o, provider, name, types, flags, filter] => (
                 Target::Usdt {
                     object: object(o),
                     provider: (*provider).to_string(),
@@ -521,6 +553,7 @@ pub fn decode(text: &str) -> Result<Plan, String> {
                 },
                 *types,
                 *flags,
+                *filter,
             ),
             _ => return Err(bad()),
         };
@@ -544,10 +577,16 @@ pub fn decode(text: &str) -> Result<Plan, String> {
             hist,
             stacks: flags.contains('k'),
             trap_only: flags.contains('b'),
+            filter: (!filter.is_empty())
+                .then(|| Filter::parse(filter))
+                .transpose()?,
         });
     }
     Ok(plan)
 }
 
+// Its path said (relative to this file), so that it resolves where this
+// file is included by path (the `trace_spec` fuzz target).
 #[cfg(test)]
+#[path = "spec/tests.rs"]
 mod tests;

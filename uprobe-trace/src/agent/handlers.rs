@@ -12,6 +12,7 @@ use uprobe_core::{EntryContext, ReturnContext, Uprobe};
 use pcpu::unstable::time::monotonic_ns as now;
 
 use super::Agent;
+use crate::filter::{Filter, Values};
 use crate::shared::{MAX_FRAMES, Slot};
 use crate::spec::{ArgType, Drawn, ProbeSpec, Target, Value};
 
@@ -48,10 +49,31 @@ impl Agent {
         let return_label = label.clone();
         // The agent's threads are not observed (`threads::mark_self`, the
         // engine's own service threads likewise): no handler runs there.
+        // A filter on the return value decides at the return (the call is
+        // counted there); any other, at the entry.
+        let filter: Option<Box<Filter>> = spec.filter.clone().map(Box::new);
+        let at_return = filter.as_deref().is_some_and(Filter::uses_ret);
+        let return_filter = filter.clone().filter(|_| at_return);
+        let entry_filter = filter.filter(|_| !at_return);
+        let entry_filtered = entry_filter.is_some();
         let builder = builder.on_entry(move |cx| {
+            if let Some(f) = entry_filter.as_deref()
+                && !f.holds(&entry_values(cx, f, usdt))
+            {
+                // Not counted; its return (if probed) is skipped.
+                cx.set_cookie(0);
+                return;
+            }
+            if at_return {
+                // Counted at the return, if the filter holds there.
+                cx.set_cookie(if latency { now() } else { 1 });
+                return;
+            }
             slot.hits.add(1);
             if latency {
                 cx.set_cookie(now());
+            } else if entry_filtered {
+                cx.set_cookie(1); // the return goes on
             }
             if let Some(Drawn::Arg(n)) = hist {
                 let n = usize::from(n);
@@ -75,7 +97,27 @@ impl Agent {
         if !spec.wants_return() {
             return builder;
         }
+        let filtered = return_filter.is_some() || spec.filter.is_some();
         builder.on_return(move |cx| {
+            if filtered && cx.cookie() == 0 {
+                return; // the entry's filter did not hold
+            }
+            if let Some(f) = return_filter.as_deref() {
+                let v = Values {
+                    ret: cx.return_value() as i64,
+                    pid: if f.uses_pid() {
+                        i64::from(std::process::id())
+                    } else {
+                        0
+                    },
+                    tid: i64::from(cx.tid()),
+                    ..Values::default()
+                };
+                if !f.holds(&v) {
+                    return;
+                }
+                slot.hits.add(1);
+            }
             if latency {
                 slot.record_latency(now().wrapping_sub(cx.cookie()));
             }
@@ -141,6 +183,29 @@ impl Agent {
             self.report.header().lost_lines.fetch_add(1, Relaxed);
         }
     }
+}
+
+/// What an entry filter reads: the arguments it names (a USDT probe's
+/// from its spec), the thread id, the process id if it names it.
+/// Async-signal-safe.
+fn entry_values(cx: &EntryContext<'_>, f: &Filter, usdt: bool) -> Values {
+    let mut v = Values {
+        tid: i64::from(cx.tid()),
+        ..Values::default()
+    };
+    if let Some(max) = f.max_arg() {
+        for n in 0..=usize::from(max) {
+            v.args[n] = if usdt {
+                cx.usdt_arg(n).unwrap_or(0)
+            } else {
+                cx.arg(n).unwrap_or(0) as i64
+            };
+        }
+    }
+    if f.uses_pid() {
+        v.pid = i64::from(std::process::id());
+    }
+    v
 }
 
 /// A line formatted on the stack (no allocation: usable in a handler).

@@ -47,7 +47,9 @@ struct Args {
     /// object: `libz.so.1:deflate`; patterns: `libsqlite3.so.0:sqlite3_*`,
     /// `str*`; C++ and Rust names as written: `ns::Widget::draw`,
     /// `std::vector<*>::push_back`, `myapp::parse*`; with argument types
-    /// for --print: `open(str,int)`. Repeatable.
+    /// for --print: `open(str,int)`; with a filter: `malloc if arg0 >=
+    /// 4096`, `read if ret < 0`, `f if tid == 12 || arg1 != 0` (argN, ret,
+    /// pid, tid, integers; == != < <= > >=; && ||). Repeatable.
     #[arg(short = 'f', long = "function", value_name = "LIST")]
     functions: Vec<String>,
     /// Function names patterns leave out (`*_internal`), comma-separated.
@@ -157,25 +159,31 @@ fn plan(args: &Args) -> Result<Plan, String> {
     for list in &args.functions {
         for f in split_list(list) {
             let (target, types) = spec::parse_function(f)?;
-            plan.probes.push(ProbeSpec {
-                args: types,
-                latency: args.latency,
-                print: args.print,
-                stacks: args.stacks.is_some(),
-                trap_only: args.breakpoints,
-                ..ProbeSpec::counting(target)
-            });
+            plan.probes.push(with_filter(
+                f,
+                ProbeSpec {
+                    args: types,
+                    latency: args.latency,
+                    print: args.print,
+                    stacks: args.stacks.is_some(),
+                    trap_only: args.breakpoints,
+                    ..ProbeSpec::counting(target)
+                },
+            )?);
         }
     }
     for u in &args.usdt {
         let (target, types) = spec::parse_usdt(u)?;
-        plan.probes.push(ProbeSpec {
-            args: types,
-            print: args.print,
-            stacks: args.stacks.is_some(),
-            trap_only: args.breakpoints,
-            ..ProbeSpec::counting(target)
-        });
+        plan.probes.push(with_filter(
+            u,
+            ProbeSpec {
+                args: types,
+                print: args.print,
+                stacks: args.stacks.is_some(),
+                trap_only: args.breakpoints,
+                ..ProbeSpec::counting(target)
+            },
+        )?);
     }
     for h in &args.hist {
         let (target, drawn) = spec::parse_hist(h)?;
@@ -212,6 +220,46 @@ fn plan(args: &Args) -> Result<Plan, String> {
         ));
     }
     Ok(plan)
+}
+
+/// `probe` with the filter after ` if ` in its spec `text`, if any,
+/// refused where it cannot apply: an argument the probe does not have (of
+/// those its types name), a return value a USDT probe does not have, or
+/// one whose call is known only at the return while `--print`, an
+/// argument's `--hist` or `--stacks` act at the entry.
+fn with_filter(text: &str, mut probe: ProbeSpec) -> Result<ProbeSpec, String> {
+    let (_, filter) = spec::split_filter(text)?;
+    let Some(filter) = filter else {
+        return Ok(probe);
+    };
+    let label = probe.label();
+    if let Some(n) = filter.max_arg()
+        && !probe.args.is_empty()
+        && usize::from(n) >= probe.args.len()
+    {
+        return Err(format!(
+            "{text:?}: the filter reads arg{n}, but {label} has {} argument{}",
+            probe.args.len(),
+            if probe.args.len() == 1 { "" } else { "s" }
+        ));
+    }
+    if filter.uses_ret() {
+        if matches!(probe.target, spec::Target::Usdt { .. }) {
+            return Err(format!("{text:?}: a USDT probe has no return value"));
+        }
+        if filter.max_arg().is_some() {
+            return Err(format!(
+                "{text:?}: a filter on ret decides at the return, where the arguments are gone: test ret, pid and tid"
+            ));
+        }
+        if probe.print || probe.stacks {
+            return Err(format!(
+                "{text:?}: a filter on ret decides at the return: --print and --stacks act at the entry"
+            ));
+        }
+    }
+    probe.filter = Some(filter);
+    Ok(probe)
 }
 
 /// A positive number of seconds, for `--duration`.

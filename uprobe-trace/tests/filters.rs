@@ -1,0 +1,118 @@
+//! Filters on a probe (`if ...`), checked against a program whose calls
+//! are known: `f(x)` called with x = 0..1000 on the main thread and with
+//! x = 5000..5300 on a second thread, returning 2x.
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Whether an emulator (qemu-user) runs this test: the program built
+/// would be the host's.
+fn emulated() -> bool {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    std::fs::read_link("/proc/self/exe").ok()
+        != std::fs::read_link(format!("/proc/self/task/{tid}/exe")).ok()
+}
+
+/// The program; `None` (reason printed) without a C compiler or under an
+/// emulator.
+fn program() -> Option<PathBuf> {
+    if emulated() {
+        println!("skipped: under an emulator, the program would be the host's");
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("uprobe-trace-filters-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).ok()?;
+    let source = dir.join("calls.c");
+    std::fs::write(
+        &source,
+        "#include <pthread.h>\n\
+         __attribute__((noinline)) long f(long x) { __asm__ volatile(\"\"); return 2 * x; }\n\
+         static void *other(void *arg) { long s = 0; for (long x = 5000; x < 5300; x++) s += f(x); return (void *)s; }\n\
+         int main(void) {\n\
+           pthread_t t; pthread_create(&t, 0, other, 0); pthread_join(t, 0);\n\
+           long s = 0; for (long x = 0; x < 1000; x++) s += f(x);\n\
+           return s == 42;\n\
+         }\n",
+    )
+    .ok()?;
+    let out = dir.join("calls");
+    match Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&source)
+        .output()
+    {
+        Ok(o) if o.status.success() => Some(out),
+        Ok(o) => {
+            println!("skipped: cc failed: {}", String::from_utf8_lossy(&o.stderr));
+            None
+        }
+        Err(e) => {
+            println!("skipped: no C compiler: {e}");
+            None
+        }
+    }
+}
+
+/// The calls each `-f` spec counts (in order), and the report.
+fn counts(program: &PathBuf, specs: &[&str]) -> (Vec<u64>, String) {
+    let mut args = Vec::new();
+    for s in specs {
+        args.extend(["-f", s]);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_uprobe-trace"))
+        .args(&args)
+        .arg("--")
+        .arg(program)
+        .output()
+        .expect("run uprobe-trace");
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{report}");
+    let n = report
+        .lines()
+        .filter_map(|l| l.strip_prefix("f: "))
+        .map(|rest| rest.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    (n, report)
+}
+
+#[test]
+fn filters_count_the_calls_they_select() {
+    let Some(program) = program() else { return };
+    let (n, report) = counts(
+        &program,
+        &[
+            "f",
+            "f if arg0 >= 5000",
+            "f if arg0 < 10 || arg0 == 5299",
+            "f if ret < 20",
+            "f if ret >= 10000 && ret != 10002",
+            "f if tid == pid",
+            "f if tid != pid && arg0 > 5200",
+        ],
+    );
+    assert_eq!(n, [1300, 300, 11, 10, 299, 1000, 99], "{report}");
+}
+
+#[test]
+fn filters_that_cannot_apply_are_refused_at_start() {
+    let Some(program) = program() else { return };
+    for (spec, why) in [
+        ("f(long) if arg1 > 0", "reads arg1, but f has 1 argument"),
+        ("f if arg6 > 0", "arg0 to arg5"),
+        ("f if size > 0", "not argN, ret, pid, tid or an integer"),
+        ("f if ret > 0 && arg0 > 0", "the arguments are gone"),
+        ("f if", "not a function name"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_uprobe-trace"))
+            .args(["-f", spec, "--"])
+            .arg(&program)
+            .output()
+            .expect("run uprobe-trace");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{spec}: {err}");
+        assert!(err.contains(why), "{spec}: {err}");
+    }
+}
