@@ -80,6 +80,8 @@ pub mod env {
     pub const PROBES: &str = "UPROBE_TRACE_PROBES";
     /// The file descriptor `--print` lines go to.
     pub const PRINT_FD: &str = "UPROBE_TRACE_PRINT_FD";
+    /// The `--flow` file's path.
+    pub const FLOW: &str = "UPROBE_TRACE_FLOW";
     /// `0`: programs the traced one runs are not traced.
     pub const FOLLOW: &str = "UPROBE_TRACE_FOLLOW";
     /// The dynamic linker's preload list, which carries the agent.

@@ -39,7 +39,8 @@ pub fn display(symbol: &str) -> String {
 
 /// `name` without a trailing parameter list and what follows it (a C++
 /// name's `(int) const`); the whole name if it has none.
-fn without_params(name: &str) -> &str {
+#[must_use]
+pub fn without_params(name: &str) -> &str {
     if !name.ends_with(')') && !name.ends_with("const") && !name.ends_with('&') {
         return name;
     }

@@ -150,6 +150,8 @@ pub struct ProbeSpec {
     pub trap_only: bool,
     /// Only the calls for which it holds count (`if ...`).
     pub filter: Option<Filter>,
+    /// `--flow`: each call and return recorded.
+    pub flow: bool,
 }
 
 impl ProbeSpec {
@@ -165,6 +167,7 @@ impl ProbeSpec {
             stacks: false,
             trap_only: false,
             filter: None,
+            flow: false,
         }
     }
 
@@ -189,6 +192,7 @@ impl ProbeSpec {
     pub fn wants_return(&self) -> bool {
         matches!(self.target, Target::Function { .. })
             && (self.latency
+                || self.flow
                 || self.print
                 || self.hist == Some(Drawn::Ret)
                 || self.filter.as_ref().is_some_and(Filter::uses_ret))
@@ -198,7 +202,12 @@ impl ProbeSpec {
     /// engine's counting probes count for it.
     #[must_use]
     pub fn only_counts(&self) -> bool {
-        !self.latency && !self.print && self.hist.is_none() && !self.stacks && self.filter.is_none()
+        !self.latency
+            && !self.print
+            && self.hist.is_none()
+            && !self.stacks
+            && self.filter.is_none()
+            && !self.flow
     }
 
     /// Whether the probe only counts calls and times their returns: no
@@ -211,6 +220,7 @@ impl ProbeSpec {
             && self.hist.is_none()
             && !self.stacks
             && self.filter.is_none()
+            && !self.flow
     }
 }
 
@@ -467,6 +477,9 @@ pub fn encode(plan: &Plan) -> String {
         if p.trap_only {
             f.push('b');
         }
+        if p.flow {
+            f.push('w');
+        }
         match p.hist {
             Some(Drawn::Ret) => f.push('r'),
             Some(Drawn::Arg(n)) => {
@@ -577,6 +590,7 @@ pub fn decode(text: &str) -> Result<Plan, String> {
             hist,
             stacks: flags.contains('k'),
             trap_only: flags.contains('b'),
+            flow: flags.contains('w'),
             filter: (!filter.is_empty())
                 .then(|| Filter::parse(filter))
                 .transpose()?,

@@ -41,6 +41,8 @@ impl Agent {
             return builder.time_into(cells);
         }
         let (latency, print, hist, stacks) = (spec.latency, spec.print, spec.hist, spec.stacks);
+        // `--flow`: this slot's calls and returns recorded.
+        let flow = self.flow.as_ref().filter(|_| spec.flow);
         let index = index as u32;
         let usdt = matches!(spec.target, Target::Usdt { .. });
         // Owned by the handlers, freed with them (never in a hit).
@@ -70,6 +72,9 @@ impl Agent {
                 return;
             }
             slot.hits.add(1);
+            if let Some(flow) = flow {
+                flow.append(cx.tid() as u32, index, false, now());
+            }
             if latency {
                 cx.set_cookie(now());
             } else if entry_filtered {
@@ -118,6 +123,9 @@ impl Agent {
                 }
                 slot.hits.add(1);
             }
+            if let Some(flow) = flow {
+                flow.append(cx.tid() as u32, index, true, now());
+            }
             if latency {
                 slot.record_latency(now().wrapping_sub(cx.cookie()));
             }
@@ -130,11 +138,13 @@ impl Agent {
         })
     }
 
-    /// `--print`: the line for a hit (the arguments, as their types say,
-    /// or the first three registers in hexadecimal where none are given).
+    /// `--print`: the line for a hit (the time, the thread, the arguments,
+    /// as their types say, or the first three registers in hexadecimal
+    /// where none are given).
     fn print_entry(&self, label: &str, cx: &EntryContext<'_>, types: &[ArgType]) {
         use core::fmt::Write as _;
         let mut line = Line::default();
+        line.time();
         let _ = write!(line, "{} {label}", cx.tid());
         if cx.usdt_arg_count() > 0 {
             for n in 0..cx.usdt_arg_count() {
@@ -164,6 +174,7 @@ impl Agent {
     fn print_return(&self, label: &str, cx: &ReturnContext<'_>) {
         use core::fmt::Write as _;
         let mut line = Line::default();
+        line.time();
         let value = cx.return_value();
         let _ = if i32::try_from(value as i64).is_ok() {
             write!(line, "{} {label} = {}", cx.tid(), value as i64)
@@ -234,6 +245,14 @@ impl core::fmt::Write for Line {
 }
 
 impl Line {
+    /// Starts the line with the time (`CLOCK_MONOTONIC`, seconds with
+    /// microseconds: the clock `--flow` and the latencies use).
+    fn time(&mut self) {
+        use core::fmt::Write as _;
+        let t = now();
+        let _ = write!(self, "{}.{:06} ", t / 1_000_000_000, t / 1_000 % 1_000_000);
+    }
+
     /// Appends an argument as its type shows it.
     fn value(&mut self, ty: ArgType, raw: u64) {
         use core::fmt::Write as _;

@@ -39,7 +39,7 @@ use std::sync::{Mutex, PoisonError};
 
 use uprobe_core::Probe;
 
-use crate::shared::{KEY_SEP, Report};
+use crate::shared::{Flow, KEY_SEP, Report};
 use crate::spec::{By, Plan};
 use threads::{MAIN_THREAD, gettid};
 
@@ -82,6 +82,8 @@ struct Agent {
     id: u32,
     /// `--by`: the key this process counts under.
     key: Option<String>,
+    /// `--flow`: where calls and returns are recorded.
+    flow: Option<Flow>,
     /// Whether some probe counts stacks.
     stacks: bool,
     /// The objects listed in the report so far (path, bias).
@@ -170,7 +172,8 @@ fn preloaded() {
     if std::env::var(crate::env::FOLLOW).as_deref() == Ok("0") {
         forget_environment();
     }
-    let Some(agent) = begin(report, &plan, print_fd, None) else {
+    let flow = std::env::var_os(crate::env::FLOW).and_then(|p| Flow::open(Path::new(&p)).ok());
+    let Some(agent) = begin(report, &plan, print_fd, None, flow) else {
         return;
     };
     while !agent.ready.load(Acquire) {
@@ -232,7 +235,7 @@ pub unsafe extern "C" fn uprobe_trace_attach(settings: *const libc::c_char) -> l
             (fd >= 0).then_some(fd)
         })
         .flatten();
-    match begin(report, plan, print_fd, Some(Tool::watch(tool))) {
+    match begin(report, plan, print_fd, Some(Tool::watch(tool)), None) {
         Some(_) => 0,
         None => libc::EAGAIN,
     }
@@ -245,6 +248,7 @@ fn begin(
     plan: &str,
     print_fd: Option<i32>,
     tool: Option<Tool>,
+    flow: Option<Flow>,
 ) -> Option<&'static Agent> {
     SESSION.store(true, Relaxed);
     let id = report.header().agents.fetch_add(1, Relaxed) as u32 + 1;
@@ -277,6 +281,7 @@ fn begin(
         stacks,
         listed: Mutex::new(HashSet::new()),
         key,
+        flow,
     }));
     AGENT.store(core::ptr::from_ref(agent).cast_mut(), Release);
     // A plain pthread: `std::thread` would set up thread-local state on
@@ -424,6 +429,7 @@ fn forget_environment() {
             crate::env::PROBES,
             crate::env::PRINT_FD,
             crate::env::FOLLOW,
+            crate::env::FLOW,
         ] {
             std::env::remove_var(var);
         }

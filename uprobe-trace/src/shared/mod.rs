@@ -11,9 +11,11 @@
 //! in chunks that the file grows by as functions are matched, each chunk
 //! with its slots' counters. Every process maps the chunks it uses.
 
+mod flow;
 mod slots;
 mod stacks;
 
+pub use flow::{Event, Flow};
 pub use slots::{PER_CHUNK, Slot};
 pub use stacks::{MAX_FRAMES, ObjectEntry, StackEntry};
 

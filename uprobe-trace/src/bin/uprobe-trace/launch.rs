@@ -53,6 +53,9 @@ fn run(
     if args.no_follow {
         command.env(uprobe_trace::env::FOLLOW, "0");
     }
+    if session.flow.is_some() {
+        command.env(uprobe_trace::env::FLOW, session.dir.join("flow"));
+    }
     let lines = if args.print {
         let (read, write) = pipe().map_err(|e| Failure::Run(format!("pipe: {e}")))?;
         command.env(uprobe_trace::env::PRINT_FD, write.to_string());

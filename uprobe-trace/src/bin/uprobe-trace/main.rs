@@ -10,6 +10,7 @@
 //! - [`program`]: finding the program and the agent, and what cannot be
 //!   preloaded.
 
+mod flow;
 #[cfg(target_arch = "x86_64")]
 mod inject;
 mod launch;
@@ -100,6 +101,11 @@ struct Args {
     /// Do not trace the programs the traced program runs.
     #[arg(long)]
     no_follow: bool,
+    /// Record each thread's calls and returns of the probed functions and
+    /// write them nested, with durations, to FILE (`-`: standard output),
+    /// as `uftrace replay` shows them.
+    #[arg(long, value_name = "FILE", conflicts_with = "pid")]
+    flow: Option<PathBuf>,
     /// Break the counts down by KEY: `pid` or `comm` (each process counts
     /// under its key, at no cost a call; a fork child that does not exec
     /// counts under its parent's).
@@ -167,6 +173,7 @@ fn plan(args: &Args) -> Result<Plan, String> {
                     print: args.print,
                     stacks: args.stacks.is_some(),
                     trap_only: args.breakpoints,
+                    flow: args.flow.is_some(),
                     ..ProbeSpec::counting(target)
                 },
             )?);
@@ -252,9 +259,9 @@ fn with_filter(text: &str, mut probe: ProbeSpec) -> Result<ProbeSpec, String> {
                 "{text:?}: a filter on ret decides at the return, where the arguments are gone: test ret, pid and tid"
             ));
         }
-        if probe.print || probe.stacks {
+        if probe.print || probe.stacks || probe.flow {
             return Err(format!(
-                "{text:?}: a filter on ret decides at the return: --print and --stacks act at the entry"
+                "{text:?}: a filter on ret decides at the return: --print, --stacks and --flow act at the entry"
             ));
         }
     }

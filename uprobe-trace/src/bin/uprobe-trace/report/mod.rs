@@ -12,7 +12,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 
-use uprobe_trace::shared::{BUCKETS, Report, Slot, split_key};
+use uprobe_trace::shared::{BUCKETS, Flow, Report, Slot, split_key};
+
+/// Calls and returns `--flow` keeps, the first ones (a sparse file: 16
+/// bytes each, 128 MiB when full).
+const FLOW_RECORDS: usize = 1 << 23;
 use uprobe_trace::spec::{Plan, ProbeSpec};
 
 use crate::{Args, End, Failure};
@@ -22,6 +26,8 @@ use text::{listing, text};
 /// A report file and its path, in a directory of the session's own.
 pub struct Session {
     pub report: Report,
+    /// `--flow`'s records (in the directory too).
+    pub flow: Option<Flow>,
     pub path: PathBuf,
     /// The session's directory (mode 0700: no other user reaches the
     /// report or the `--print` FIFO in it).
@@ -39,7 +45,21 @@ impl Session {
             let _ = std::fs::remove_dir(&dir);
             Failure::Run(format!("cannot create {}: {e}", path.display()))
         })?;
-        Ok(Self { report, path, dir })
+        let flow = if plan.probes.iter().any(|p| p.flow) {
+            let at = dir.join("flow");
+            Some(Flow::create(&at, FLOW_RECORDS).map_err(|e| {
+                let _ = std::fs::remove_dir_all(&dir);
+                Failure::Run(format!("cannot create {}: {e}", at.display()))
+            })?)
+        } else {
+            None
+        };
+        Ok(Self {
+            report,
+            flow,
+            path,
+            dir,
+        })
     }
 
     /// Hands the directory and what is in it to user `uid` (a process of
@@ -85,6 +105,9 @@ impl Session {
         self.print(plan, end);
         if let Some(path) = &args.stacks {
             crate::stacks::write(&self.report, path)?;
+        }
+        if let (Some(path), Some(flow)) = (&args.flow, &self.flow) {
+            crate::flow::write(&self.report, flow, path)?;
         }
         let Some(path) = &args.json else {
             return Ok(());

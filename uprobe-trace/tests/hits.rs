@@ -1,10 +1,13 @@
-//! Filters on a probe (`if ...`), checked against a program whose calls
-//! are known: `f(x)` called with x = 0..1000 on the main thread and with
-//! x = 5000..5300 on a second thread, returning 2x.
+//! What a hit does beyond counting, checked against a program whose calls
+//! are known: filters (`if ...`) on `f(x)`, called with x = 0..1000 on the
+//! main thread and with x = 5000..5300 on a second thread, returning 2x;
+//! and `--flow` on `outer`, which calls `inner` twice, called three times
+//! on the main thread after `inner` ran once on the second thread.
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 
 /// Whether an emulator (qemu-user) runs this test: the program built
 /// would be the host's.
@@ -15,9 +18,15 @@ fn emulated() -> bool {
         != std::fs::read_link(format!("/proc/self/task/{tid}/exe")).ok()
 }
 
-/// The program; `None` (reason printed) without a C compiler or under an
-/// emulator.
+/// The program, built once per test process (the tests run at once: one
+/// rebuilding it would change the file under another's traced process);
+/// `None` (reason printed) without a C compiler or under an emulator.
 fn program() -> Option<PathBuf> {
+    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BUILT.get_or_init(build).clone()
+}
+
+fn build() -> Option<PathBuf> {
     if emulated() {
         println!("skipped: under an emulator, the program would be the host's");
         return None;
@@ -29,10 +38,13 @@ fn program() -> Option<PathBuf> {
         &source,
         "#include <pthread.h>\n\
          __attribute__((noinline)) long f(long x) { __asm__ volatile(\"\"); return 2 * x; }\n\
-         static void *other(void *arg) { long s = 0; for (long x = 5000; x < 5300; x++) s += f(x); return (void *)s; }\n\
+         __attribute__((noinline)) long inner(long x) { __asm__ volatile(\"\"); return x + 1; }\n\
+         __attribute__((noinline)) long outer(long x) { return inner(x) + inner(x + 1); }\n\
+         static void *other(void *arg) { long s = inner(7); for (long x = 5000; x < 5300; x++) s += f(x); return (void *)s; }\n\
          int main(void) {\n\
            pthread_t t; pthread_create(&t, 0, other, 0); pthread_join(t, 0);\n\
            long s = 0; for (long x = 0; x < 1000; x++) s += f(x);\n\
+           for (long x = 0; x < 3; x++) s += outer(x);\n\
            return s == 42;\n\
          }\n",
     )
@@ -115,4 +127,59 @@ fn filters_that_cannot_apply_are_refused_at_start() {
         assert_eq!(out.status.code(), Some(2), "{spec}: {err}");
         assert!(err.contains(why), "{spec}: {err}");
     }
+}
+
+#[test]
+fn flow_nests_each_thread_s_calls() {
+    let Some(program) = program() else { return };
+    let out = Command::new(env!("CARGO_BIN_EXE_uprobe-trace"))
+        .args(["--flow", "-", "-f", "outer,inner", "--"])
+        .arg(&program)
+        .output()
+        .expect("run uprobe-trace");
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{report}");
+    let flow = String::from_utf8_lossy(&out.stdout);
+    let mut lines = flow.lines();
+    assert_eq!(
+        lines.next(),
+        Some("# DURATION     TID     FUNCTION"),
+        "{flow}"
+    );
+    // Each line: the duration (blank on an opening line), the thread,
+    // then the call, indented.
+    let body: Vec<(String, String)> = lines
+        .map(|l| {
+            let (head, call) = l.split_once(" | ").expect("a flow line");
+            let tid = head[head.find('[').unwrap() + 1..head.find(']').unwrap()].trim();
+            (tid.to_string(), call.to_string())
+        })
+        .collect();
+    let pid_tid = body
+        .iter()
+        .find(|(_, c)| c == "outer() {")
+        .expect("outer")
+        .0
+        .clone();
+    let main: Vec<&str> = body
+        .iter()
+        .filter(|(t, _)| *t == pid_tid)
+        .map(|(_, c)| c.as_str())
+        .collect();
+    let one = ["outer() {", "  inner();", "  inner();", "} /* outer */"];
+    assert_eq!(main, [one, one, one].concat(), "{flow}");
+    let other: Vec<&str> = body
+        .iter()
+        .filter(|(t, _)| *t != pid_tid)
+        .map(|(_, c)| c.as_str())
+        .collect();
+    assert_eq!(other, ["inner();"], "{flow}");
+    // Every line that closes a call has a duration.
+    assert!(
+        flow.lines()
+            .filter(|l| l.contains("inner();") || l.contains("} /*"))
+            .all(|l| l.trim_start().split(' ').nth(1) == Some("us")
+                || l.trim_start().split(' ').nth(1) == Some("ms")),
+        "{flow}"
+    );
 }
