@@ -5,18 +5,11 @@
 //! on the main thread after `inner` ran once on the second thread.
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
-
-/// Whether an emulator (qemu-user) runs this test: the program built
-/// would be the host's.
-fn emulated() -> bool {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
-    std::fs::read_link("/proc/self/exe").ok()
-        != std::fs::read_link(format!("/proc/self/task/{tid}/exe")).ok()
-}
 
 /// The program, built once per test process (the tests run at once: one
 /// rebuilding it would change the file under another's traced process);
@@ -27,10 +20,6 @@ fn program() -> Option<PathBuf> {
 }
 
 fn build() -> Option<PathBuf> {
-    if emulated() {
-        println!("skipped: under an emulator, the program would be the host's");
-        return None;
-    }
     let dir = std::env::temp_dir().join(format!("uprobe-trace-filters-{}", std::process::id()));
     std::fs::create_dir_all(&dir).ok()?;
     let source = dir.join("calls.c");
@@ -50,22 +39,11 @@ fn build() -> Option<PathBuf> {
     )
     .ok()?;
     let out = dir.join("calls");
-    match Command::new("cc")
-        .args(["-O1", "-pthread", "-o"])
-        .arg(&out)
-        .arg(&source)
-        .output()
-    {
-        Ok(o) if o.status.success() => Some(out),
-        Ok(o) => {
-            println!("skipped: cc failed: {}", String::from_utf8_lossy(&o.stderr));
-            None
-        }
-        Err(e) => {
-            println!("skipped: no C compiler: {e}");
-            None
-        }
-    }
+    common::compile(
+        "cc",
+        &["-O1", "-pthread", "-o", out.to_str()?, source.to_str()?],
+    )?;
+    Some(out)
 }
 
 /// The calls each `-f` spec counts (in order), and the report.

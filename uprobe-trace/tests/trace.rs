@@ -4,20 +4,12 @@
 //! `bpftrace` (kernel uprobes) where it can run.
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
-
-/// Whether an emulator (qemu-user) runs this test: it answers
-/// `/proc/self/exe` for the program, but not the per-task entries. The
-/// programs the tests build are the host's then, not the target's.
-fn emulated() -> bool {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
-    std::fs::read_link("/proc/self/exe").ok()
-        != std::fs::read_link(format!("/proc/self/task/{tid}/exe")).ok()
-}
 
 /// The workload, built once per test process; `None` (reason printed)
 /// without a C compiler, or under an emulator.
@@ -25,7 +17,7 @@ fn workload() -> Option<PathBuf> {
     static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            if emulated() {
+            if common::emulated() {
                 println!("skipped: under an emulator, the workload would be the host's");
                 return None;
             }
@@ -232,7 +224,7 @@ fn what_cannot_be_traced_is_said() {
 #[test]
 fn python_garbage_collections() {
     let python = "/usr/bin/python3";
-    if emulated() || !std::path::Path::new(python).exists() {
+    if common::emulated() || !std::path::Path::new(python).exists() {
         println!("skipped: no {python}");
         return;
     }
@@ -527,7 +519,7 @@ fn a_running_process_that_forks_while_traced() {
 
 #[test]
 fn pid_errors_say_what_to_do() {
-    if emulated() {
+    if common::emulated() {
         println!("skipped: under an emulator, the tool cannot be run from a test");
         return;
     }
@@ -785,7 +777,7 @@ fn a_thread_that_blocks_every_signal_survives_a_breakpoint() {
 /// it runs to the end, and writes what it writes untraced.
 #[test]
 fn xz_with_breakpoints_in_its_workers() {
-    if emulated() || Command::new("xz").arg("--version").output().is_err() {
+    if common::emulated() || Command::new("xz").arg("--version").output().is_err() {
         println!("skipped: no xz (or under an emulator)");
         return;
     }

@@ -4,46 +4,16 @@
 //! with `file:line`).
 #![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-/// Whether an emulator (qemu-user) runs this test: the programs the
-/// tests build would be the host's.
-fn emulated() -> bool {
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
-    std::fs::read_link("/proc/self/exe").ok()
-        != std::fs::read_link(format!("/proc/self/task/{tid}/exe")).ok()
-}
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("uprobe-trace-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// Runs `compiler args`; `None` (reason printed) where it is missing or
-/// fails, or under an emulator.
-fn build(compiler: &str, args: &[&str]) -> Option<()> {
-    if emulated() {
-        println!("skipped: under an emulator, the program would be the host's");
-        return None;
-    }
-    match Command::new(compiler).args(args).output() {
-        Ok(o) if o.status.success() => Some(()),
-        Ok(o) => {
-            println!(
-                "skipped: {compiler} failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            None
-        }
-        Err(e) => {
-            println!("skipped: no {compiler}: {e}");
-            None
-        }
-    }
 }
 
 fn trace(args: &[&str]) -> (Output, String) {
@@ -81,7 +51,7 @@ fn tree(dir: &Path) -> Option<PathBuf> {
     .unwrap();
     let program = dir.join("allocs");
     // -O0: an optimizer may drop a `free(malloc(n))`.
-    build("cc", &["-O0", "-o", program.to_str()?, source.to_str()?])?;
+    common::compile("cc", &["-O0", "-o", program.to_str()?, source.to_str()?])?;
     let script = dir.join("tree.sh");
     std::fs::write(
         &script,
@@ -175,7 +145,7 @@ fn cpp_names_are_matched_and_shown_demangled_with_lines() {
     )
     .unwrap();
     let program = dir.join("widget");
-    let built = build(
+    let built = common::compile(
         "c++",
         &[
             "-O0",
@@ -269,7 +239,7 @@ fn rust_names_are_matched_and_shown_demangled_with_lines() {
     .unwrap();
     let program = dir.join("app");
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let built = build(
+    let built = common::compile(
         &rustc,
         &[
             "-g",

@@ -129,24 +129,8 @@ impl Flow {
     }
 
     fn map(file: &std::fs::File, len: usize) -> io::Result<Self> {
-        use std::os::fd::AsRawFd as _;
-        // SAFETY: a shared mapping of the whole file; the fd may be closed
-        // afterwards.
-        let p = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Self {
-            base: p.cast(),
+            base: super::map_shared(file, len)?,
             len,
             per_shard: 0,
         })

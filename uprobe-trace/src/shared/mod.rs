@@ -244,26 +244,12 @@ impl Report {
 
     /// Maps the part of the file before the chunks.
     fn map(path: &Path, file: &std::fs::File) -> io::Result<Self> {
-        use std::os::fd::AsRawFd as _;
         let path = CString::new(path.as_os_str().as_bytes())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        // SAFETY: a shared mapping of the file's first `BASE` bytes (its
-        // length was set or checked); the fd may be closed afterwards.
-        let p = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                slots::BASE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        // The file's first `BASE` bytes: its length was set or checked.
+        let base = map_shared(file, slots::BASE)?;
         Ok(Self {
-            base: p.cast(),
+            base,
             len: slots::BASE,
             path,
             cells: 0,
@@ -309,6 +295,28 @@ impl Drop for Report {
         // SAFETY: nothing can use the report once it is dropped.
         unsafe { self.unmap() };
     }
+}
+
+/// A shared read-write mapping of the first `len` bytes of `file` (the
+/// file may be closed afterwards: the mapping stays).
+fn map_shared(file: &std::fs::File, len: usize) -> io::Result<*mut u8> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: a shared mapping of a file the caller sized; no memory of
+    // ours is touched.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
 }
 
 /// The sizes of the report's records, in one word.

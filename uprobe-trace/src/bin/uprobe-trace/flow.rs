@@ -116,13 +116,7 @@ pub fn write(report: &Report, flow: &Flow, path: &Path) -> Result<(), Failure> {
             "# {lost} calls and returns not recorded: the flow file was full"
         );
     }
-    if path.as_os_str() == "-" {
-        print!("{text}");
-        Ok(())
-    } else {
-        std::fs::write(path, text)
-            .map_err(|e| Failure::Run(format!("cannot write {}: {e}", path.display())))
-    }
+    crate::write_output(path, &text)
 }
 
 #[cfg(test)]

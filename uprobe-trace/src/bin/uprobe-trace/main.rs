@@ -269,6 +269,17 @@ fn with_filter(text: &str, mut probe: ProbeSpec) -> Result<ProbeSpec, String> {
     Ok(probe)
 }
 
+/// Writes an output the user asked for to `path` (`-`: standard output).
+fn write_output(path: &std::path::Path, text: &str) -> Result<(), Failure> {
+    if path.as_os_str() == "-" {
+        print!("{text}");
+        Ok(())
+    } else {
+        std::fs::write(path, text)
+            .map_err(|e| Failure::Run(format!("cannot write {}: {e}", path.display())))
+    }
+}
+
 /// A positive number of seconds, for `--duration`.
 fn positive_seconds(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {

@@ -163,11 +163,5 @@ pub fn write(report: &Report, path: &Path) -> Result<(), Failure> {
     if lost > 0 {
         eprintln!("uprobe-trace: {lost} hits' stacks not kept (the table is full)");
     }
-    if path.as_os_str() == "-" {
-        print!("{text}");
-        Ok(())
-    } else {
-        std::fs::write(path, text)
-            .map_err(|e| Failure::Run(format!("cannot write {}: {e}", path.display())))
-    }
+    crate::write_output(path, &text)
 }

@@ -114,13 +114,7 @@ impl Session {
         };
         let text = serde_json::to_string_pretty(&json(&self.report, plan))
             .map_err(|e| Failure::Run(format!("json: {e}")))?;
-        if path.as_os_str() == "-" {
-            println!("{text}");
-            Ok(())
-        } else {
-            std::fs::write(path, text + "\n")
-                .map_err(|e| Failure::Run(format!("cannot write {}: {e}", path.display())))
-        }
+        crate::write_output(path, &(text + "\n"))
     }
 }
 
