@@ -13,6 +13,9 @@ use libfuzzer_sys::fuzz_target;
 #[path = "../../uprobe-trace/src/filter.rs"]
 #[allow(dead_code)]
 mod filter;
+#[path = "../../uprobe-trace/src/by.rs"]
+#[allow(dead_code)]
+mod by;
 #[path = "../../uprobe-trace/src/spec.rs"]
 #[allow(dead_code)]
 mod spec;

@@ -63,6 +63,7 @@ compile_error!("uprobe-trace supports Linux only (LD_PRELOAD, uprobe-core)");
     not(pcpu_force_generic)
 ))]
 mod agent;
+pub mod by;
 pub mod filter;
 pub mod names;
 pub mod shared;

@@ -4,6 +4,7 @@
 //! plus the value a `--hist` draws, as the command line says them and as
 //! the tool hands them to the agent.
 
+pub use crate::by::{By, parse_by};
 use crate::filter::Filter;
 
 /// How `--print` shows an argument (and `--hist` reads it).
@@ -408,43 +409,6 @@ pub struct Plan {
     pub list: bool,
     /// `--by`: the key each process counts under.
     pub by: Option<By>,
-}
-
-/// `--by KEY`: what the counts break down by. Each process counts into
-/// slots of its own key (the probes' cost is unchanged): a process's
-/// fork children that do not exec count under its key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum By {
-    /// The process id.
-    Pid,
-    /// The process's name (`/proc/self/comm`, as an exec set it).
-    Comm,
-}
-
-impl By {
-    /// The key's name, as `--by` takes it.
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Pid => "pid",
-            Self::Comm => "comm",
-        }
-    }
-}
-
-/// Parses `--by`'s key.
-pub fn parse_by(text: &str) -> Result<By, String> {
-    match text {
-        "pid" => Ok(By::Pid),
-        "comm" => Ok(By::Comm),
-        "tid" | "caller" | "ret" => Err(format!(
-            "--by {text}: not yet (pid and comm break down at no cost a call; {text} needs a handler in every hit)"
-        )),
-        _ if text.starts_with("arg") => Err(format!(
-            "--by {text}: not yet (pid and comm break down at no cost a call; an argument needs a handler in every hit)"
-        )),
-        _ => Err(format!("--by {text:?}: pid or comm")),
-    }
 }
 
 impl Plan {

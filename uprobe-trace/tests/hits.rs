@@ -161,3 +161,51 @@ fn flow_nests_each_thread_s_calls() {
         "{flow}"
     );
 }
+
+/// `inner`'s calls by `--by` key, from the JSON report.
+fn inner_by(program: &PathBuf, key: &str) -> std::collections::BTreeMap<String, u64> {
+    let json =
+        std::env::temp_dir().join(format!("uprobe-trace-by-{key}-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_uprobe-trace"))
+        .args(["--by", key, "-f", "inner", "--json"])
+        .arg(&json)
+        .arg("--")
+        .arg(program)
+        .output()
+        .expect("run uprobe-trace");
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{report}");
+    let text = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["probes"][0]["calls"], 7, "{text}");
+    v["probes"][0]["by"]
+        .as_object()
+        .expect("a breakdown")
+        .iter()
+        .map(|(k, n)| (k.clone(), n.as_u64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn counts_break_down_by_keys_read_in_the_hit() {
+    let Some(program) = program() else { return };
+    let pairs = |p: &[(&str, u64)]| p.iter().map(|(k, n)| ((*k).to_string(), *n)).collect();
+    // outer(x) calls inner(x) and inner(x + 1), x = 0, 1, 2; the second
+    // thread calls inner(7); inner returns its argument plus one.
+    assert_eq!(
+        inner_by(&program, "caller"),
+        pairs(&[("outer", 6), ("other", 1)])
+    );
+    assert_eq!(
+        inner_by(&program, "arg0"),
+        pairs(&[("0", 1), ("1", 2), ("2", 2), ("3", 1), ("7", 1)])
+    );
+    assert_eq!(
+        inner_by(&program, "ret"),
+        pairs(&[("1", 1), ("2", 2), ("3", 2), ("4", 1), ("8", 1)])
+    );
+    let mut by_tid: Vec<u64> = inner_by(&program, "tid").into_values().collect();
+    by_tid.sort_unstable();
+    assert_eq!(by_tid, [1, 6]);
+}

@@ -12,9 +12,30 @@ use uprobe_core::{EntryContext, ReturnContext, Uprobe};
 use pcpu::unstable::time::monotonic_ns as now;
 
 use super::Agent;
+use crate::by::By;
 use crate::filter::{Filter, Values};
+use crate::shared::Flow;
 use crate::shared::{MAX_FRAMES, Slot};
 use crate::spec::{ArgType, Drawn, ProbeSpec, Target, Value};
+
+/// What a probe's return handler does (owned by it, freed with it).
+#[allow(clippy::struct_excessive_bools)] // what the command line asked for
+struct OnReturn {
+    slot: &'static Slot,
+    index: u32,
+    latency: bool,
+    print: bool,
+    /// `--hist F:ret`.
+    hist_ret: bool,
+    /// `--by ret`.
+    by_ret: bool,
+    flow: Option<&'static Flow>,
+    /// The probe has a filter: a call its entry did not count has cookie 0.
+    filtered: bool,
+    /// A filter on the return value, tested here.
+    filter: Option<Box<Filter>>,
+    label: Box<str>,
+}
 
 impl Agent {
     /// `builder` with the handlers `spec` needs, counting into `slot`.
@@ -25,7 +46,10 @@ impl Agent {
         builder: Uprobe,
     ) -> Uprobe {
         let index = self.report.index_of(slot);
-        if spec.only_counts()
+        // A `--by` key read in the hit needs a handler.
+        let by = self.plan.by.filter(|b| b.in_hit());
+        if by.is_none()
+            && spec.only_counts()
             && let Some(cells) = self.report.count_cells(index)
         {
             // No handler: the trampoline counts each call itself, on its
@@ -33,7 +57,8 @@ impl Agent {
             // threads are not observed, so their calls count nothing.
             return builder.count_into(cells);
         }
-        if spec.only_times()
+        if by.is_none()
+            && spec.only_times()
             && let Some(cells) = self.report.latency_cells(index)
         {
             // No handler either: the entry and the return count and time
@@ -72,6 +97,9 @@ impl Agent {
                 return;
             }
             slot.hits.add(1);
+            if let Some(key) = by.and_then(|b| entry_key(cx, b, usdt)) {
+                self.report.record_key(index, self.id, key);
+            }
             if let Some(flow) = flow {
                 flow.append(cx.tid() as u32, index, false, now());
             }
@@ -99,43 +127,61 @@ impl Agent {
                 self.report.record_stack(index, self.id, &frames[..n]);
             }
         });
-        if !spec.wants_return() {
+        let by_ret = by == Some(By::Ret) && !usdt;
+        if !spec.wants_return() && !by_ret {
             return builder;
         }
-        let filtered = return_filter.is_some() || spec.filter.is_some();
-        builder.on_return(move |cx| {
-            if filtered && cx.cookie() == 0 {
-                return; // the entry's filter did not hold
+        let on_return = OnReturn {
+            slot,
+            index,
+            latency,
+            print,
+            hist_ret: hist == Some(Drawn::Ret),
+            by_ret,
+            flow,
+            filtered: spec.filter.is_some(),
+            filter: return_filter,
+            label: return_label,
+        };
+        builder.on_return(move |cx| self.returned(cx, &on_return))
+    }
+
+    /// What a return does. Async-signal-safe.
+    fn returned(&self, cx: &ReturnContext<'_>, r: &OnReturn) {
+        if r.filtered && cx.cookie() == 0 {
+            return; // the entry's filter did not hold
+        }
+        if let Some(f) = r.filter.as_deref() {
+            let v = Values {
+                ret: cx.return_value() as i64,
+                pid: if f.uses_pid() {
+                    i64::from(std::process::id())
+                } else {
+                    0
+                },
+                tid: i64::from(cx.tid()),
+                ..Values::default()
+            };
+            if !f.holds(&v) {
+                return;
             }
-            if let Some(f) = return_filter.as_deref() {
-                let v = Values {
-                    ret: cx.return_value() as i64,
-                    pid: if f.uses_pid() {
-                        i64::from(std::process::id())
-                    } else {
-                        0
-                    },
-                    tid: i64::from(cx.tid()),
-                    ..Values::default()
-                };
-                if !f.holds(&v) {
-                    return;
-                }
-                slot.hits.add(1);
-            }
-            if let Some(flow) = flow {
-                flow.append(cx.tid() as u32, index, true, now());
-            }
-            if latency {
-                slot.record_latency(now().wrapping_sub(cx.cookie()));
-            }
-            if hist == Some(Drawn::Ret) {
-                slot.record_value(Value::Signed(cx.return_value() as i64));
-            }
-            if print {
-                self.print_return(&return_label, cx);
-            }
-        })
+            r.slot.hits.add(1);
+        }
+        if r.by_ret {
+            self.report.record_key(r.index, self.id, cx.return_value());
+        }
+        if let Some(flow) = r.flow {
+            flow.append(cx.tid() as u32, r.index, true, now());
+        }
+        if r.latency {
+            r.slot.record_latency(now().wrapping_sub(cx.cookie()));
+        }
+        if r.hist_ret {
+            r.slot.record_value(Value::Signed(cx.return_value() as i64));
+        }
+        if r.print {
+            self.print_return(&r.label, cx);
+        }
     }
 
     /// `--print`: the line for a hit (the time, the thread, the arguments,
@@ -193,6 +239,28 @@ impl Agent {
         if written != line.len as isize {
             self.report.header().lost_lines.fetch_add(1, Relaxed);
         }
+    }
+}
+
+/// A `--by` key read at the entry: the thread, the caller's return
+/// address, an argument. Async-signal-safe.
+fn entry_key(cx: &EntryContext<'_>, by: By, usdt: bool) -> Option<u64> {
+    match by {
+        By::Tid => Some(cx.tid() as u64),
+        By::Caller => {
+            // frames[0] is the probed function, frames[1] its caller.
+            let mut frames = [0usize; 2];
+            (cx.user_stack(&mut frames) == 2).then_some(frames[1] as u64)
+        }
+        By::Arg(n) => {
+            let n = usize::from(n);
+            if usdt {
+                cx.usdt_arg(n).map(|v| v as u64)
+            } else {
+                cx.arg(n)
+            }
+        }
+        By::Pid | By::Comm | By::Ret => None,
     }
 }
 

@@ -260,12 +260,16 @@ fn begin(
             return None;
         }
     };
-    let stacks = plan.probes.iter().any(|p| p.stacks);
-    let key = plan.by.map(|by| match by {
-        By::Pid => std::process::id().to_string(),
-        By::Comm => std::fs::read_to_string("/proc/self/comm")
-            .map_or_else(|_| "?".into(), |c| c.trim_end().replace(KEY_SEP, "?")),
-    });
+    // Stacks and callers are symbolized in the objects the agent lists.
+    let stacks = plan.probes.iter().any(|p| p.stacks) || plan.by == Some(By::Caller);
+    let key = match plan.by {
+        Some(By::Pid) => Some(std::process::id().to_string()),
+        Some(By::Comm) => Some(
+            std::fs::read_to_string("/proc/self/comm")
+                .map_or_else(|_| "?".into(), |c| c.trim_end().replace(KEY_SEP, "?")),
+        ),
+        _ => None,
+    };
     let agent: &'static Agent = Box::leak(Box::new(Agent {
         state: Mutex::new(vec![(HashSet::new(), false); plan.probes.len()]),
         report,

@@ -17,7 +17,7 @@ mod stacks;
 
 pub use flow::{Event, Flow};
 pub use slots::{PER_CHUNK, Slot};
-pub use stacks::{MAX_FRAMES, ObjectEntry, StackEntry};
+pub use stacks::{KEY_BIT, MAX_FRAMES, ObjectEntry, StackEntry};
 
 use std::ffi::CString;
 use std::fs::OpenOptions;

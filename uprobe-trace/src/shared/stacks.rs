@@ -14,6 +14,10 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use super::{Report, get_text, set_text};
 
+/// Marks a slot number in the stack table as a `--by` key's entry (its
+/// one frame is the key), not a stack.
+pub const KEY_BIT: u32 = 1 << 31;
+
 /// Frames kept per stack.
 pub const MAX_FRAMES: usize = 32;
 /// Distinct stacks a report holds.
@@ -88,7 +92,12 @@ impl ObjectEntry {
 /// A hash of the words of a stack and its slot (a multiply and a rotate
 /// per word, then a final mix); never 0.
 fn hash(slot: u32, frames: &[usize]) -> u64 {
-    let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(slot);
+    // The slot mixed in on its own first: (slot a, frame x) and (slot b,
+    // frame y) with a ^ x == b ^ y must not meet (small keys of `--by`
+    // would, all the time).
+    let mut h: u64 = (0x9e37_79b9_7f4a_7c15 ^ u64::from(slot))
+        .wrapping_mul(0xbf58_476d_1ce4_e5b9)
+        .rotate_left(31);
     for &f in frames {
         h = (h ^ f as u64)
             .wrapping_mul(0xbf58_476d_1ce4_e5b9)
@@ -156,6 +165,28 @@ impl Report {
         self.header().lost_stacks.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts one hit of slot `slot` under `--by` key `key` (a thread id,
+    /// a caller's return address, an argument or a return value), in the
+    /// stack table as a stack of one frame. Async-signal-safe.
+    pub fn record_key(&self, slot: u32, agent: u32, key: u64) {
+        self.record_stack(slot | KEY_BIT, agent, &[key as usize]);
+    }
+
+    /// The `--by` keys counted: (slot, agent, key, count).
+    pub fn keys(&self) -> impl Iterator<Item = (u32, u32, u64, u64)> + '_ {
+        self.stacks().iter().filter_map(|e| {
+            let slot = e.slot.load(Ordering::Relaxed);
+            (e.depth.load(Ordering::Acquire) == 1 && slot & KEY_BIT != 0).then(|| {
+                (
+                    slot & !KEY_BIT,
+                    e.agent.load(Ordering::Relaxed),
+                    e.frames[0].load(Ordering::Relaxed),
+                    e.count.sum(),
+                )
+            })
+        })
+    }
+
     /// Lists an object loaded in agent `agent`'s process. Not
     /// async-signal-safe only in that it may be slow.
     pub fn record_object(&self, agent: u32, path: &str, start: u64, end: u64, bias: u64) {
@@ -190,6 +221,9 @@ mod tests {
         report.record_stack(0, 1, &[0x10, 0x20, 0x31]);
         report.record_stack(1, 1, &[0x10, 0x20, 0x30]);
         report.record_stack(0, 1, &[]);
+        // Slot and frame that XOR alike are two entries.
+        report.record_stack(1, 1, &[0x11]);
+        report.record_stack(0x11, 1, &[1]);
         let filled: Vec<(u64, u32, Vec<u64>)> = report
             .stacks()
             .iter()
@@ -206,7 +240,7 @@ mod tests {
                 )
             })
             .collect();
-        assert_eq!(filled.len(), 3);
+        assert_eq!(filled.len(), 5);
         assert!(filled.contains(&(3, 0, vec![0x10, 0x20, 0x30])));
         assert!(filled.contains(&(1, 0, vec![0x10, 0x20, 0x31])));
         assert!(filled.contains(&(1, 1, vec![0x10, 0x20, 0x30])));

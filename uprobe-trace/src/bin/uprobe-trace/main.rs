@@ -108,7 +108,8 @@ struct Args {
     flow: Option<PathBuf>,
     /// Break the counts down by KEY: `pid` or `comm` (each process counts
     /// under its key, at no cost a call; a fork child that does not exec
-    /// counts under its parent's).
+    /// counts under its parent's), or `tid`, `caller`, `arg0`..`arg5`,
+    /// `ret` (read in every hit by a handler).
     #[arg(long, value_name = "KEY", value_parser = spec::parse_by)]
     by: Option<spec::By>,
     /// List the functions and USDT probes the specs match, with their
@@ -216,6 +217,31 @@ fn plan(args: &Args) -> Result<Plan, String> {
         .collect::<Result<_, _>>()?;
     plan.list = args.list;
     plan.by = args.by;
+    if args.by == Some(spec::By::Ret)
+        && let Some(p) = plan
+            .probes
+            .iter()
+            .find(|p| matches!(p.target, spec::Target::Usdt { .. }))
+    {
+        return Err(format!(
+            "--by ret: {} is a USDT probe, which has no return value",
+            p.label()
+        ));
+    }
+    if let Some(by) = args.by.filter(|b| b.in_hit() && *b != spec::By::Ret)
+        && let Some(p) = plan.probes.iter().find(|p| {
+            p.filter
+                .as_ref()
+                .is_some_and(uprobe_trace::filter::Filter::uses_ret)
+        })
+    {
+        return Err(format!(
+            "--by {}: {} counts at the return (its filter tests ret), where the {} is not read",
+            by.name(),
+            p.label(),
+            by.name()
+        ));
+    }
     if plan.probes.is_empty() {
         return Err("nothing to trace: give -f FUNCTIONS, -u PROBE or --hist".into());
     }

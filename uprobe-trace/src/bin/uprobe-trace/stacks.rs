@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
 use object::{Object as _, ObjectSymbol as _, SymbolKind};
-use uprobe_trace::shared::Report;
+use uprobe_trace::shared::{KEY_BIT, Report};
 
 use crate::Failure;
 use crate::lines::Lines;
@@ -71,13 +71,13 @@ impl Symbols {
 }
 
 /// Symbolizes addresses of the agents' processes.
-struct Symbolizer {
+pub struct Symbolizer {
     objects: Vec<Mapped>,
     files: HashMap<PathBuf, Option<Symbols>>,
 }
 
 impl Symbolizer {
-    fn new(report: &Report) -> Self {
+    pub fn new(report: &Report) -> Self {
         let used = report.header().objects_used.load(Relaxed) as usize;
         let objects = report
             .objects()
@@ -101,7 +101,7 @@ impl Symbolizer {
 
     /// The name of the code at `addr` in agent `agent`'s process
     /// (`inside`: look up `addr - 1`, for a return address).
-    fn name(&mut self, agent: u32, addr: u64, inside: bool) -> String {
+    pub fn name(&mut self, agent: u32, addr: u64, inside: bool) -> String {
         let at = if inside { addr.wrapping_sub(1) } else { addr };
         let Some(o) = self
             .objects
@@ -139,7 +139,8 @@ pub fn write(report: &Report, path: &Path) -> Result<(), Failure> {
     for e in report.stacks() {
         let depth = e.depth.load(Acquire) as usize;
         let count = e.count.sum();
-        if depth == 0 || count == 0 {
+        // `--by` keys share the table: not stacks.
+        if depth == 0 || count == 0 || e.slot.load(Relaxed) & KEY_BIT != 0 {
             continue;
         }
         let agent = e.agent.load(Relaxed);

@@ -8,7 +8,7 @@ mod text;
 
 pub use json::openmetrics;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -17,8 +17,9 @@ use uprobe_trace::shared::{BUCKETS, Flow, Report, Slot, split_key};
 /// Calls and returns `--flow` keeps, the first ones (a sparse file: 16
 /// bytes each, 128 MiB when full).
 const FLOW_RECORDS: usize = 1 << 23;
-use uprobe_trace::spec::{Plan, ProbeSpec};
+use uprobe_trace::spec::{By, Plan, ProbeSpec};
 
+use crate::stacks::Symbolizer;
 use crate::{Args, End, Failure};
 use json::json;
 use text::{listing, text};
@@ -201,6 +202,9 @@ pub(super) fn rows(report: &Report, plan: &Plan) -> Vec<Row> {
             ..Row::default()
         })
         .collect();
+    // Where each slot's counts went: its probe, and the label of the
+    // function a pattern matched (`None`: the probe's own row).
+    let mut placed: HashMap<usize, (usize, Option<String>)> = HashMap::new();
     for (i, slot) in report.slots() {
         let probe = slot.probe.load(Relaxed) as usize;
         let Some(row) = rows.get_mut(probe) else {
@@ -211,7 +215,9 @@ pub(super) fn rows(report: &Report, plan: &Plan) -> Vec<Row> {
         // A slot of `--by`'s: `label KEY_SEP key`; the probe's own (a
         // function or USDT probe asked for) or a matched function's.
         let (base, key) = split_key(&label);
-        let row = if i == probe || (key.is_some() && base == row.label) {
+        let own = i == probe || (key.is_some() && base == row.label);
+        placed.insert(i, (probe, (!own).then(|| base.to_string())));
+        let row = if own {
             row
         } else {
             row.matched.entry(base.to_string()).or_insert_with(|| Row {
@@ -222,6 +228,25 @@ pub(super) fn rows(report: &Report, plan: &Plan) -> Vec<Row> {
         row.add(slot, calls, &latencies);
         if let Some(key) = key.filter(|_| calls > 0) {
             *row.by.entry(key.to_string()).or_default() += calls;
+        }
+    }
+    // `--by` keys read in the hit, from the report's key table.
+    if let Some(by) = plan.by.filter(|b| b.in_hit()) {
+        let mut symbolizer = (by == By::Caller).then(|| Symbolizer::new(report));
+        for (slot, agent, key, count) in report.keys() {
+            let Some((probe, matched)) = placed.get(&(slot as usize)) else {
+                continue;
+            };
+            let row = &mut rows[*probe];
+            let row = match matched {
+                Some(label) => row.matched.get_mut(label).expect("placed"),
+                None => row,
+            };
+            let key = match symbolizer.as_mut() {
+                Some(s) => s.name(agent, key, true),
+                None => (key as i64).to_string(),
+            };
+            *row.by.entry(key).or_default() += count;
         }
     }
     rows

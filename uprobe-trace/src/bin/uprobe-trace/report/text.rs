@@ -69,6 +69,13 @@ pub(super) fn text(report: &Report, plan: &Plan, end: Option<End>) -> String {
     if lost > 0 {
         let _ = writeln!(out, "{lost} --print lines lost");
     }
+    let lost = header.lost_stacks.load(Relaxed);
+    if lost > 0 && plan.by.is_some_and(By::in_hit) {
+        let _ = writeln!(
+            out,
+            "{lost} hits' --by keys not kept (the report's table of keys and stacks is full)"
+        );
+    }
     let lost = header.lost_slots.load(Relaxed);
     if lost > 0 {
         let _ = writeln!(
