@@ -42,6 +42,20 @@ pub fn split_key(label: &str) -> (&str, Option<&str>) {
     }
 }
 
+// ---- The file's layout, before the chunks ---------------------------------
+
+/// Mappings start at multiples of this (the largest page size).
+const ALIGN: usize = 1 << 16;
+/// Where the slots' index starts, after the header.
+const INDEX_AT: usize = size_of::<Header>();
+/// Where the stack table starts, after the index.
+const STACKS_AT: usize = INDEX_AT + slots::INDEX * size_of::<u64>();
+/// Where the chunks start: the size of the part every process maps.
+const BASE: usize = (STACKS_AT
+    + stacks::STACKS * size_of::<StackEntry>()
+    + stacks::OBJECTS * size_of::<ObjectEntry>())
+.next_multiple_of(ALIGN);
+
 /// Probes a user may ask for at once (each `-f`, `-u` or `--hist`; the
 /// functions their patterns match are not counted: the report grows).
 pub const MAX_PROBES: usize = 4096;
@@ -193,7 +207,7 @@ impl Report {
             .mode(0o600)
             .open(path)?;
         let cells = uprobe_core::count_cells().max(uprobe_core::latency_cells());
-        file.set_len(slots::BASE as u64)?;
+        file.set_len(BASE as u64)?;
         let mut report = Self::map(path, &file)?;
         report.cells = cells;
         report.chunk_bytes = slots::chunk_bytes(cells);
@@ -218,7 +232,7 @@ impl Report {
     pub fn open(path: &Path) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let len = usize::try_from(file.metadata()?.len()).unwrap_or(0);
-        if len < slots::BASE {
+        if len < BASE {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "not a report"));
         }
         let mut report = Self::map(path, &file)?;
@@ -247,10 +261,10 @@ impl Report {
         let path = CString::new(path.as_os_str().as_bytes())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // The file's first `BASE` bytes: its length was set or checked.
-        let base = map_shared(file, slots::BASE)?;
+        let base = map_shared(file, BASE)?;
         Ok(Self {
             base,
-            len: slots::BASE,
+            len: BASE,
             path,
             cells: 0,
             chunk_bytes: 0,

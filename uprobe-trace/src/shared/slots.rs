@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use uprobe_core::{CountCell, LatencyCell};
 
 use super::{
-    BUCKETS, ERROR_LEN, Header, LABEL_LEN, ObjectEntry, Report, Sharded, StackEntry, bucket,
-    get_text, set_text, stacks,
+    ALIGN, BASE, BUCKETS, ERROR_LEN, INDEX_AT, LABEL_LEN, Report, Sharded, bucket, get_text,
+    set_text,
 };
 
 /// Slots per chunk.
@@ -31,22 +31,11 @@ pub const PER_CHUNK: usize = 256;
 /// first).
 pub(super) const MAX_CHUNKS: usize = 1 << 14;
 /// Words in the index.
-const INDEX: usize = 1 << 18;
+pub(super) const INDEX: usize = 1 << 18;
 /// Index words a claim looks at before taking a slot of its own.
 const PROBES: usize = 64;
 /// A word taken, its slot not published yet.
 const PENDING: u64 = 0xffff_ffff;
-/// Mappings start at multiples of this (the largest page size).
-const ALIGN: usize = 1 << 16;
-/// Where the index starts, after the header.
-const INDEX_AT: usize = size_of::<Header>();
-/// Where the stack table starts, after the index.
-pub(super) const STACKS_AT: usize = INDEX_AT + INDEX * size_of::<u64>();
-/// Where the chunks start: the size of the part every process maps.
-pub(super) const BASE: usize = (STACKS_AT
-    + stacks::STACKS * size_of::<StackEntry>()
-    + stacks::OBJECTS * size_of::<ObjectEntry>())
-.next_multiple_of(ALIGN);
 
 /// Where a chunk's count cells start.
 const fn count_at() -> usize {

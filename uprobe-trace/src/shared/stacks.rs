@@ -113,7 +113,7 @@ impl Report {
     #[must_use]
     #[allow(clippy::cast_ptr_alignment)] // page-aligned, cache-line multiples
     pub fn stacks(&self) -> &[StackEntry] {
-        let at = super::slots::STACKS_AT;
+        let at = super::STACKS_AT;
         // SAFETY: inside the base mapping (its size was checked at open),
         // aligned, atomics only.
         unsafe { core::slice::from_raw_parts(self.base.add(at).cast::<StackEntry>(), STACKS) }
@@ -123,7 +123,7 @@ impl Report {
     #[must_use]
     #[allow(clippy::cast_ptr_alignment)] // page-aligned, cache-line multiples
     pub fn objects(&self) -> &[ObjectEntry] {
-        let at = super::slots::STACKS_AT + STACKS * size_of::<StackEntry>();
+        let at = super::STACKS_AT + STACKS * size_of::<StackEntry>();
         // SAFETY: as in `stacks`.
         unsafe { core::slice::from_raw_parts(self.base.add(at).cast::<ObjectEntry>(), OBJECTS) }
     }
