@@ -247,8 +247,11 @@ impl Agent {
 fn entry_key(cx: &EntryContext<'_>, by: By, usdt: bool) -> Option<u64> {
     match by {
         By::Tid => Some(cx.tid() as u64),
+        // At a function's first instruction the return address is where
+        // the call left it; a USDT site, anywhere in its function, is
+        // unwound (frames[0] the function, frames[1] its caller).
+        By::Caller if !usdt => Some(return_address(cx)),
         By::Caller => {
-            // frames[0] is the probed function, frames[1] its caller.
             let mut frames = [0usize; 2];
             (cx.user_stack(&mut frames) == 2).then_some(frames[1] as u64)
         }
@@ -261,6 +264,24 @@ fn entry_key(cx: &EntryContext<'_>, by: By, usdt: bool) -> Option<u64> {
             }
         }
         By::Pid | By::Comm | By::Ret => None,
+    }
+}
+
+/// The return address at a function's first instruction: on the stack
+/// (x86-64), in the link register (aarch64). Async-signal-safe.
+fn return_address(cx: &EntryContext<'_>) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let sp = cx.reg(uprobe_core::Reg::Rsp);
+        // SAFETY: at a function's entry the stack pointer addresses the
+        // return address its call pushed, in the thread's own stack.
+        unsafe { (sp as *const u64).read() }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        // Without a pointer authentication code (a jump after `paciasp`
+        // sees the link register signed): user addresses fit 48 bits.
+        cx.reg(uprobe_core::Reg::LR) & 0x0000_ffff_ffff_ffff
     }
 }
 
