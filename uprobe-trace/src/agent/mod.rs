@@ -189,9 +189,11 @@ fn preloaded() {
 }
 
 /// Starts a session in a running process, into which the tool loaded
-/// this library: `settings` is `REPORT GS TOOL_PID GS PRINT_PATH GS PLAN`
-/// (`GS` is [`ATTACH_FIELD`](crate::ATTACH_FIELD); `PRINT_PATH` a FIFO the tool reads, or
-/// empty; `PLAN` as [`spec::encode`](crate::spec::encode) writes it).
+/// this library: `settings` is `REPORT GS TOOL_PID GS PRINT_PATH GS
+/// FLOW_PATH GS PLAN` (`GS` is [`ATTACH_FIELD`](crate::ATTACH_FIELD);
+/// `PRINT_PATH` a FIFO the tool reads, or empty; `FLOW_PATH` the `--flow`
+/// file, or empty; `PLAN` as [`spec::encode`](crate::spec::encode) writes
+/// it).
 /// Returns at once (the attaches run on the agent's thread): 0, or
 /// `EBUSY` while another session runs, `EINVAL` for settings it cannot
 /// read, `ENOENT` when the report cannot be opened, `EPROTO` when another
@@ -206,8 +208,8 @@ pub unsafe extern "C" fn uprobe_trace_attach(settings: *const libc::c_char) -> l
     }
     // SAFETY: the caller passes a C string.
     let settings = unsafe { core::ffi::CStr::from_ptr(settings) }.to_string_lossy();
-    let fields: Vec<&str> = settings.splitn(4, crate::ATTACH_FIELD).collect();
-    let [report, tool, print, plan] = fields.as_slice() else {
+    let fields: Vec<&str> = settings.splitn(5, crate::ATTACH_FIELD).collect();
+    let [report, tool, print, flow, plan] = fields.as_slice() else {
         return libc::EINVAL;
     };
     let Ok(tool) = tool.parse::<i32>() else {
@@ -235,7 +237,10 @@ pub unsafe extern "C" fn uprobe_trace_attach(settings: *const libc::c_char) -> l
             (fd >= 0).then_some(fd)
         })
         .flatten();
-    match begin(report, plan, print_fd, Some(Tool::watch(tool)), None) {
+    let flow = (!flow.is_empty())
+        .then(|| Flow::open(Path::new(flow)).ok())
+        .flatten();
+    match begin(report, plan, print_fd, Some(Tool::watch(tool)), flow) {
         Some(_) => 0,
         None => libc::EAGAIN,
     }

@@ -104,7 +104,7 @@ struct Args {
     /// Record each thread's calls and returns of the probed functions and
     /// write them nested, with durations, to FILE (`-`: standard output),
     /// as `uftrace replay` shows them.
-    #[arg(long, value_name = "FILE", conflicts_with = "pid")]
+    #[arg(long, value_name = "FILE")]
     flow: Option<PathBuf>,
     /// Break the counts down by KEY: `pid` or `comm` (each process counts
     /// under its key, at no cost a call; a fork child that does not exec

@@ -47,6 +47,11 @@ fn run(
         session.path.display().to_string(),
         std::process::id().to_string(),
         fifo.map(|f| f.display().to_string()).unwrap_or_default(),
+        session
+            .flow
+            .as_ref()
+            .map(|_| session.dir.join("flow").display().to_string())
+            .unwrap_or_default(),
         spec::encode(plan),
     ]
     .join(&uprobe_trace::ATTACH_FIELD.to_string());
