@@ -10,12 +10,12 @@ use libfuzzer_sys::fuzz_target;
 // The module itself, not the crate: `uprobe-trace`'s library is the agent
 // the tool preloads, and linking it interposes `pthread_create`,
 // `dlopen` and `sigaction` (which the fuzzer's sanitizer intercepts too).
-#[path = "../../uprobe-trace/src/filter.rs"]
-#[allow(dead_code)]
-mod filter;
 #[path = "../../uprobe-trace/src/by.rs"]
 #[allow(dead_code)]
 mod by;
+#[path = "../../uprobe-trace/src/filter.rs"]
+#[allow(dead_code)]
+mod filter;
 #[path = "../../uprobe-trace/src/spec.rs"]
 #[allow(dead_code)]
 mod spec;
