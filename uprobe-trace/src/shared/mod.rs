@@ -7,7 +7,7 @@
 //! moment it happens, so even `_exit` loses nothing.
 //!
 //! The file: the [`Header`], the index of the slots by probe and label
-//! ([`slots`]), the stack and object tables ([`stacks`]), then the slots
+//! (`slots`), the stack and object tables (`stacks`), then the slots
 //! in chunks that the file grows by as functions are matched, each chunk
 //! with its slots' counters. Every process maps the chunks it uses.
 
