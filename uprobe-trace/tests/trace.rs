@@ -945,3 +945,62 @@ fn a_hundred_attach_detach_cycles() {
     assert_eq!(target.threads_back_to(&threads), threads);
     assert_eq!(fds(), open);
 }
+
+/// `--flow` on a running process: the calls made while traced, each
+/// closed with its duration, on the program's thread.
+#[test]
+#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
+fn flow_of_a_running_process() {
+    use std::io::{BufRead as _, Write as _};
+    let Some(w) = workload() else { return };
+    let mut target = Command::new(w)
+        .args(["oncue", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = target.stdin.take().unwrap();
+    let mut output = std::io::BufReader::new(target.stdout.take().unwrap());
+    let mut line = String::new();
+    output.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let flow = std::env::temp_dir().join(format!("uprobe-trace-pflow-{}", std::process::id()));
+    let mut tool = Command::new(env!("CARGO_BIN_EXE_uprobe-trace"))
+        .args(["-p", &target.id().to_string(), "-f", "tick", "--flow"])
+        .arg(&flow)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(tool.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    if first.contains("ptrace") || !first.contains("tracing process") {
+        println!("skipped: {first}");
+        let _ = tool.wait();
+        drop(input);
+        let _ = target.wait();
+        return;
+    }
+    writeln!(input, "3").unwrap();
+    line.clear();
+    output.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "done 3");
+    // SAFETY: signalling the tool we started.
+    unsafe { libc::kill(tool.id() as i32, libc::SIGINT) };
+    let mut report = String::new();
+    std::io::Read::read_to_string(&mut err, &mut report).unwrap();
+    assert!(tool.wait().unwrap().success(), "{report}");
+    let text = std::fs::read_to_string(&flow).unwrap_or_default();
+    let _ = std::fs::remove_file(&flow);
+    drop(input);
+    let _ = target.wait();
+    let calls: Vec<&str> = text.lines().filter(|l| l.ends_with("| tick();")).collect();
+    assert_eq!(calls.len(), 3, "{text}\n{report}");
+    // Each with its duration (`0.711 us`, `1.814 ms`).
+    assert!(
+        calls
+            .iter()
+            .all(|l| matches!(l.split_whitespace().nth(1), Some("us" | "ms" | "s"))),
+        "{text}"
+    );
+}
