@@ -338,7 +338,8 @@ pub fn split_filter(text: &str) -> Result<(&str, Option<Filter>), String> {
 
 /// `object:name` split at its last lone `:` (one that is not half of a
 /// `::`, which C++ and Rust names have); `None` without one.
-fn split_object(head: &str) -> Option<(&str, &str)> {
+#[must_use]
+pub fn split_object(head: &str) -> Option<(&str, &str)> {
     let b = head.as_bytes();
     let lone = (0..b.len())
         .rev()

@@ -858,61 +858,117 @@ fn stacks_of_three_paths() {
     }
 }
 
-/// Exact counts over a window the test controls, in a running process:
-/// the program calls `tick` as many times as asked, while traced.
-#[test]
-#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
-fn exact_counts_in_a_running_process() {
-    use std::io::{BufRead as _, Write as _};
-    let Some(w) = workload() else { return };
-    let mut target = Command::new(w)
-        .args(["oncue", "0"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = target.stdin.take().unwrap();
-    let mut output = std::io::BufReader::new(target.stdout.take().unwrap());
-    let mut line = String::new();
-    output.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
-    // Calls before the trace are not counted.
-    writeln!(input, "500").unwrap();
-    line.clear();
-    output.read_line(&mut line).unwrap();
-    let mut tool = Command::new(env!("CARGO_BIN_EXE_uprobe-trace"))
-        .args([
-            "-p",
-            &target.id().to_string(),
-            "--print",
-            "-f",
-            "tick(long)",
-        ])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = std::io::BufReader::new(tool.stderr.take().unwrap());
-    let mut first = String::new();
-    err.read_line(&mut first).unwrap();
-    assert!(first.contains("tracing process"), "{first}");
-    for k in [1000, 234] {
-        writeln!(input, "{k}").unwrap();
-        line.clear();
+/// The workload in `oncue` mode: it calls `tick` as many times as it is
+/// told on its standard input, and says `done N` after each batch.
+#[cfg(target_arch = "x86_64")]
+struct OnCue {
+    target: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::io::BufReader<std::process::ChildStdout>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl OnCue {
+    /// Starts it and waits for its "ready"; `None` without the workload.
+    fn start() -> Option<Self> {
+        use std::io::BufRead as _;
+        let w = workload()?;
+        let mut target = Command::new(w)
+            .args(["oncue", "0"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let input = target.stdin.take().unwrap();
+        let mut output = std::io::BufReader::new(target.stdout.take().unwrap());
+        let mut line = String::new();
         output.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), format!("done {k}"));
+        assert_eq!(line.trim(), "ready");
+        Some(Self {
+            target,
+            input,
+            output,
+        })
     }
+
+    /// Has it call `tick` `n` times, and waits until it did.
+    fn ticks(&mut self, n: u64) {
+        use std::io::{BufRead as _, Write as _};
+        writeln!(self.input, "{n}").unwrap();
+        let mut line = String::new();
+        self.output.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), format!("done {n}"));
+    }
+
+    /// Starts the tool on it with `args`; the tool, its standard error,
+    /// and the first line it wrote there.
+    fn trace(
+        &self,
+        args: &[&str],
+    ) -> (
+        std::process::Child,
+        std::io::BufReader<std::process::ChildStderr>,
+        String,
+    ) {
+        use std::io::BufRead as _;
+        let mut tool = Command::new(env!("CARGO_BIN_EXE_uprobe-trace"))
+            .args(["-p", &self.target.id().to_string()])
+            .args(args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = std::io::BufReader::new(tool.stderr.take().unwrap());
+        let mut first = String::new();
+        err.read_line(&mut first).unwrap();
+        (tool, err, first)
+    }
+
+    /// Ends it (its input closed).
+    fn end(self) {
+        let Self {
+            mut target, input, ..
+        } = self;
+        drop(input);
+        let _ = target.wait();
+    }
+}
+
+/// Stops the tool with Ctrl-C; its report.
+#[cfg(target_arch = "x86_64")]
+fn interrupt(
+    mut tool: std::process::Child,
+    mut err: std::io::BufReader<std::process::ChildStderr>,
+) -> String {
     // SAFETY: signalling the tool we started.
     unsafe { libc::kill(tool.id() as i32, libc::SIGINT) };
     let mut report = String::new();
     std::io::Read::read_to_string(&mut err, &mut report).unwrap();
     assert!(tool.wait().unwrap().success(), "{report}");
+    report
+}
+
+/// Exact counts over a window the test controls, in a running process:
+/// the program calls `tick` as many times as asked, while traced.
+#[test]
+#[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
+fn exact_counts_in_a_running_process() {
+    let Some(mut program) = OnCue::start() else {
+        return;
+    };
+    // Calls before the trace are not counted.
+    program.ticks(500);
+    let (tool, err, first) = program.trace(&["--print", "-f", "tick(long)"]);
+    assert!(first.contains("tracing process"), "{first}");
+    for k in [1000, 234] {
+        program.ticks(k);
+    }
+    let report = interrupt(tool, err);
     assert_eq!(calls(&report, "tick"), Some(1234), "{report}");
     // The arguments and return values the program computed: tick(i)
     // returns 2i + 1.
     assert!(report.contains(" tick(999)"), "{report}");
     assert!(report.contains(" tick = 1999"), "{report}");
-    drop(input);
-    let _ = target.wait();
+    program.end();
 }
 
 /// 100 attach/detach cycles on one process: every cycle counts, and at
@@ -951,49 +1007,22 @@ fn a_hundred_attach_detach_cycles() {
 #[test]
 #[cfg(target_arch = "x86_64")] // `--pid` is x86-64 only so far
 fn flow_of_a_running_process() {
-    use std::io::{BufRead as _, Write as _};
-    let Some(w) = workload() else { return };
-    let mut target = Command::new(w)
-        .args(["oncue", "0"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = target.stdin.take().unwrap();
-    let mut output = std::io::BufReader::new(target.stdout.take().unwrap());
-    let mut line = String::new();
-    output.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
+    let Some(mut program) = OnCue::start() else {
+        return;
+    };
     let flow = std::env::temp_dir().join(format!("uprobe-trace-pflow-{}", std::process::id()));
-    let mut tool = Command::new(env!("CARGO_BIN_EXE_uprobe-trace"))
-        .args(["-p", &target.id().to_string(), "-f", "tick", "--flow"])
-        .arg(&flow)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = std::io::BufReader::new(tool.stderr.take().unwrap());
-    let mut first = String::new();
-    err.read_line(&mut first).unwrap();
+    let (mut tool, err, first) = program.trace(&["-f", "tick", "--flow", flow.to_str().unwrap()]);
     if first.contains("ptrace") || !first.contains("tracing process") {
         println!("skipped: {first}");
         let _ = tool.wait();
-        drop(input);
-        let _ = target.wait();
+        program.end();
         return;
     }
-    writeln!(input, "3").unwrap();
-    line.clear();
-    output.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "done 3");
-    // SAFETY: signalling the tool we started.
-    unsafe { libc::kill(tool.id() as i32, libc::SIGINT) };
-    let mut report = String::new();
-    std::io::Read::read_to_string(&mut err, &mut report).unwrap();
-    assert!(tool.wait().unwrap().success(), "{report}");
+    program.ticks(3);
+    let report = interrupt(tool, err);
     let text = std::fs::read_to_string(&flow).unwrap_or_default();
     let _ = std::fs::remove_file(&flow);
-    drop(input);
-    let _ = target.wait();
+    program.end();
     let calls: Vec<&str> = text.lines().filter(|l| l.ends_with("| tick();")).collect();
     assert_eq!(calls.len(), 3, "{text}\n{report}");
     // Each with its duration (`0.711 us`, `1.814 ms`).

@@ -25,6 +25,23 @@ fn trace(args: &[&str]) -> (Output, String) {
     (out, report)
 }
 
+/// Traces `program` with `specs` and `--stacks`; the output, the report
+/// and the folded stacks. Removes `dir` (where the program was built).
+fn trace_with_stacks(dir: &Path, specs: &[&str], program: &Path) -> (Output, String, String) {
+    let stacks = dir.join("stacks");
+    let mut args = specs.to_vec();
+    args.extend([
+        "--stacks",
+        stacks.to_str().unwrap(),
+        "--",
+        program.to_str().unwrap(),
+    ]);
+    let (out, report) = trace(&args);
+    let folded = std::fs::read_to_string(&stacks).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(dir);
+    (out, report, folded)
+}
+
 /// The count the report gives for `label` (`  malloc: 123 calls`).
 fn calls(report: &str, label: &str) -> Option<u64> {
     let prefix = format!("{label}: ");
@@ -177,21 +194,18 @@ fn cpp_names_are_matched_and_shown_demangled_with_lines() {
          std::vector<*>::pop_back: 0 matches\n  \
          nothing matches std::vector<*>::pop_back in the loaded objects\n"
     );
-    let stacks = dir.join("stacks");
-    let (out, report) = trace(&[
-        "-f",
-        "ns::*",
-        "-f",
-        "std::vector<*>::push_back",
-        "-f",
-        "ns::Widget::draw",
-        "--stacks",
-        stacks.to_str().unwrap(),
-        "--",
-        program.to_str().unwrap(),
-    ]);
-    let folded = std::fs::read_to_string(&stacks).unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&dir);
+    let (out, report, folded) = trace_with_stacks(
+        &dir,
+        &[
+            "-f",
+            "ns::*",
+            "-f",
+            "std::vector<*>::push_back",
+            "-f",
+            "ns::Widget::draw",
+        ],
+        &program,
+    );
     assert!(out.status.success(), "{report}");
     assert_eq!(
         calls(&report, "widget:ns::Widget::draw(int) const"),
@@ -253,17 +267,7 @@ fn rust_names_are_matched_and_shown_demangled_with_lines() {
     if built.is_none() {
         return;
     }
-    let stacks = dir.join("stacks");
-    let (out, report) = trace(&[
-        "-f",
-        "app::parse::*",
-        "--stacks",
-        stacks.to_str().unwrap(),
-        "--",
-        program.to_str().unwrap(),
-    ]);
-    let folded = std::fs::read_to_string(&stacks).unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&dir);
+    let (out, report, folded) = trace_with_stacks(&dir, &["-f", "app::parse::*"], &program);
     assert!(out.status.success(), "{report}");
     assert_eq!(
         calls(&report, "app:app::parse::header"),

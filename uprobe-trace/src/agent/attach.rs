@@ -7,6 +7,7 @@ use std::sync::PoisonError;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
 use uprobe_core::functions::Function;
+use uprobe_core::usdt::UsdtProbe;
 use uprobe_core::{AttachError, Probe, Uprobe};
 
 use super::Agent;
@@ -22,7 +23,51 @@ type NotYet = (String, bool);
 /// Functions a pattern attaches at once.
 const BATCH: usize = 64;
 
+/// How reports label function `f`: its object's file name and its name,
+/// demangled (`libc.so.6:malloc`, `w:ns::work(int)`).
+pub(super) fn function_label(f: &Function) -> String {
+    let file = f.object.file_name().unwrap_or(f.object.as_os_str());
+    spec::function_label(Some(&file.to_string_lossy()), &names::display(&f.name))
+}
+
+/// The USDT probes `provider:name` in `object` (or in every loaded
+/// object).
+pub(super) fn usdt_sites(
+    object: Option<&str>,
+    provider: &str,
+    name: &str,
+) -> Result<Vec<UsdtProbe>, AttachError> {
+    let sites = match object {
+        Some(o) => uprobe_core::usdt::probes(o)?,
+        None => uprobe_core::usdt::loaded_probes(),
+    };
+    Ok(sites
+        .into_iter()
+        .filter(|p| p.provider == provider && p.name == name)
+        .collect())
+}
+
 impl Agent {
+    /// Which symbols function spec `name` selects: a pattern, the
+    /// functions it matches in any form that `-x` does not leave out; a
+    /// demangled name, the functions that have it; a plain name, that
+    /// symbol.
+    pub(super) fn selects<'a>(&'a self, name: &'a str) -> impl FnMut(&str) -> bool + 'a {
+        let pattern = spec::is_pattern(name);
+        let demangled = names::is_demangled_form(name);
+        move |symbol| {
+            if !pattern && !demangled {
+                return symbol == name;
+            }
+            let f = Name::new(symbol);
+            if pattern {
+                f.matches(name) && !self.plan.exclude.iter().any(|x| f.matches(x))
+            } else {
+                f.demangled.is_some() && f.matches(name)
+            }
+        }
+    }
+
     fn slot(&'static self, i: usize) -> &'static Slot {
         self.report.slot(i).expect("the tool made a slot per probe")
     }
@@ -173,11 +218,8 @@ impl Agent {
             Target::Function { object, name } if names::is_demangled_form(name) => {
                 // A demangled name: every function that has it (the
                 // overloads of a C++ name), in this probe's slot.
-                let found = uprobe_core::functions::matching(object.as_deref(), |f| {
-                    let f = Name::new(f);
-                    f.demangled.is_some() && f.matches(name)
-                })
-                .map_err(|e| (e.to_string(), later(&e)))?;
+                let found = uprobe_core::functions::matching(object.as_deref(), self.selects(name))
+                    .map_err(|e| (e.to_string(), later(&e)))?;
                 let fresh: Vec<Uprobe> = found
                     .iter()
                     .filter(|f| !attached.contains(&f.addr))
@@ -203,15 +245,9 @@ impl Agent {
                 provider,
                 name,
             } => {
-                let sites = match object {
-                    Some(o) => {
-                        uprobe_core::usdt::probes(o).map_err(|e| (e.to_string(), later(&e)))?
-                    }
-                    None => uprobe_core::usdt::loaded_probes(),
-                };
-                let sites: Vec<_> = sites
+                let sites: Vec<_> = usdt_sites(object.as_deref(), provider, name)
+                    .map_err(|e| (e.to_string(), later(&e)))?
                     .into_iter()
-                    .filter(|p| &p.provider == provider && &p.name == name)
                     .filter(|p| !attached.contains(&p.addr))
                     .collect();
                 if sites.is_empty() && attached.is_empty() {
@@ -249,11 +285,7 @@ impl Agent {
         name: &str,
         attached: &mut HashSet<usize>,
     ) -> Result<(), NotYet> {
-        let found = uprobe_core::functions::matching(object, |f| {
-            let f = Name::new(f);
-            f.matches(name) && !self.plan.exclude.iter().any(|x| f.matches(x))
-        })
-        .map_err(|e| {
+        let found = uprobe_core::functions::matching(object, self.selects(name)).map_err(|e| {
             let later = matches!(e, AttachError::NoSuchObject { .. });
             (e.to_string(), later)
         })?;
@@ -272,9 +304,7 @@ impl Agent {
         let mut claimed = Vec::with_capacity(fresh.len());
         for f in fresh {
             attached.insert(f.addr);
-            let file = f.object.file_name().unwrap_or(f.object.as_os_str());
-            let label =
-                spec::function_label(Some(&file.to_string_lossy()), &names::display(&f.name));
+            let label = function_label(&f);
             if let Some((_, slot)) = self.report.claim(i, &self.keyed(label)) {
                 claimed.push((slot, f));
             } // else counted as lost

@@ -111,12 +111,7 @@ impl Agent {
             if let Some(Drawn::Arg(n)) = hist {
                 let n = usize::from(n);
                 let ty = types.get(n).copied().unwrap_or(ArgType::I64);
-                let raw = if usdt {
-                    cx.usdt_arg(n).map(|v| v as u64)
-                } else {
-                    cx.arg(n)
-                };
-                slot.record_value(ty.value(raw.unwrap_or(0)));
+                slot.record_value(ty.value(arg(cx, n, usdt).unwrap_or(0)));
             }
             if print {
                 self.print_entry(&label, cx, &types);
@@ -242,6 +237,16 @@ impl Agent {
     }
 }
 
+/// Argument `n` of a hit: a USDT probe's from its spec, a function's
+/// from its calling convention. Async-signal-safe.
+fn arg(cx: &EntryContext<'_>, n: usize, usdt: bool) -> Option<u64> {
+    if usdt {
+        cx.usdt_arg(n).map(|v| v as u64)
+    } else {
+        cx.arg(n)
+    }
+}
+
 /// A `--by` key read at the entry: the thread, the caller's return
 /// address, an argument. Async-signal-safe.
 fn entry_key(cx: &EntryContext<'_>, by: By, usdt: bool) -> Option<u64> {
@@ -255,14 +260,7 @@ fn entry_key(cx: &EntryContext<'_>, by: By, usdt: bool) -> Option<u64> {
             let mut frames = [0usize; 2];
             (cx.user_stack(&mut frames) == 2).then_some(frames[1] as u64)
         }
-        By::Arg(n) => {
-            let n = usize::from(n);
-            if usdt {
-                cx.usdt_arg(n).map(|v| v as u64)
-            } else {
-                cx.arg(n)
-            }
-        }
+        By::Arg(n) => arg(cx, usize::from(n), usdt),
         By::Pid | By::Comm | By::Ret => None,
     }
 }
@@ -295,11 +293,7 @@ fn entry_values(cx: &EntryContext<'_>, f: &Filter, usdt: bool) -> Values {
     };
     if let Some(max) = f.max_arg() {
         for n in 0..=usize::from(max) {
-            v.args[n] = if usdt {
-                cx.usdt_arg(n).unwrap_or(0)
-            } else {
-                cx.arg(n).unwrap_or(0) as i64
-            };
+            v.args[n] = arg(cx, n, usdt).unwrap_or(0) as i64;
         }
     }
     if f.uses_pid() {

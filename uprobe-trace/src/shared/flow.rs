@@ -10,9 +10,7 @@
 //! every shard is full, what is dropped is counted. Nothing
 //! locks, nothing allocates: async-signal-safe.
 
-use std::fs::OpenOptions;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -89,13 +87,7 @@ impl Flow {
     pub fn create(path: &Path, records: usize) -> io::Result<Self> {
         let per_shard = records.div_ceil(SHARDS).max(1);
         let len = RECORDS_AT + SHARDS * per_shard * size_of::<Record>();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)?;
-        file.set_len(len as u64)?;
+        let file = super::create_file(path, len)?;
         let mut flow = Self::map(&file, len)?;
         flow.per_shard = per_shard;
         let head = flow.head();
@@ -106,14 +98,7 @@ impl Flow {
 
     /// Maps the flow file at `path` (made by [`create`](Self::create)).
     pub fn open(path: &Path) -> io::Result<Self> {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
-        let len = usize::try_from(file.metadata()?.len()).unwrap_or(0);
-        if len < RECORDS_AT {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "not a flow file",
-            ));
-        }
+        let (file, len) = super::open_file(path, RECORDS_AT, "not a flow file")?;
         let mut flow = Self::map(&file, len)?;
         let per_shard = flow.head().per_shard.load(Ordering::Relaxed) as usize;
         if flow.head().magic.load(Ordering::Acquire) != MAGIC

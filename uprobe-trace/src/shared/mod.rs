@@ -200,14 +200,8 @@ impl Report {
                 format!("at most {MAX_PROBES} probes"),
             ));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)?;
+        let file = create_file(path, BASE)?;
         let cells = uprobe_core::count_cells().max(uprobe_core::latency_cells());
-        file.set_len(BASE as u64)?;
         let mut report = Self::map(path, &file)?;
         report.cells = cells;
         report.chunk_bytes = slots::chunk_bytes(cells);
@@ -230,11 +224,7 @@ impl Report {
 
     /// Maps the report file at `path` (made by [`create`](Self::create)).
     pub fn open(path: &Path) -> io::Result<Self> {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
-        let len = usize::try_from(file.metadata()?.len()).unwrap_or(0);
-        if len < BASE {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "not a report"));
-        }
+        let (file, _) = open_file(path, BASE, "not a report")?;
         let mut report = Self::map(path, &file)?;
         let header = report.header();
         let cells = header.count_cells.load(Ordering::Relaxed) as usize;
@@ -309,6 +299,30 @@ impl Drop for Report {
         // SAFETY: nothing can use the report once it is dropped.
         unsafe { self.unmap() };
     }
+}
+
+/// A new file at `path`, readable and writable by its owner only,
+/// `len` bytes long (sparse).
+fn create_file(path: &Path, len: usize) -> io::Result<std::fs::File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.set_len(len as u64)?;
+    Ok(file)
+}
+
+/// The file at `path`, opened to read and write, and its length: at
+/// least `min` bytes, else `not_ours` (`InvalidData`).
+fn open_file(path: &Path, min: usize, not_ours: &str) -> io::Result<(std::fs::File, usize)> {
+    let file = OpenOptions::new().read(true).write(true).open(path)?;
+    let len = usize::try_from(file.metadata()?.len()).unwrap_or(0);
+    if len < min {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, not_ours));
+    }
+    Ok((file, len))
 }
 
 /// A shared read-write mapping of the first `len` bytes of `file` (the

@@ -250,7 +250,7 @@ fn relocatable(addr: usize, insn: u32) -> Result<(), NotOptimized> {
 }
 
 /// `B` from `from` to `to`, if within reach.
-fn branch(from: usize, to: usize) -> Option<u32> {
+pub(super) fn branch(from: usize, to: usize) -> Option<u32> {
     let off = to as i64 - from as i64;
     (off % 4 == 0 && (-B_REACH..B_REACH).contains(&off))
         .then(|| 0x1400_0000 | ((off >> 2) as u32 & 0x03ff_ffff))

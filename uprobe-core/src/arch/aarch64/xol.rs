@@ -16,19 +16,15 @@ pub(crate) fn slot_for(
 ) -> Result<(usize, SlotEnd), AttachError> {
     slot_for(addr, &insn.to_le_bytes(), false, &|slot, end| {
         let back = match end {
+            // `B` reaches +-128 MiB; a slot source that hands out a slot
+            // further away for a jump back is refused, not given a
+            // branch that lands elsewhere.
             SlotEnd::JumpBack => {
-                let offset = (addr as i64 + 4) - (slot as i64 + 4);
-                // `B` reaches +-128 MiB; a slot source that hands out a
-                // slot further away for a jump back is refused, not
-                // given a branch that lands elsewhere.
-                if !(-(1 << 27)..1 << 27).contains(&offset) {
-                    return Err(AttachError::Unsupported {
-                        addr,
-                        insn: format!("{insn:#010x}"),
-                        why: "its out-of-line slot is out of a branch's reach",
-                    });
-                }
-                0x1400_0000 | ((offset >> 2) as u32 & 0x03ff_ffff)
+                super::jump::branch(slot + 4, addr + 4).ok_or_else(|| AttachError::Unsupported {
+                    addr,
+                    insn: format!("{insn:#010x}"),
+                    why: "its out-of-line slot is out of a branch's reach",
+                })?
             }
             SlotEnd::TrapBack => u32::from_le_bytes(super::BREAKPOINT),
         };

@@ -100,11 +100,7 @@ pub fn write(report: &Report, flow: &Flow, path: &Path) -> Result<(), Failure> {
             .unwrap_or_default();
         let (label, _) = split_key(&label);
         // `libc.so.6:malloc` -> `malloc`; a C++ name keeps its `::`.
-        let bytes = label.as_bytes();
-        let lone = (0..bytes.len()).rev().find(|&i| {
-            bytes[i] == b':' && bytes.get(i + 1) != Some(&b':') && (i == 0 || bytes[i - 1] != b':')
-        });
-        let name = lone.map_or(label, |i| &label[i + 1..]);
+        let name = uprobe_trace::spec::split_object(label).map_or(label, |(_, name)| name);
         // `ns::work(int)` -> `ns::work`: the replay adds `()`.
         uprobe_trace::names::without_params(name).to_string()
     };
