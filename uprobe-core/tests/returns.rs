@@ -630,6 +630,11 @@ fn a_panic_through_a_hijacked_c_unwind_frame_is_caught_by_its_caller() {
     assert_eq!(probe.returns(), 1);
 }
 
+/// A call pending on another thread when its probe is detached: by
+/// default the detach frees the return handler at once and the call
+/// returns normally, running nothing; with `return_after_detach` the
+/// pending return keeps the handler (its lease expires into a reference
+/// meanwhile) and runs it at the return, then lets it go.
 #[test]
 fn detach_while_a_return_is_pending_on_another_thread() {
     static INSIDE: AtomicBool = AtomicBool::new(false);
@@ -652,40 +657,112 @@ fn detach_while_a_return_is_pending_on_another_thread() {
         }
     }
 
-    let ran = Arc::new(AtomicU64::new(0));
-    let (ran2, flag) = (Arc::clone(&ran), DropFlag);
+    for after_detach in [false, true] {
+        for flag in [&INSIDE, &RELEASE, &HANDLER_DROPPED] {
+            flag.store(false, SeqCst);
+        }
+        let ran = Arc::new(AtomicU64::new(0));
+        let (ran2, flag) = (Arc::clone(&ran), DropFlag);
+        // SAFETY: a function's address starts an instruction.
+        let probe = unsafe { uprobe_core::Uprobe::address(blocks as *const () as usize) }
+            .on_return(move |_| {
+                let _keep = &flag;
+                ran2.fetch_add(1, SeqCst);
+            });
+        let probe = if after_detach {
+            probe.return_after_detach()
+        } else {
+            probe
+        }
+        .attach()
+        .unwrap();
+        let caller = std::thread::spawn(|| blocks(std::hint::black_box(1)));
+        eventually("the caller is inside", || INSIDE.load(SeqCst));
+        // Longer than the lease timeout: a pending return's lease expires
+        // into a reference meanwhile.
+        std::thread::sleep(Duration::from_millis(300));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(probe.detach()).unwrap());
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("detach waited for the pending return")
+            .unwrap();
+        if after_detach {
+            assert!(
+                !HANDLER_DROPPED.load(SeqCst),
+                "freed under a pending return that runs it"
+            );
+        } else {
+            eventually("the detached handler is dropped at once", || {
+                HANDLER_DROPPED.load(SeqCst)
+            });
+        }
+        RELEASE.store(true, SeqCst);
+        assert_eq!(
+            caller.join().unwrap(),
+            101,
+            "the blocked call returned wrong"
+        );
+        assert_eq!(
+            ran.load(SeqCst),
+            u64::from(after_detach),
+            "return handlers run after detach (after_detach: {after_detach})"
+        );
+        eventually("the detached handler is dropped", || {
+            HANDLER_DROPPED.load(SeqCst)
+        });
+    }
+}
+
+/// A pending return that holds nothing names its probe's switch and
+/// generation: once the probe is detached, the switch serves the next
+/// probe attached, and the old call's return reaches nothing of it.
+#[test]
+fn a_return_pending_from_a_detached_probe_reaches_nothing_of_the_next() {
+    static INSIDE: AtomicBool = AtomicBool::new(false);
+    static RELEASE: AtomicBool = AtomicBool::new(false);
+
+    #[inline(never)]
+    extern "C" fn waits(x: u64) -> u64 {
+        INSIDE.store(true, SeqCst);
+        while !RELEASE.load(SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        x + 1
+    }
+
+    let first = Arc::new(AtomicU64::new(0));
+    let first2 = Arc::clone(&first);
     // SAFETY: a function's address starts an instruction.
-    let probe = unsafe { uprobe_core::Uprobe::address(blocks as *const () as usize) }
+    let probe = unsafe { uprobe_core::Uprobe::address(waits as *const () as usize) }
         .on_return(move |_| {
-            let _keep = &flag;
-            ran2.fetch_add(1, SeqCst);
+            first2.fetch_add(1, SeqCst);
         })
         .attach()
         .unwrap();
-    let caller = std::thread::spawn(|| blocks(std::hint::black_box(1)));
+    let caller = std::thread::spawn(|| waits(std::hint::black_box(1)));
     eventually("the caller is inside", || INSIDE.load(SeqCst));
-    // Longer than the lease timeout: the pending return's lease expires
-    // into a reference meanwhile.
-    std::thread::sleep(Duration::from_millis(300));
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || tx.send(probe.detach()).unwrap());
-    rx.recv_timeout(Duration::from_secs(30))
-        .expect("detach waited for the pending return")
+    probe.detach().unwrap();
+    // The next probe on the same function (the first one's switch is
+    // free again, and likely its).
+    let next = Arc::new(AtomicU64::new(0));
+    let next2 = Arc::clone(&next);
+    // SAFETY: as above.
+    let probe = unsafe { uprobe_core::Uprobe::address(waits as *const () as usize) }
+        .on_return(move |_| {
+            next2.fetch_add(1, SeqCst);
+        })
+        .attach()
         .unwrap();
-    assert!(
-        !HANDLER_DROPPED.load(SeqCst),
-        "freed under a pending return"
-    );
     RELEASE.store(true, SeqCst);
+    assert_eq!(caller.join().unwrap(), 2);
     assert_eq!(
-        caller.join().unwrap(),
-        101,
-        "the blocked call returned wrong"
+        (first.load(SeqCst), next.load(SeqCst)),
+        (0, 0),
+        "the old call's return ran a handler"
     );
-    assert_eq!(ran.load(SeqCst), 0, "a return handler ran after detach");
-    eventually("the detached handler is dropped", || {
-        HANDLER_DROPPED.load(SeqCst)
-    });
+    assert_eq!(waits(5), 6);
+    assert_eq!(next.load(SeqCst), 1, "the next probe's own return");
+    assert_eq!(probe.returns(), 1);
 }
 
 #[test]

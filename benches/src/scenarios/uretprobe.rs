@@ -8,8 +8,12 @@
 //! one count every thread charges, seed 003's subject), with each pending
 //! return holding an SRCU lease on the probe (`lease`, seed 002) or a
 //! reference count (`refcount`, the kernel before the seed).
-//! `uretprobe-entry`'s `uprobe-core+time` is a timing probe
-//! (`Uprobe::time_into`) on the same function.
+//! `uretprobe-entry`'s `uprobe-core` is the engine's default return
+//! probe (a pending return holds nothing of the probe: it names its
+//! switch), `uprobe-core+lease` the same probe with each pending return
+//! holding an SRCU lease (the engine's default before, seed 002's
+//! scheme), and `uprobe-core+time` a timing probe (`Uprobe::time_into`)
+//! on the same function.
 
 use std::num::NonZeroUsize;
 
@@ -58,9 +62,10 @@ pub const LIFETIME: Scenario = Scenario {
 
 pub const ENTRY: Scenario = Scenario {
     name: "uretprobe-entry",
-    about: "call uprobe-entry's function (a real prologue: push rbp; mov rbp, rsp; push rbx; ...; on aarch64 a frame record pushed) with a return probe, one counting return handler: uprobe-core enters through a jump and returns through the plain-code trampoline (no signal at all), +trap enters by a breakpoint; +time: a timing probe instead (no handler: each call counted and its time to return added to a log2 histogram, by the entry routine and the return trampoline themselves); the kernel's uretprobe",
+    about: "call uprobe-entry's function (a real prologue: push rbp; mov rbp, rsp; push rbx; ...; on aarch64 a frame record pushed) with a return probe, one counting return handler: uprobe-core enters through a jump and returns through the plain-code trampoline (no signal at all), its pending return holding nothing of the probe; +lease: holding an SRCU lease on it (seed 002's scheme); +trap enters by a breakpoint; +time: a timing probe instead (no handler: each call counted and its time to return added to a log2 histogram, by the entry routine and the return trampoline themselves); the kernel's uretprobe",
     impls: &[
         "uprobe-core",
+        "uprobe-core+lease",
         "uprobe-core+time",
         "uprobe-core+trap",
         "kernel",
@@ -154,17 +159,25 @@ fn timing_probe(target: unsafe extern "C" fn()) -> Result<Box<dyn Workload>, Str
 }
 
 fn build_entry(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
-    set_return_hold(ReturnHold::Lease);
+    // Set before every build: no return is pending between builds.
+    set_return_hold(if imp == "uprobe-core+lease" {
+        ReturnHold::Lease
+    } else {
+        ReturnHold::Nothing
+    });
     set_in_flight_pinning(Pinning::OnTransition);
     match imp {
-        "uprobe-core" | "uprobe-core+trap" => engine_probe(imp, bench_u_entry, false),
+        "uprobe-core" | "uprobe-core+lease" | "uprobe-core+trap" => {
+            engine_probe(imp, bench_u_entry, false)
+        }
         "uprobe-core+time" => timing_probe(bench_u_entry),
         _ => other(imp, bench_u_entry, bench_k_entry),
     }
 }
 
 fn build_nop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
-    set_return_hold(ReturnHold::Lease);
+    // The in-flight limit makes every pending return hold a lease.
+    set_return_hold(ReturnHold::Nothing);
     set_in_flight_pinning(if imp == "uprobe-core+get-put" {
         Pinning::PerReturn
     } else {

@@ -39,6 +39,8 @@ pub struct Uprobe {
     handler: Option<Handler>,
     ret_handler: Option<ReturnHandler>,
     max_active: Option<NonZeroUsize>,
+    /// Returns pending at detach still run the return handler.
+    after_detach: bool,
     only_thread: Option<i32>,
     /// The function the address was found in, for the boundary check at
     /// attach (`None`: unchecked, from [`Uprobe::address`]).
@@ -75,6 +77,7 @@ impl Uprobe {
             handler: None,
             ret_handler: None,
             max_active: None,
+            after_detach: false,
             only_thread: None,
             function: None,
             invalid: None,
@@ -165,19 +168,12 @@ impl Uprobe {
     }
 
     pub(crate) fn in_function(function: Function) -> Self {
+        // SAFETY: a function's start is the first byte of an instruction
+        // (and `attach` checks the probe against the function's bounds).
+        let probe = unsafe { Self::address(function.start) };
         Self {
-            addr: function.start,
-            handler: None,
-            ret_handler: None,
-            max_active: None,
-            only_thread: None,
             function: Some(function),
-            invalid: None,
-            cells: None,
-            timed: None,
-            allow_blocked: false,
-            trap_only: false,
-            usdt: None,
+            ..probe
         }
     }
 
@@ -293,6 +289,26 @@ impl Uprobe {
     #[must_use]
     pub fn max_active(mut self, n: NonZeroUsize) -> Self {
         self.max_active = Some(n);
+        self
+    }
+
+    /// Runs the return handler of a call pending when the probe is
+    /// detached too, at that call's return, after
+    /// [`Probe::detach`](crate::Probe::detach) has returned: for a return
+    /// handler that must see every call its entry handler saw (one that
+    /// frees what the entry handler handed it through the cookie).
+    ///
+    /// By default a return handler runs only while its probe is attached:
+    /// a call pending at detach returns normally and runs nothing, and
+    /// its pending return holds nothing of the probe (it names the probe,
+    /// and finds it detached). With this option each pending return holds
+    /// an SRCU lease on the handler instead (as the kernel's uretprobes
+    /// since 2024, and as a probe with [`max_active`](Self::max_active)
+    /// does): the handler lives until the last such call has returned,
+    /// or its thread has exited, and that costs each call a lease.
+    #[must_use]
+    pub fn return_after_detach(mut self) -> Self {
+        self.after_detach = true;
         self
     }
 
@@ -486,7 +502,9 @@ impl Uprobe {
                 let only_times = no_handler && p.timed.is_some();
                 let consumer = Arc::new(Consumer {
                     handler: p.handler.unwrap_or_else(Handler::none),
-                    ret: p.ret_handler.map(|h| ReturnProbe::new(h, p.max_active)),
+                    ret: p
+                        .ret_handler
+                        .map(|h| ReturnProbe::new(h, p.max_active, p.after_detach)),
                     only_thread: p.only_thread.and_then(NonZeroI32::new),
                     hits: pcpu::PerCpuCounter::new(),
                     removed: AtomicBool::new(false),
@@ -508,7 +526,7 @@ impl Uprobe {
                     },
                     returns,
                     only_times,
-                    switch: p.timed.map(crate::site::timing::Switch::on),
+                    switch: p.timed.map(crate::site::timing::Switch::timing),
                 });
                 (p.addr, consumer)
             })

@@ -15,12 +15,23 @@
 //! returns past [`Uprobe::max_active`]); a tail call or a second consumer
 //! finds the stub already in place and chains onto the same return.
 //!
-//! - **Lifetime** (as the kernel's uretprobes since 2024): a pending return holds an `srcu` *lease* on
-//!   its consumer, not a reference count; leases older than 100 ms expire
-//!   into references, so a function that never returns delays nothing.
-//!   [`Probe::detach`] returns once no handler of the probe runs or will
-//!   run, without waiting for pending returns: those return normally,
-//!   without the handler.
+//! - **Lifetime**: by default a pending return holds nothing of its
+//!   probe. It names the probe's switch (a word the engine never frees)
+//!   and the switch's generation, and the return looks the handler up
+//!   through it inside a read section of the probe table's domain, as the
+//!   kernel's `handle_uretprobe_chain` walks only the consumers live at
+//!   the return. [`Probe::detach`] returns once no handler of the probe
+//!   runs or will run, without waiting for pending returns: those return
+//!   normally, without the handler, and the handler is freed at once.
+//!   A probe with [`Uprobe::max_active`] (its return must give back its
+//!   in-flight charge) or [`Uprobe::return_after_detach`] (its return
+//!   handler must see every call) has each pending return hold an `srcu`
+//!   *lease* on it instead (as the kernel's uretprobes since 2024), not a
+//!   reference count: leases older than 100 ms expire into references, so
+//!   a function that never returns delays nothing. With
+//!   `return_after_detach` the handler of a call pending at detach runs at
+//!   that call's return, after the detach, and is freed after the last
+//!   such return.
 //! - **Frames left without returning**: after `longjmp`, an instance
 //!   whose stack slot the stack pointer has risen above is dropped at the
 //!   thread's next probe hit or probed return (counted as missed).

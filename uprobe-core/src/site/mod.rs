@@ -16,6 +16,7 @@ pub(crate) mod count;
 pub(crate) mod handler;
 pub(crate) mod jump;
 pub(crate) mod returns;
+pub(crate) mod switch;
 pub(crate) mod timing;
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};

@@ -19,21 +19,16 @@
 //!
 //! **After detach, nothing.** A call still pending when its probe is
 //! detached must not write to the cells once the detach has returned
-//! (the caller may unmap them then). Each timing probe has a [`Switch`]:
-//! a word, never freed, that holds its cells while it is attached. Every
-//! pending call names the switch, not the cells, and its return reads the
-//! cells from it inside the restartable sequence that records (or, on
-//! the engine's path, inside a read section of the table's domain). The
-//! detach turns the switch off, restarts every sequence in flight
-//! (`pcpu::rseq::fence_all`) and waits for a grace period of the domain:
-//! from then on a return finds the switch off and records nothing.
-//! Switches are reused by later timing probes, each time in a new
-//! generation: a call names the generation it was made in too, and a
-//! call left pending from an earlier probe records nothing into a later
-//! one's cells.
+//! (the caller may unmap them then). Every pending call names the
+//! probe's [`Switch`], which holds the cells while it is attached (see
+//! [`super::switch`]), and its return reads the cells from it inside the
+//! restartable sequence that records, or, on the engine's path, inside a
+//! read section of the table's domain.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) use super::switch::Switch;
 
 /// Buckets of a [`LatencyCell`]'s histogram: bucket 0 counts calls that
 /// took 0 ns, bucket `k` those that took `[2^(k-1), 2^k)` ns, the last
@@ -148,81 +143,20 @@ pub fn latency_cells() -> usize {
     pcpu::possible_cpus() + 1
 }
 
-/// A timing probe's cells while it is attached, null once it is
-/// detached: what its pending calls name (see the module docs). Never
-/// freed; reused by later timing probes.
-#[derive(Debug)]
-#[repr(C)]
-pub(crate) struct Switch {
-    cells: AtomicPtr<LatencyCell>,
-    /// How many times it was given back: a call names the generation it
-    /// was made in, and records only while that is the switch's.
-    generation: AtomicU64,
-}
-
-// What the x86-64 return routine reads.
-const _: () = assert!(
-    core::mem::offset_of!(Switch, cells) == 0 && core::mem::offset_of!(Switch, generation) == 8
-);
-
-/// Switches no probe uses.
-static SPARE: Mutex<Vec<&'static Switch>> = Mutex::new(Vec::new());
-
+/// A timing probe's switch holds its cells.
 impl Switch {
-    /// A switch on, holding `cells` (a spare one, or a new one, leaked).
-    /// Not async-signal-safe.
-    pub(crate) fn on(cells: &'static [LatencyCell]) -> &'static Self {
-        let spare = SPARE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .pop();
-        let switch = spare.unwrap_or_else(|| {
-            Box::leak(Box::new(Self {
-                cells: AtomicPtr::new(core::ptr::null_mut()),
-                generation: AtomicU64::new(0),
-            }))
-        });
-        switch
-            .cells
-            .store(cells.as_ptr().cast_mut(), Ordering::Release);
-        switch
+    /// A switch on, holding a timing probe's `cells`. Not
+    /// async-signal-safe.
+    pub(crate) fn timing(cells: &'static [LatencyCell]) -> &'static Self {
+        Self::on(NonNull::from(cells).cast())
     }
 
-    /// The switch's generation now. Async-signal-safe.
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Relaxed)
-    }
-
-    /// The cells, while the switch is on for the probe of `generation`.
-    /// Async-signal-safe.
+    /// The cells, while the switch is on for the timing probe of
+    /// `generation`. Async-signal-safe.
     pub(crate) fn cells_of(&self, generation: u64) -> Option<&'static [LatencyCell]> {
-        // The cells first: a switch turned on again for another probe has
-        // its new generation before its new cells (`give_back`, then
-        // `on`), so cells seen with this generation are its probe's.
-        let p = self.cells.load(Ordering::Acquire);
-        if self.generation.load(Ordering::Acquire) != generation {
-            return None;
-        }
-        // SAFETY: a switch holds the cells of a timing probe, `'static`
-        // and `latency_cells()` of them (checked at attach).
-        (!p.is_null()).then(|| unsafe { core::slice::from_raw_parts(p, latency_cells()) })
-    }
-
-    /// Turns the switch off: returns read no cells from it once every
-    /// restartable sequence and read section in flight is over (the
-    /// caller's fence and grace period). Not async-signal-safe.
-    pub(crate) fn off(&self) {
-        self.cells.store(core::ptr::null_mut(), Ordering::Release);
-    }
-
-    /// Gives the switch back for a later probe (turning it off first).
-    /// Not async-signal-safe.
-    pub(crate) fn give_back(&'static self) {
-        self.off();
-        self.generation.fetch_add(1, Ordering::Release);
-        SPARE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(self);
+        let p = self.target_of(generation)?;
+        // SAFETY: a timing probe's switch holds its cells, `'static` and
+        // `latency_cells()` of them (checked at attach).
+        Some(unsafe { core::slice::from_raw_parts(p.as_ptr().cast(), latency_cells()) })
     }
 }

@@ -28,9 +28,11 @@ pub fn set_lookup(lookup: Lookup) {
     crate::table::lookup::set_mode(lookup);
 }
 
-/// Chooses how pending returns keep their probe alive: an SRCU lease
-/// (the default, as the kernel has since 2024) or a reference count per pending return
-/// (the kernel before it). Only call it while no return is pending.
+/// Chooses what pending returns hold of their probe: nothing where they
+/// owe nothing at their end (the default: they name the probe's switch),
+/// an SRCU lease (as the kernel has since 2024) or a reference count
+/// (the kernel before it). Applies to probes attached from now on; only
+/// call it while no return is pending.
 #[cfg(feature = "bench-variants")]
 pub fn set_return_hold(hold: ReturnHold) {
     crate::site::returns::set_hold(hold);

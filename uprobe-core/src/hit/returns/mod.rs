@@ -1,31 +1,38 @@
-//! Return probes: the per-thread stack of pending returns, the leases that
-//! keep their consumers alive, and the service thread that cleans up after
-//! threads that died with returns pending.
+//! Return probes: the per-thread stack of pending returns, how they reach
+//! their consumers, and the service thread that cleans up after threads
+//! that died with returns pending.
 //!
-//! **At the entry trap** of a consumer with a return handler, the engine
-//! [`prepare`]s a return: it takes an `srcu` **lease** on the consumer's
-//! return part (as the kernel's uretprobes since 2024: an SRCU read section that the lease set's expiry
-//! thread turns into a reference after 100 ms, instead of a reference
-//! count per hit), charges the consumer's in-flight account if it has a
-//! limit (`sigpending`), and replaces the return address with the stub of
-//! the return trampoline for that call site (see the arch's `trampoline`).
-//! The instance (lease, original return address, stack slot, cookie) goes
-//! on the thread's [`ThreadReturns`] stack.
+//! **At the entry** of a consumer with a return handler, the engine
+//! [`prepare`]s a return: it names the consumer's return part, charges
+//! the consumer's in-flight account if it has a limit (`sigpending`), and
+//! replaces the return address with the stub of the return trampoline for
+//! that call site (see the arch's `trampoline`). The instance (what names
+//! the part, original return address, stack slot, cookie) goes on the
+//! thread's [`ThreadReturns`] stack.
+//!
+//! **What names the part.** A pending return that owes nothing at its end
+//! (the default) holds nothing: it names the consumer's switch and its
+//! generation (`crate::site::switch`), and its return reaches the part
+//! inside a read section of the table's domain, or not at all once the
+//! consumer is detached, as the kernel's `handle_uretprobe_chain` walks
+//! only the consumers live at the return. One that charged an in-flight
+//! account (it must uncharge it), or whose handler runs after detach,
+//! holds an `srcu` **lease** on the part (as the kernel's uretprobes since
+//! 2024: an SRCU read section that the lease set's expiry thread turns
+//! into a reference after 100 ms, instead of a reference count per hit),
+//! in a separate domain that detach never waits for; the part is freed
+//! after two grace periods of that domain, which expiry keeps bounded.
 //!
 //! **At the return**, the plain-code trampoline calls [`on_return`]:
 //! instances of frames that are gone (`longjmp`, unwinding) are dropped,
 //! the instances of this frame (several when chained: tail calls, several
 //! consumers) run their handlers and are consumed, and the thread goes on
 //! at the original return address, which the stub itself names: returning
-//! never depends on this bookkeeping.
-//!
-//! **Lifetime.** A return handler runs only inside a read section of the
-//! engine's table domain and only if its consumer was not detached, so a
-//! detach (which marks the consumer, then waits for a grace period of that
-//! domain) returns once no return handler of it runs or will run. The
-//! consumer's memory is another matter: pending returns hold leases on it,
-//! in a separate domain that detach never waits for; it is freed after
-//! two grace periods of that domain, which expiry keeps bounded.
+//! never depends on this bookkeeping. A return handler runs only inside a
+//! read section of the table's domain and only if its consumer was not
+//! detached (unless it runs after detach), so a detach (which turns the
+//! switch off or marks the part, then waits for a grace period of that
+//! domain) returns once no return handler of it runs or will run.
 //!
 //! **Nothing is freed in a signal handler or the trampoline**: a lease
 //! that expired into a reference is handed to the lease set's thread
@@ -49,13 +56,21 @@ use crate::base::thread::{AbortOnUnwind, enter, fatal, leave};
 use crate::code::return_stubs;
 use crate::site::handler::Returned;
 use crate::site::returns::{
-    Pinning, RETURN_DOMAIN, ReturnCounters, ReturnHold, ReturnPart, ReturnProbe, hold_mode, pinning,
+    Pinning, RETURN_DOMAIN, Reach, ReturnCounters, ReturnHold, ReturnPart, ReturnProbe, hold_mode,
+    pinning,
 };
+use crate::site::switch::Switch;
 
 /// Pending returns a thread may have (the kernel's `max_uretprobe_depth`);
 /// a return probe hit past it is not tracked and counts as missed.
 pub(crate) const MAX_RETURN_DEPTH: usize = 64;
+/// How a pending return reaches its consumer's return part.
 enum KeepAlive {
+    /// Holding nothing: the part's switch, while on for this generation.
+    Named {
+        switch: &'static Switch,
+        generation: u64,
+    },
     Lease(RawLease),
     Reference(Strong<ReturnPart>),
 }
@@ -220,23 +235,28 @@ pub(crate) unsafe fn prepare(
     // overwritten; the thread's own stack, not shared, and no other hit
     // of the thread gets here meanwhile (it is inside the engine).
     debug_assert!(unsafe { &*slot }.is_none());
-    let held = match hold_mode() {
-        ReturnHold::Lease => tr
-            .block
-            .lease(&probe.cell)
-            .map(|l| {
-                // SAFETY: as above.
-                unsafe { slot.write(Some(KeepAlive::Lease(l.into_raw()))) };
-            })
-            .is_ok(),
-        ReturnHold::Refcount => probe
-            .cell
+    let held = match &probe.reach {
+        Reach::Switched { switch, .. } => {
+            let generation = switch.generation();
+            // SAFETY: as above.
+            unsafe { slot.write(Some(KeepAlive::Named { switch, generation })) };
+            true
+        }
+        Reach::Leased(cell) if hold_mode() == ReturnHold::Refcount => cell
             .get()
             .map(|part| {
                 // SAFETY: as above.
                 unsafe { slot.write(Some(KeepAlive::Reference(part))) };
             })
             .is_some(),
+        Reach::Leased(cell) => tr
+            .block
+            .lease(cell)
+            .map(|l| {
+                // SAFETY: as above.
+                unsafe { slot.write(Some(KeepAlive::Lease(l.into_raw()))) };
+            })
+            .is_ok(),
     };
     if !held {
         // Detached meanwhile (or a full block, which the depth rules out).
@@ -314,11 +334,21 @@ impl ThreadReturns {
 
     /// Pops `inst` (the top), hands its consumer to `with` if it is still
     /// alive, uncharges and releases it. Frees nothing: async-signal-safe.
+    /// Called inside a read section of the table's domain (what a pending
+    /// return that holds nothing reaches its part in).
     fn finish(&self, inst: &PendingReturn, with: impl FnOnce(&ReturnPart, &PendingReturn)) {
         self.depth.set(self.depth.get() - 1);
         let Some(hold) = inst.hold.take() else {
             return;
         };
+        if let KeepAlive::Named { switch, generation } = hold {
+            // Named only where nothing was charged: nothing to undo.
+            // SAFETY: the caller's read section; a return probe's switch.
+            if let Some(part) = unsafe { switch.part_of(generation) } {
+                with(part, inst);
+            }
+            return;
+        }
         let undo_charge = |part: &ReturnPart| {
             uncharge(
                 part.in_flight.as_ref(),
@@ -329,6 +359,7 @@ impl ThreadReturns {
         };
         let Some(leases) = LEASES.get() else { return };
         match hold {
+            KeepAlive::Named { .. } => {}
             KeepAlive::Lease(raw) => {
                 // SAFETY: `raw` came from this block in `prepare`, once.
                 let lease = unsafe { self.block.from_raw(raw) };
@@ -416,20 +447,22 @@ pub(crate) fn on_return(regs: &mut SavedRegs, xmm: &mut SavedVector) {
         if tr.timed.pending() {
             tr.timed.returned(slot, crate::base::clock::now());
         }
-        tr.drop_abandoned(|s| s < slot);
-        while let Some(inst) = tr.top() {
-            if inst.slot.get() != slot || inst.ret.get() != original {
-                break;
-            }
-            tr.finish(inst, |part, inst| {
-                if was_inside {
-                    if crate::base::thread::observed() {
-                        part.counters.missed.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return;
+        // One read section for the frame's returns: those that hold
+        // nothing reach their parts in it, and handlers run in it.
+        crate::table::lookup::with_read_side(|| {
+            tr.drop_abandoned(|s| s < slot);
+            while let Some(inst) = tr.top() {
+                if inst.slot.get() != slot || inst.ret.get() != original {
+                    break;
                 }
-                crate::table::lookup::with_read_side(|| {
-                    if part.detached.load(Ordering::Acquire) {
+                tr.finish(inst, |part, inst| {
+                    if was_inside {
+                        if crate::base::thread::observed() {
+                            part.counters.missed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return;
+                    }
+                    if part.detached.load(Ordering::Acquire) && !part.after_detach {
                         return;
                     }
                     part.counters.returns.add(1);
@@ -442,8 +475,8 @@ pub(crate) fn on_return(regs: &mut SavedRegs, xmm: &mut SavedVector) {
                     part.handler.run(regs, xmm, call);
                     abort.disarm();
                 });
-            });
-        }
+            }
+        });
         leave(was_inside);
     }
     trampoline::return_to(regs, original);

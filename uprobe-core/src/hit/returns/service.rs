@@ -141,7 +141,8 @@ fn reap(pool: &Pool) {
                 continue;
             }
             // The owner is gone: its stack is ours now.
-            tr.drop_abandoned(|_| true);
+            // In a read section: what holds nothing reaches its part in one.
+            crate::table::lookup::with_read_side(|| tr.drop_abandoned(|_| true));
             tr.timed.clear();
             let element = tr.element.load(Ordering::Relaxed);
             tr.owner.store(0, Ordering::Release);
