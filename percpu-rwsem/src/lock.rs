@@ -5,7 +5,7 @@ use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
 use core::ptr::NonNull;
 
-use crate::raw::{RawPercpuRwSem, ReadRefused, Wait, thread_token};
+use crate::raw::{RawPercpuRwSem, ReadRefused, Reading, Wait, thread_token};
 
 /// Taking the read side would deadlock: the calling thread holds the write
 /// side of the same semaphore (typically a signal handler interrupted the
@@ -159,7 +159,7 @@ impl<T: ?Sized> PercpuRwSem<T> {
     #[inline(always)]
     pub fn read_checked(&self) -> Result<ReadGuard<'_, T>, WouldDeadlock> {
         match self.raw.read_lock(Wait::Block) {
-            Ok(()) => Ok(self.read_guard()),
+            Ok(reading) => Ok(self.read_guard(reading)),
             Err(ReadRefused::HeldByThisThread) => Err(WouldDeadlock),
             Err(ReadRefused::WouldBlock) => unreachable!("blocking read gave up"),
         }
@@ -173,17 +173,18 @@ impl<T: ?Sized> PercpuRwSem<T> {
         self.raw
             .read_lock(Wait::Never)
             .ok()
-            .map(|()| self.read_guard())
+            .map(|reading| self.read_guard(reading))
     }
 
     /// The guard of a read side just taken on this thread.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn read_guard(&self) -> ReadGuard<'_, T> {
+    fn read_guard<'a>(&'a self, reading: Reading<'a>) -> ReadGuard<'a, T> {
         ReadGuard {
             // SAFETY: `UnsafeCell::get` is never null.
             data: unsafe { NonNull::new_unchecked(self.data.get()) },
             raw: &self.raw,
+            reading,
             taker: thread_token(),
         }
     }
@@ -242,6 +243,8 @@ impl<T: ?Sized + core::fmt::Debug> core::fmt::Debug for PercpuRwSem<T> {
 pub struct ReadGuard<'a, T: ?Sized> {
     data: NonNull<T>,
     raw: &'a RawPercpuRwSem,
+    /// The counts the read was counted in.
+    reading: Reading<'a>,
     /// The thread that took the read side (it counts the read in its read
     /// depth until the guard is dropped there).
     taker: usize,
@@ -266,7 +269,8 @@ impl<T: ?Sized> Drop for ReadGuard<'_, T> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     fn drop(&mut self) {
-        self.raw.read_unlock(self.taker == thread_token());
+        self.raw
+            .read_unlock_counted(self.reading, self.taker == thread_token());
     }
 }
 
@@ -313,8 +317,8 @@ impl<'a, T: ?Sized> WriteGuard<'a, T> {
     pub fn downgrade(guard: Self) -> ReadGuard<'a, T> {
         let sem = guard.sem;
         core::mem::forget(guard);
-        sem.raw.downgrade();
-        sem.read_guard()
+        let reading = sem.raw.downgrade();
+        sem.read_guard(reading)
     }
 }
 

@@ -41,7 +41,7 @@ unsafe impl lock_api::RawRwLock for RawPercpuRwSem {
 
     #[inline]
     fn try_lock_shared(&self) -> Option<GuardSend> {
-        self.read_lock(Wait::Never).ok().map(|()| GuardSend::new())
+        self.read_lock(Wait::Never).ok().map(|_| GuardSend::new())
     }
 
     #[inline]
@@ -75,7 +75,7 @@ unsafe impl lock_api::RawRwLock for RawPercpuRwSem {
 // into a shared one held by it, with no other writer in between.
 unsafe impl lock_api::RawRwLockDowngrade for RawPercpuRwSem {
     unsafe fn downgrade(&self, _guard: GuardNoSend) -> GuardSend {
-        RawPercpuRwSem::downgrade(self);
+        let _ = RawPercpuRwSem::downgrade(self);
         GuardSend::new()
     }
 }

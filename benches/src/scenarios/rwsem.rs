@@ -14,8 +14,8 @@ const IMPLS: &[&str] = &["percpu-rwsem", "std", "parking_lot", "sharded"];
 
 pub const READ: Scenario = Scenario {
     name: "rwsem-read",
-    about: "seed 001: each thread loops read-lock, read the value, unlock (no writer)",
-    impls: IMPLS,
+    about: "seed 001: each thread loops read-lock, read the value, unlock (no writer); rseq-adds is the floor: the two per-CPU rseq adds a reader's lock and unlock make (pcpu::rseq::add of +1 and -1 around the read), with no gate, no read depth and no writer to exclude",
+    impls: &["percpu-rwsem", "std", "parking_lot", "sharded", "rseq-adds"],
     build: build_read,
 };
 
@@ -76,6 +76,27 @@ impl Lock for ShardedLock<u64> {
     }
 }
 
+/// The floor of a per-CPU reader: `+1` to its CPU's count, the read,
+/// `-1`, each add one rseq critical section (an atomic add where rseq
+/// does not run), and nothing else.
+struct RseqAdds {
+    counts: pcpu::PerCpu<std::sync::atomic::AtomicU64>,
+    value: u64,
+}
+
+impl Lock for RseqAdds {
+    #[inline(always)]
+    fn read_value(&self) -> u64 {
+        pcpu::rseq::add(&self.counts, 1);
+        let v = black_box(self.value);
+        pcpu::rseq::add(&self.counts, 1u64.wrapping_neg());
+        v
+    }
+    fn add(&self, _delta: u64) {
+        unreachable!("rseq-adds has no writer")
+    }
+}
+
 /// Monomorphic read loops: the lock type is known inside the loop, so the
 /// benchmark measures the lock and not a virtual call per iteration.
 struct ReadLoop<L>(L);
@@ -97,6 +118,10 @@ fn build_read(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
         "std" => Box::new(ReadLoop(std::sync::RwLock::new(0u64))),
         "parking_lot" => Box::new(ReadLoop(parking_lot::RwLock::new(0u64))),
         "sharded" => Box::new(ReadLoop(ShardedLock::new(0u64))),
+        "rseq-adds" => Box::new(ReadLoop(RseqAdds {
+            counts: pcpu::PerCpu::default(),
+            value: 0,
+        })),
         _ => unreachable!("unknown implementation {imp}"),
     })
 }

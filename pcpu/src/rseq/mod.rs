@@ -212,16 +212,28 @@ impl GatedAdder {
         gate: &crate::sync::atomic::AtomicU32,
         delta: u64,
     ) -> GatedAdd {
+        self.add_if_zero_in(Counters::new(counters), gate, delta)
+    }
+
+    /// [`add_if_zero`](Self::add_if_zero) on counters whose layout the
+    /// caller read once ([`Counters`]). **Async-signal-safe.**
+    #[allow(clippy::inline_always)] // a call would cost more than the section
+    #[inline(always)]
+    pub fn add_if_zero_in(
+        self,
+        counters: Counters<'_>,
+        gate: &crate::sync::atomic::AtomicU32,
+        delta: u64,
+    ) -> GatedAdd {
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         {
-            let (base, _) = counters.raw_layout();
             // SAFETY: as in `add`; the token exists only with rseq fences
             // registered; `gate` is a live, aligned `AtomicU32`.
             let rc = unsafe {
                 x86_64::add_if_zero(
                     self.offset.get(),
-                    base,
-                    counters.cpus() as u32,
+                    counters.base,
+                    counters.cpus,
                     gate.as_ptr(),
                     delta,
                 )
@@ -234,6 +246,7 @@ impl GatedAdder {
         }
         #[cfg(pcpu_loom)]
         {
+            let counters = counters.per_cpu;
             // Gate check and plain add inside the CPU's critical section.
             let slot = counters.current_index();
             crate::loom_cpu::critical_section(slot, || {
@@ -252,6 +265,34 @@ impl GatedAdder {
         {
             let _ = (counters, gate, delta);
             GatedAdd::Unavailable
+        }
+    }
+}
+
+/// A [`PerCpu`] of counters with its layout read once, for a caller that
+/// adds to the same counters twice in a row (a lock and its unlock): kept
+/// in registers, it spares the second add reloading the layout after the
+/// first one's critical section. `Copy`; borrows the counters.
+#[derive(Clone, Copy, Debug)]
+pub struct Counters<'a> {
+    #[cfg_attr(not(pcpu_loom), allow(dead_code))]
+    per_cpu: &'a PerCpu<AtomicU64>,
+    #[cfg_attr(not(all(pcpu_arch = "x86_64", not(pcpu_loom))), allow(dead_code))]
+    base: *const u8,
+    #[cfg_attr(not(all(pcpu_arch = "x86_64", not(pcpu_loom))), allow(dead_code))]
+    cpus: u32,
+}
+
+impl<'a> Counters<'a> {
+    /// The layout of `per_cpu`. Async-signal-safe.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    #[must_use]
+    pub fn new(per_cpu: &'a PerCpu<AtomicU64>) -> Self {
+        Self {
+            per_cpu,
+            base: per_cpu.raw_layout().0,
+            cpus: per_cpu.cpus() as u32,
         }
     }
 }

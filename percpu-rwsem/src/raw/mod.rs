@@ -88,7 +88,7 @@
 use core::time::Duration;
 
 use pcpu::PerCpu;
-use pcpu::rseq::{self, GatedAdd};
+use pcpu::rseq;
 use pcpu::unstable::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::futex_mutex::FutexMutex;
@@ -96,7 +96,7 @@ use crate::futex_mutex::FutexMutex;
 mod read;
 mod write;
 
-pub(crate) use read::thread_token;
+pub(crate) use read::{Reading, thread_token};
 
 /// A writer holds the lock or is draining readers.
 const BLOCK: u32 = 1;
@@ -161,14 +161,14 @@ impl Counts {
         }
     }
 
-    /// "If the gate is open, add `delta` to my CPU's count", in one
-    /// restartable sequence (pairing 1), or `Unavailable`.
+    /// What a read's lock and unlock need of the counts, read once.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    fn add_if_open(&self, gate: &AtomicU32, delta: u64) -> GatedAdd {
-        match self.gated {
-            Some(adder) => adder.add_if_zero(&self.slots, gate, delta),
-            None => GatedAdd::Unavailable,
+    fn reading(&self) -> Reading<'_> {
+        Reading {
+            counts: self,
+            gated: self.gated,
+            slots: rseq::Counters::new(&self.slots),
         }
     }
 

@@ -3,12 +3,12 @@
 //! unlocking.
 
 use core::cell::Cell;
-use pcpu::rseq::GatedAdd;
+use pcpu::rseq::{Counters, GatedAdd, GatedAdder};
 
 // A signal fence orders this thread against its own signal handlers, with
 // no instruction; loom has no signals, so it is `core`'s in both builds.
 use core::sync::atomic::compiler_fence;
-use pcpu::unstable::sync::atomic::{Ordering, fence};
+use pcpu::unstable::sync::atomic::{AtomicU32, Ordering, fence};
 use pcpu::unstable::sync::futex;
 
 use super::{BLOCK, Counts, ENTERED, LINGER, PARKED, RawPercpuRwSem, ReadRefused, Wait};
@@ -67,18 +67,43 @@ pub(crate) fn thread_token() -> usize {
     TOKEN.with(|t| *t)
 }
 
+/// A read side taken: the counts it was counted in, with what their
+/// gated adds need read once, so that its release (when the guard keeps
+/// it) subtracts without looking any of it up again.
+#[derive(Clone, Copy)]
+pub(crate) struct Reading<'a> {
+    pub(super) counts: &'a Counts,
+    pub(super) gated: Option<GatedAdder>,
+    pub(super) slots: Counters<'a>,
+}
+
+impl Reading<'_> {
+    /// "If the gate is open, add `delta` to my CPU's count", in one
+    /// restartable sequence (pairing 1), or `Unavailable`.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    fn add_if_open(self, gate: &AtomicU32, delta: u64) -> GatedAdd {
+        match self.gated {
+            Some(adder) => adder.add_if_zero_in(self.slots, gate, delta),
+            None => GatedAdd::Unavailable,
+        }
+    }
+}
+
 impl RawPercpuRwSem {
     /// Takes the read side; see [`PercpuRwSem::read`](crate::PercpuRwSem::read).
     /// Only the per-thread depth and the gated add are inline; everything
     /// else is out of line.
     #[allow(clippy::inline_always)]
     #[inline(always)]
-    pub(crate) fn read_lock(&self, wait: Wait) -> Result<(), ReadRefused> {
+    pub(crate) fn read_lock(&self, wait: Wait) -> Result<Reading<'_>, ReadRefused> {
         let outer = enter_read();
-        let counts = self.counts();
-        match counts.add_if_open(&self.gate, 1) {
-            GatedAdd::Added => Ok(()),
-            other => self.read_lock_not_fast(counts, other, wait, outer != 0),
+        let reading = self.counts().reading();
+        match reading.add_if_open(&self.gate, 1) {
+            GatedAdd::Added => Ok(reading),
+            other => self
+                .read_lock_not_fast(reading.counts, other, wait, outer != 0)
+                .map(|()| reading),
         }
     }
 
@@ -177,10 +202,17 @@ impl RawPercpuRwSem {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn read_unlock(&self, taken_here: bool) {
-        let counts = self.counts();
-        match counts.add_if_open(&self.gate, 1u64.wrapping_neg()) {
+        self.read_unlock_counted(self.counts().reading(), taken_here);
+    }
+
+    /// [`read_unlock`](Self::read_unlock) of the read `reading` took,
+    /// without looking the counts up again.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub(crate) fn read_unlock_counted(&self, reading: Reading<'_>, taken_here: bool) {
+        match reading.add_if_open(&self.gate, 1u64.wrapping_neg()) {
             GatedAdd::Added => {}
-            other => self.read_unlock_not_fast(counts, other),
+            other => self.read_unlock_not_fast(reading.counts, other),
         }
         if taken_here {
             leave_read();

@@ -10,7 +10,7 @@ use pcpu::rseq;
 use pcpu::unstable::sync::atomic::{Ordering, fence};
 use pcpu::unstable::sync::futex;
 
-use super::read::{enter_read, thread_token};
+use super::read::{Reading, enter_read, thread_token};
 use super::{BLOCK, ENTERED, LINGER, PARKED, RawPercpuRwSem, WRITER, Wait};
 
 #[cfg(feature = "test-hooks")]
@@ -153,13 +153,15 @@ impl RawPercpuRwSem {
     /// (depth, then count) while the gate is still closed, then released
     /// as a writer. Returns with the read side held, to be released with
     /// `read_unlock(true)` on this thread.
-    pub(crate) fn downgrade(&self) {
+    pub(crate) fn downgrade(&self) -> Reading<'_> {
         hook(Point::Downgrade(0));
         enter_read();
-        self.counts().add(1);
+        let counts = self.counts();
+        counts.add(1);
         hook(Point::Downgrade(1));
         self.release_write();
         hook(Point::Downgrade(2));
+        counts.reading()
     }
 
     /// Reopens the gate to slow-path readers (`LINGER`, clearing `WRITER`,
