@@ -283,6 +283,12 @@ pub struct Counters<'a> {
     cpus: u32,
 }
 
+// SAFETY: a shared borrow of `PerCpu<AtomicU64>` (which is `Sync`) and
+// its layout, read from it: what `&PerCpu<AtomicU64>` may do on any thread.
+unsafe impl Send for Counters<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Counters<'_> {}
+
 impl<'a> Counters<'a> {
     /// The layout of `per_cpu`. Async-signal-safe.
     #[allow(clippy::inline_always)]
