@@ -50,6 +50,20 @@ pub struct Scenario {
     pub about: &'static str,
     pub impls: &'static [&'static str],
     pub build: Build,
+    /// The implementations that can be built as if the machine had N
+    /// CPUs (`--lists N`): each runs once per N, as `IMPL@N`, and its build
+    /// gets that name ([`split_lists`]).
+    pub lists: &'static [&'static str],
+}
+
+/// An implementation name and the list count `--lists` gave it
+/// (`"hint@256"` -> `("hint", Some(256))`).
+#[must_use]
+pub fn split_lists(imp: &str) -> (&str, Option<usize>) {
+    match imp.split_once('@') {
+        Some((name, n)) => (name, n.parse().ok()),
+        None => (imp, None),
+    }
 }
 
 /// How to run: thread counts, durations, repetitions, implementation filter.
@@ -59,6 +73,9 @@ pub struct Options {
     pub duration: Duration,
     pub runs: usize,
     pub impls: Option<Vec<String>>,
+    /// List counts for the implementations that take one (see
+    /// [`Scenario::lists`]); empty: the machine's.
+    pub lists: Vec<usize>,
 }
 
 /// One reported line: the median over runs of one (row, threads).
@@ -291,6 +308,23 @@ pub fn select_impls<'a>(
 /// interleaved run by run, and returns the rows plus the skip reasons.
 pub fn run_scenario(sc: &Scenario, opts: &Options) -> Result<Outcomes, String> {
     let impls = select_impls(sc, opts.impls.as_deref())?;
+    if !opts.lists.is_empty() && !impls.iter().any(|i| sc.lists.contains(i)) {
+        return Err(format!(
+            "scenario {} has no implementation that takes --lists",
+            sc.name
+        ));
+    }
+    let impls: Vec<String> = impls
+        .into_iter()
+        .flat_map(|imp| {
+            let counts: Vec<String> = if sc.lists.contains(&imp) && !opts.lists.is_empty() {
+                opts.lists.iter().map(|n| format!("{imp}@{n}")).collect()
+            } else {
+                vec![imp.to_string()]
+            };
+            counts
+        })
+        .collect();
     let mut results = run_plan(&[(sc, impls)], opts)?;
     Ok(results.remove(0))
 }
@@ -300,7 +334,10 @@ pub fn run_scenario(sc: &Scenario, opts: &Options) -> Result<Outcomes, String> {
 /// and implementation before the next run starts, so a noisy moment
 /// spreads over all of them. Returns, per scenario, its rows and skip
 /// reasons. `opts.impls` is not used (the plan names the implementations).
-pub fn run_plan(plan: &[(&Scenario, Vec<&str>)], opts: &Options) -> Result<Vec<Outcomes>, String> {
+pub fn run_plan<S: AsRef<str>>(
+    plan: &[(&Scenario, Vec<S>)],
+    opts: &Options,
+) -> Result<Vec<Outcomes>, String> {
     let cpus = allowed_cpus();
     let per_run: usize = plan.iter().map(|(_, impls)| impls.len()).sum();
     let steps = opts.runs * opts.threads.len() * per_run;
@@ -317,6 +354,7 @@ pub fn run_plan(plan: &[(&Scenario, Vec<&str>)], opts: &Options) -> Result<Vec<O
         for (i, (sc, impls)) in plan.iter().enumerate() {
             for &threads in &opts.threads {
                 for imp in impls {
+                    let imp = imp.as_ref();
                     progress.step(&format!("{}/{imp} ({threads} threads)", sc.name));
                     measure_one(sc, imp, threads, &cpus, opts.duration, &mut samples[i]).or_else(
                         |skip| match skip {

@@ -115,7 +115,7 @@ pub const SEEDS: &[Seed] = &[
         patch: "bpf: avoid grabbing the spin locks of all CPUs when no free elements (2022)",
         parts: &[Part {
             scenario: "freelist-pop-empty",
-            impls: &["hint", "head", "nohint", "arrayqueue"],
+            impls: &["hint", "flag", "head", "nohint", "arrayqueue"],
             before: "nohint",
         }],
         note: "uprobe-core takes pcpu-freelist elements at attach (out-of-line slots) and once per thread (return stacks), never per hit: the primitive's own scenario stands for it",

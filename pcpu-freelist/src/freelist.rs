@@ -12,15 +12,21 @@ use crate::node::Node;
 
 /// How a pop decides that another CPU's list is not worth locking.
 ///
-/// The three variants are the kernel before the patch, the patch as
-/// posted and the check that was merged, kept so that the before/after
-/// stays measurable; [`Flag`](Self::Flag) is the
-/// default.
+/// [`Summary`](Self::Summary) is the default; the other three are the
+/// kernel before the patch, the patch as posted and the check that was
+/// merged, kept so that the before/after stays measurable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum EmptyHint {
-    /// The patch's `is_empty` flag: one flag per list, written only on
-    /// empty <-> non-empty transitions, read before the lock.
+    /// The patch's flags, summed up: a bit per list in a few shared words
+    /// (one per 64 lists), set before a node goes into an empty list and
+    /// cleared with its flag, so a pop looks at one word per 64 lists and
+    /// then only at lists that may hold nodes. An empty pool costs a pop
+    /// the same on 2 CPUs as on 256.
     #[default]
+    Summary,
+    /// The patch's `is_empty` flag: one flag per list, written only on
+    /// empty <-> non-empty transitions, read before the lock (a pop over
+    /// empty lists reads one flag per CPU).
     Flag,
     /// The merged kernel's check: a racy read of the list's head pointer
     /// before the lock.
@@ -91,12 +97,31 @@ impl<T> FreeList<T> {
         Self::with_hint(values, EmptyHint::default())
     }
 
-    /// Like [`new`](Self::new) with the given hint; [`EmptyHint::Head`]
-    /// and [`EmptyHint::None`] exist to measure the patch's before/after.
+    /// Like [`new`](Self::new) with the given hint; [`EmptyHint::Flag`],
+    /// [`EmptyHint::Head`] and [`EmptyHint::None`] exist to measure the
+    /// patch's before/after.
     ///
     /// # Panics
     /// As for [`new`](Self::new).
     pub fn with_hint(values: impl IntoIterator<Item = T>, hint: EmptyHint) -> Self {
+        Self::build(values, hint, None)
+    }
+
+    /// Like [`with_hint`](Self::with_hint), as if the machine had `cpus`
+    /// possible CPUs: `cpus` lists (and the overflow list), the values
+    /// spread over them. The lists beyond the machine's CPUs are never a
+    /// thread's own (threads on the machine's CPUs pop them only by the
+    /// walk, under their lock). For measuring on a small machine what a
+    /// pop costs on a big one: an empty pool's walk over 256 lists, or a
+    /// steal from the far end. Not async-signal-safe (allocates).
+    ///
+    /// # Panics
+    /// As for [`new`](Self::new).
+    pub fn with_lists(values: impl IntoIterator<Item = T>, hint: EmptyHint, cpus: usize) -> Self {
+        Self::build(values, hint, Some(cpus))
+    }
+
+    fn build(values: impl IntoIterator<Item = T>, hint: EmptyHint, lists: Option<usize>) -> Self {
         let nodes: Vec<Node<T>> = values.into_iter().map(Node::new).collect();
         assert!(
             u32::try_from(nodes.len()).is_ok_and(|n| n < u32::MAX),
@@ -104,9 +129,11 @@ impl<T> FreeList<T> {
             nodes.len()
         );
         let next_offset = core::mem::offset_of!(Node<T>, link);
-        let mut lists = match hint {
-            EmptyHint::Flag => PerCpuStack::with_empty_flags(next_offset),
-            EmptyHint::Head | EmptyHint::None => PerCpuStack::new(next_offset),
+        let flags = matches!(hint, EmptyHint::Summary | EmptyHint::Flag);
+        let mut lists = match lists {
+            Some(cpus) => PerCpuStack::with_cpus(next_offset, flags, cpus),
+            None if flags => PerCpuStack::with_empty_flags(next_offset),
+            None => PerCpuStack::new(next_offset),
         };
         // Even shares per CPU list (not the overflow list, which only
         // threads on CPUs beyond the possible count use).
@@ -212,6 +239,7 @@ impl<T> FreeList<T> {
         // One loop per hint, so the walk over empty lists is a tight run of
         // loads (the case the patch is about).
         let node = match self.hint {
+            EmptyHint::Summary => self.walk_summary(wait, empty),
             EmptyHint::Flag => self.walk(wait, empty, |s| self.lists.flagged_empty(s)),
             EmptyHint::Head => self.walk(wait, empty, |s| self.lists.looks_empty(s)),
             EmptyHint::None => self.walk(wait, empty, |_| false),
@@ -259,6 +287,50 @@ impl<T> FreeList<T> {
         for slot in 0..here {
             if let Some(node) = try_list(slot) {
                 return Some(node);
+            }
+        }
+        None
+    }
+
+    /// [`walk`](Self::walk) over the lists the summary says may hold
+    /// nodes: this CPU's list (unless `empty`), then, a summary word at a
+    /// time, the set bits from the next list round to the one before ours,
+    /// each list's flag looked at before its lock.
+    fn walk_summary(&self, wait: bool, empty: Option<usize>) -> Option<NonNull<u8>> {
+        let lists = &self.lists;
+        let here = empty.unwrap_or_else(|| lists.current_slot());
+        let try_list = |slot| {
+            if lists.flagged_empty(slot) {
+                None
+            } else {
+                self.pop_list(slot, wait)
+            }
+        };
+        if empty.is_none()
+            && let Some(node) = try_list(here)
+        {
+            return Some(node);
+        }
+        // An empty pool (the case the hint is for): the words alone.
+        if (0..lists.summary_words()).all(|w| lists.summary(w) == 0) {
+            return None;
+        }
+        for (from, to) in [(here + 1, lists.slots()), (0, here)] {
+            let mut word = from / 64;
+            while word * 64 < to {
+                // The bits of lists `from..to` in this word.
+                let mut bits = lists.summary(word) & (!0 << (from.max(word * 64) - word * 64));
+                if to - word * 64 < 64 {
+                    bits &= (1 << (to - word * 64)) - 1;
+                }
+                while bits != 0 {
+                    let slot = word * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    if let Some(node) = try_list(slot) {
+                        return Some(node);
+                    }
+                }
+                word += 1;
             }
         }
         None

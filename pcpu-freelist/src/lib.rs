@@ -45,20 +45,31 @@
 //!   [`Element`] never fail and never wait.
 //!
 //! # The hint
-//! Each list carries the patch's **empty flag** ([`EmptyHint::Flag`], the
-//! default), written only on empty <-> non-empty transitions and read
-//! before taking the list's lock, so a pop over empty lists reads one flag
-//! per CPU instead of taking every CPU's lock. [`EmptyHint::Head`] (the
+//! Each list carries the patch's **empty flag**, written only on empty
+//! <-> non-empty transitions and read before taking the list's lock, so a
+//! pop over empty lists takes no lock. By default
+//! ([`EmptyHint::Summary`]) the flags are also summed up in a bitmap, a
+//! bit per list in a few shared words, written on the same transitions:
+//! a pop that finds its own list empty reads one word per 64 lists and
+//! then looks only at lists that may hold nodes, so an empty pool costs a
+//! pop the same whatever the number of CPUs. [`EmptyHint::Flag`] (one
+//! flag read per list: the patch as posted), [`EmptyHint::Head`] (the
 //! merged kernel's racy read of the head pointer) and [`EmptyHint::None`]
 //! (lock every list, the kernel before the patch) exist so that the
-//! before/after can be measured (`bench freelist-pop-empty`).
+//! before/after can be measured (`bench freelist-pop-empty`, with
+//! [`FreeList::with_lists`] for a pool built as if the machine had more
+//! CPUs).
 //!
 //! **Memory ordering and what a stale hint costs.** The flag is read with
 //! a relaxed load; a push clears it *before* linking its node (same
 //! critical section, or under the lock), and it is set only by a pop that
 //! emptied the list, in a step that re-checks the head (a second critical
 //! section in rseq mode, or under the lock), so **a set flag always
-//! describes a list that was empty when it was set**. A stale read can
+//! describes a list that was empty when it was set**. The summary bit
+//! follows the flag in the same critical sections and locked steps: set
+//! (a locked `bts`) after the flag is cleared and before the node is
+//! linked, cleared (`btr`) before the flag is set, so **a list holding a
+//! node whose push has finished has its bit set**. A stale read can
 //! therefore only:
 //! - see the flag clear on an empty list: a wasted look (the lock, or the
 //!   critical section, finds the list empty);

@@ -39,7 +39,7 @@ fn free_count<T>(pool: &FreeList<T>) -> usize {
 /// none is lost.
 #[test]
 fn concurrent_pop_and_push_never_lose_or_duplicate() {
-    for hint in [EmptyHint::Flag, EmptyHint::Head] {
+    for hint in [EmptyHint::Summary, EmptyHint::Flag, EmptyHint::Head] {
         model(2, move || {
             loom_cpu::set_current(0);
             let pool = leak(FreeList::with_hint(
@@ -81,9 +81,14 @@ fn concurrent_pop_and_push_never_lose_or_duplicate() {
 /// re-checking the head after the emptying pop fails this model.)
 #[test]
 fn a_completed_push_is_never_hidden_by_the_hint() {
-    for (hint, last_cpu) in [EmptyHint::Flag, EmptyHint::Head, EmptyHint::None]
-        .into_iter()
-        .flat_map(|h| [(h, 1), (h, 0)])
+    for (hint, last_cpu) in [
+        EmptyHint::Summary,
+        EmptyHint::Flag,
+        EmptyHint::Head,
+        EmptyHint::None,
+    ]
+    .into_iter()
+    .flat_map(|h| [(h, 1), (h, 0)])
     {
         model(3, move || {
             loom_cpu::set_current(0);

@@ -1,10 +1,16 @@
-//! The pool's API: exhaustion, handles, indexes, the three hints.
+//! The pool's API: exhaustion, handles, indexes, the four hints, pools
+//! built for more CPUs than the machine has.
 
 use std::collections::HashSet;
 
 use pcpu_freelist::{EmptyHint, FreeList};
 
-const HINTS: [EmptyHint; 3] = [EmptyHint::Flag, EmptyHint::Head, EmptyHint::None];
+const HINTS: [EmptyHint; 4] = [
+    EmptyHint::Summary,
+    EmptyHint::Flag,
+    EmptyHint::Head,
+    EmptyHint::None,
+];
 
 /// Pops until the pool is exhausted, keeping every element (a dropped
 /// element would go straight back).
@@ -89,6 +95,33 @@ fn from_index_checks_the_range() {
     let pool = FreeList::new([0]);
     // SAFETY: the index is out of range, which `from_index` checks first.
     let _ = unsafe { pool.from_index(1) };
+}
+
+/// A pool built as if the machine had 300 CPUs (five summary words): every
+/// element is found from the machine's CPUs, by the walk over lists no
+/// thread owns, and found again once pushed back; the last element, alone
+/// in whichever list the walk reaches last, is found too.
+#[test]
+fn a_pool_for_more_cpus_than_the_machine_has_finds_every_element() {
+    for hint in HINTS {
+        let pool = FreeList::with_lists(0..301u32 * 2, hint, 300);
+        let taken = take_all(&pool);
+        assert_eq!(taken.len(), 602, "{hint:?}: every element is found");
+        let values: HashSet<u32> = taken.iter().map(|e| **e).collect();
+        assert_eq!(values.len(), 602, "{hint:?}: no element twice");
+        assert!(pool.pop().is_none(), "{hint:?}: exhausted");
+        drop(taken);
+        assert_eq!(
+            take_all(&pool).len(),
+            602,
+            "{hint:?}: pushed back, found again"
+        );
+        let fresh = FreeList::with_lists(0..301u32 * 2, hint, 300);
+        let held: Vec<_> = (0..601).map(|_| fresh.pop().expect("free")).collect();
+        let last = fresh.pop().expect("the one element left");
+        assert!(held.iter().all(|e| **e != *last), "{hint:?}");
+        assert!(fresh.pop().is_none(), "{hint:?}: exhausted");
+    }
 }
 
 #[test]

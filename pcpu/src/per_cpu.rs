@@ -32,10 +32,19 @@ pub struct PerCpu<T> {
 impl<T> PerCpu<T> {
     /// Builds the slots, calling `init(slot_index)` for each CPU slot and
     /// the overflow slot. Not async-signal-safe (allocates).
-    pub fn new(mut init: impl FnMut(usize) -> T) -> Self {
-        let n = possible_cpus() + 1;
+    pub fn new(init: impl FnMut(usize) -> T) -> Self {
+        Self::with_cpus(possible_cpus(), init)
+    }
+
+    /// [`new`](Self::new) as if the machine had `cpus` possible CPUs: `cpus`
+    /// CPU slots and the overflow slot, which CPU ids at or above `cpus`
+    /// share. For measuring on a small machine what a structure costs on a
+    /// big one (a walk over 256 slots), and for tests; with fewer slots
+    /// than CPUs the overflow slot takes the rest. Not async-signal-safe
+    /// (allocates).
+    pub fn with_cpus(cpus: usize, mut init: impl FnMut(usize) -> T) -> Self {
         Self {
-            slots: (0..n).map(|i| CachePadded::new(init(i))).collect(),
+            slots: (0..=cpus).map(|i| CachePadded::new(init(i))).collect(),
         }
     }
 

@@ -196,3 +196,48 @@ fn owed_units_are_drained_exactly_once() {
         assert_eq!(counts, [2, 1], "a unit was lost or handed over twice");
     });
 }
+
+/// The summary of a stack with empty flags: CPU 1's list holds one node;
+/// a thread on CPU 0 pops it remotely (under the lock: the pop that
+/// empties the list clears its bit) while CPU 1 pushes a second node into
+/// the list (in its critical section: a push into the empty list sets the
+/// bit). Whatever the interleaving, once both are done a list that holds
+/// a node has its bit set, and an empty one with its flag set has not.
+#[test]
+fn the_summary_bit_follows_a_list_through_racing_pop_and_push() {
+    for rseq in [true, false] {
+        loom_cpu::set_rseq_modelled(rseq);
+        loom::model(|| {
+            let nodes: &'static [Node; 2] = Box::leak(Box::new([
+                Node {
+                    next: std::cell::UnsafeCell::new(0),
+                    id: 1,
+                },
+                Node {
+                    next: std::cell::UnsafeCell::new(0),
+                    id: 2,
+                },
+            ]));
+            let stack = Arc::new(PerCpuStack::with_empty_flags(0));
+            // SAFETY: leaked nodes, each pushed once.
+            unsafe { stack.push_slot(1, NonNull::from(&nodes[0]).cast()) };
+            let s2 = Arc::clone(&stack);
+            let remote = thread::spawn(move || {
+                loom_cpu::set_current(0);
+                s2.pop_slot(1).is_some()
+            });
+            loom_cpu::set_current(1);
+            // SAFETY: as above.
+            unsafe { stack.push(NonNull::from(&nodes[1]).cast()) };
+            assert!(
+                remote.join().unwrap(),
+                "the remote pop found the first node"
+            );
+            let bit = stack.summary(0) & (1 << 1) != 0;
+            assert!(!stack.looks_empty(1), "the second node is in");
+            assert!(bit, "a list holding a node has its summary bit");
+            assert!(stack.pop_slot(1).is_some());
+            assert!(stack.flagged_empty(1) && stack.summary(0) & (1 << 1) == 0);
+        });
+    }
+}

@@ -101,11 +101,16 @@ fn churn(threads: usize, rounds: usize, empty_flags: bool) {
             });
         }
     });
-    // Between operations a set empty flag means an empty list.
+    // Between operations a set empty flag means an empty list, and a list
+    // that holds nodes has its summary bit.
     for s in 0..stack.slots() {
         assert!(
             !stack.flagged_empty(s) || stack.looks_empty(s),
             "list {s} flagged empty while holding nodes"
+        );
+        assert!(
+            !empty_flags || stack.looks_empty(s) || summary_bit(&stack, s),
+            "list {s} holds nodes without its summary bit"
         );
     }
     // Every node is back, exactly once.
@@ -148,6 +153,38 @@ fn conserves_nodes_with_empty_flags() {
     churn(4 * cpus, test_support::scaled(30_000), true);
 }
 
+fn summary_bit(stack: &PerCpuStack, list: usize) -> bool {
+    stack.summary(list / 64) & (1 << (list % 64)) != 0
+}
+
+/// The summary of a stack built for many more CPUs than the machine has:
+/// a bit per list, across words, set while the list holds nodes.
+#[test]
+fn the_summary_follows_every_list_across_words() {
+    let nodes = pool(3);
+    let stack = PerCpuStack::with_cpus(0, true, 200);
+    assert_eq!((stack.slots(), stack.summary_words()), (201, 4));
+    assert!((0..4).all(|w| stack.summary(w) == 0), "lists start empty");
+    let lists = [0, 130, 200];
+    for (n, &list) in nodes.iter().zip(&lists) {
+        // SAFETY: pool nodes, each pushed once.
+        unsafe { stack.push_slot(list, NonNull::from(n).cast()) };
+    }
+    for list in 0..stack.slots() {
+        assert_eq!(
+            summary_bit(&stack, list),
+            lists.contains(&list),
+            "list {list}"
+        );
+    }
+    for &list in &lists {
+        assert!(stack.pop_slot(list).is_some());
+        assert!(!summary_bit(&stack, list), "list {list} emptied");
+        assert!(stack.flagged_empty(list));
+    }
+    assert!(PerCpuStack::new(0).summary_words() == 0, "no summary kept");
+}
+
 #[test]
 fn empty_flags_follow_transitions() {
     let nodes = pool(2);
@@ -167,10 +204,12 @@ fn empty_flags_follow_transitions() {
         stack.push_slot(0, b);
     }
     assert!(!stack.flagged_empty(0));
+    assert!(summary_bit(&stack, 0));
     assert_eq!(stack.pop_slot(0), Some(b));
     assert!(!stack.flagged_empty(0), "one node left");
     assert_eq!(stack.pop_slot(0), Some(a));
     assert!(stack.flagged_empty(0), "the last pop sets the flag");
+    assert!(!summary_bit(&stack, 0), "and clears the summary bit");
     // The current CPU's list through the rseq (or locked) path.
     // SAFETY: as above.
     unsafe { stack.push(a) };

@@ -161,6 +161,17 @@ struct ScenarioArgs {
     /// Also write the rows as JSON to FILE
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Build the pools (or locks) of the implementations that can be, as
+    /// if the machine had N CPUs, once per N, comma-separated: their rows
+    /// are IMPL@N [default: the machine's CPUs]
+    #[arg(
+        long,
+        value_name = "N,...",
+        value_delimiter = ',',
+        value_parser = positive::<usize>,
+        allow_negative_numbers = true
+    )]
+    lists: Vec<usize>,
 }
 
 /// Parses a whole number of at least 1.
@@ -272,6 +283,7 @@ fn options(
     duration_ms: u64,
     runs: usize,
     impls: Option<Vec<String>>,
+    lists: Vec<usize>,
 ) -> Options {
     let threads = if threads.is_empty() {
         (1..=allowed_cpus().len()).collect()
@@ -283,6 +295,7 @@ fn options(
         duration: Duration::from_millis(duration_ms),
         runs,
         impls,
+        lists,
     }
 }
 
@@ -309,7 +322,7 @@ impl SeedsRun {
         let report = Report::open(dir.join("rows.json"))
             .unwrap_or_else(|e| bad_path(cmd, "--out", &dir, "cannot write rows.json there", &e));
         Self {
-            opts: options(args.threads, args.duration_ms, args.runs, None),
+            opts: options(args.threads, args.duration_ms, args.runs, None, Vec::new()),
             dir,
             report,
         }
@@ -390,6 +403,7 @@ impl ScenarioRun {
                 parsed.duration_ms,
                 parsed.runs,
                 parsed.impls,
+                parsed.lists,
             ),
             report,
         }

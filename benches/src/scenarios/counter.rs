@@ -12,6 +12,7 @@ pub const SCENARIO: Scenario = Scenario {
     about: "increment a shared statistics counter: rseq per-CPU add vs per-CPU atomics vs one shared atomic vs per-thread shards",
     impls: &["rseq", "percpu", "shared", "sharded-thread"],
     build,
+    lists: &[],
 };
 
 /// `pcpu::PerCpuCounter`: a plain `add` inside an rseq critical section.

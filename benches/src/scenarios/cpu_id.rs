@@ -9,6 +9,7 @@ pub const SCENARIO: Scenario = Scenario {
     about: "read the current CPU id: rseq area cpu_id vs sched_getcpu() (vDSO) vs the getcpu system call",
     impls: &["rseq", "sched_getcpu", "syscall"],
     build,
+    lists: &[],
 };
 
 struct Rseq;

@@ -12,17 +12,22 @@ use lockfree_object_pool::LinearObjectPool;
 use pcpu::unstable::bare_stack::BareStack;
 use pcpu_freelist::{EmptyHint, FreeList};
 
-use crate::harness::{Scenario, Workload};
+use crate::harness::{Scenario, Workload, split_lists};
 
 pub const POP_EMPTY: Scenario = Scenario {
     name: "freelist-pop-empty",
-    about: "seed 004: every list empty, each thread pops in a loop (the map-full case): flag hint vs head-pointer hint vs locking every list vs crossbeam ArrayQueue",
-    impls: &["hint", "head", "nohint", "arrayqueue"],
+    about: "seed 004: every list empty, each thread pops in a loop (the map-full case): the crate's default hint (hint: the per-list flags summed up in a bitmap, a word per 64 lists) vs the per-list flag alone (flag: the patch as posted) vs head-pointer hint vs locking every list vs crossbeam ArrayQueue; --lists N builds the pools as if the machine had N CPUs",
+    impls: &["hint", "flag", "head", "nohint", "arrayqueue"],
     build: build_pop_empty,
+    lists: FREELISTS,
 };
+
+/// The pools that `--lists` builds as if the machine had more CPUs.
+const FREELISTS: &[&str] = &["hint", "flag", "head", "nohint"];
 
 const PUSHPOP_IMPLS: &[&str] = &[
     "hint",
+    "flag",
     "head",
     "nohint",
     "rseq-list",
@@ -36,6 +41,7 @@ pub const PUSHPOP: Scenario = Scenario {
     about: "seed 004: a prefilled pool, each thread pops one element and pushes it back (the normal case); rseq-list is the floor: bare per-CPU rseq lists as librseq's, one section per push or pop, with no lock word (no remote pop or push), no empty hint, no element handle and no steal path",
     impls: PUSHPOP_IMPLS,
     build: build_pushpop,
+    lists: FREELISTS,
 };
 
 pub const OVERSUB: Scenario = Scenario {
@@ -43,6 +49,7 @@ pub const OVERSUB: Scenario = Scenario {
     about: "seed 004: freelist-pushpop with 4 threads pinned to each CPU (threads are preempted mid-operation); rows report per CPU",
     impls: PUSHPOP_IMPLS,
     build: build_oversub,
+    lists: &[],
 };
 
 /// Threads pinned per CPU in `freelist-oversub`.
@@ -52,11 +59,21 @@ const OVERSUBSCRIPTION: usize = 4;
 const PER_LIST: usize = 64;
 
 fn hint_of(imp: &str) -> Option<EmptyHint> {
-    match imp {
-        "hint" => Some(EmptyHint::Flag),
+    match split_lists(imp).0 {
+        "hint" => Some(EmptyHint::Summary),
+        "flag" => Some(EmptyHint::Flag),
         "head" => Some(EmptyHint::Head),
         "nohint" => Some(EmptyHint::None),
         _ => None,
+    }
+}
+
+/// The pool `imp` names (`IMPL@N`: as if the machine had N CPUs) holding
+/// `PER_LIST` elements per list, spread over its lists.
+fn freelist(imp: &str, hint: EmptyHint) -> FreeList<u64> {
+    match split_lists(imp).1 {
+        Some(cpus) => FreeList::with_lists(vec![0u64; PER_LIST * (cpus + 1)], hint, cpus),
+        None => FreeList::with_hint(vec![0u64; capacity()], hint),
     }
 }
 
@@ -104,11 +121,11 @@ fn build_pop_empty(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, Stri
     FOUND.store(0, Relaxed);
     Ok(Box::new(match hint_of(imp) {
         Some(hint) => {
-            let pool = FreeList::with_hint(vec![0u64; capacity()], hint);
+            let pool = freelist(imp, hint);
             // Take everything (through the real transitions, so every flag
             // was set by a pop) and keep it out of the pool.
             let taken: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
-            assert_eq!(taken.len(), capacity());
+            assert_eq!(taken.len(), pool.capacity());
             for e in taken {
                 let _ = e.into_index();
             }
@@ -262,7 +279,7 @@ fn bare_list() -> Result<BareList, String> {
 fn build_pushpop_with(imp: &str, oversubscription: usize) -> Result<Box<dyn Workload>, String> {
     MISSED.store(0, Relaxed);
     let pool = match (hint_of(imp), imp) {
-        (Some(hint), _) => PoolImpl::Freelist(FreeList::with_hint(vec![0u64; capacity()], hint)),
+        (Some(hint), _) => PoolImpl::Freelist(freelist(imp, hint)),
         (None, "rseq-list") => PoolImpl::Bare(bare_list()?),
         (None, "arrayqueue") => {
             let q = ArrayQueue::new(capacity());

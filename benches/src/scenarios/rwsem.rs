@@ -17,6 +17,7 @@ pub const READ: Scenario = Scenario {
     about: "seed 001: each thread loops read-lock, read the value, unlock (no writer); rseq-adds is the floor: the two per-CPU rseq adds a reader's lock and unlock make (pcpu::rseq::add of +1 and -1 around the read), with no gate, no read depth and no writer to exclude",
     impls: &["percpu-rwsem", "std", "parking_lot", "sharded", "rseq-adds"],
     build: build_read,
+    lists: &[],
 };
 
 pub const MIXED: Scenario = Scenario {
@@ -24,6 +25,7 @@ pub const MIXED: Scenario = Scenario {
     about: "seed 001: one writer (write, then 100 us pause) while the other threads read; rows IMPL:reads and IMPL:writes",
     impls: IMPLS,
     build: build_mixed,
+    lists: &[],
 };
 
 /// The pause between two writes in `rwsem-mixed`, the same for every impl.

@@ -14,6 +14,7 @@ pub const SIGNAL1: Scenario = Scenario {
     about: "seed 003: each thread queues an item charged to one shared per-user account (limit checked) and dequeues it, will-it-scale signal1's shape; every thread holds the user, as a sender holds it through its credentials: reference on 0 -> 1 only (a plain increment, Account::charge_holding) vs a reference per item",
     impls: &["pending-ref", "get-put"],
     build: build_signal1,
+    lists: &[],
 };
 
 pub const TASKFLAG: Scenario = Scenario {
@@ -21,6 +22,7 @@ pub const TASKFLAG: Scenario = Scenario {
     about: "seed 000: each thread denies and restores a flag on itself (a single-step window) while another thread posts to it every 16 windows: lock-free vs under a thread-group lock",
     impls: &["lockfree", "locked"],
     build: build_taskflag,
+    lists: &[],
 };
 
 /// The per-user limit (RLIMIT_SIGPENDING-like; never reached here).

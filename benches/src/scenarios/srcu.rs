@@ -26,6 +26,7 @@ pub const READ: Scenario = Scenario {
         "arc-swap",
     ],
     build: build_read,
+    lists: &[],
 };
 
 pub const SYNC: Scenario = Scenario {
@@ -33,6 +34,7 @@ pub const SYNC: Scenario = Scenario {
     about: "seed 002: one thread calls synchronize() in a loop while the others run short read sections; rows srcu:syncs and srcu:reads",
     impls: &["srcu"],
     build: build_sync,
+    lists: &[],
 };
 
 pub const LEASE: Scenario = Scenario {
@@ -40,6 +42,7 @@ pub const LEASE: Scenario = Scenario {
     about: "seed 002: each thread takes a lease on a value and consumes it (lease) vs clones and drops one shared Arc (refcount)",
     impls: &["lease", "refcount"],
     build: build_lease,
+    lists: &[],
 };
 
 /// A domain per workload, leaked: workloads are few and short-lived, and

@@ -184,6 +184,7 @@ pub const NOP5: Scenario = Scenario {
     about: "call a function that starts with a 5-byte nop, probed: uprobe-core runs it through a jump into a trampoline (no signal), +trap keeps the breakpoint; the kernel (6.18+) optimizes this form itself; hand is the floor: a jump to a trampoline written by hand that saves the flags, every general-purpose register and xmm0-xmm15 and calls a handler adding to a thread-local counter",
     impls: FLOOR_IMPLS,
     build: build_nop5,
+    lists: &[],
 };
 
 pub const ENTRY: Scenario = Scenario {
@@ -191,6 +192,7 @@ pub const ENTRY: Scenario = Scenario {
     about: "call a function with a real prologue (push rbp; mov rbp, rsp; push rbx; ...), probed at its entry: uprobe-core relocates the three instructions into a trampoline and jumps there, +trap keeps the breakpoint; the kernel emulates push rbp; hand is the floor (as in uprobe-nop5); on aarch64 the function pushes a frame record (stp x29, x30, [sp, #-16]!; mov x29, sp; ...) and the probe on its first instruction takes a branch to a trampoline",
     impls: FLOOR_IMPLS,
     build: build_entry,
+    lists: &[],
 };
 
 pub const COUNT: Scenario = Scenario {
@@ -198,6 +200,7 @@ pub const COUNT: Scenario = Scenario {
     about: "call uprobe-entry's function (a real prologue), probed at its entry by a counting probe (no handler: uprobe-core+count, the trampoline adds to its CPU's counter itself, no register frame) or by one counting consumer (uprobe-core: the full register frame and the handler); the kernel's uprobe counting in a perf event; unprobed",
     impls: &["uprobe-core+count", "uprobe-core", "kernel", "none"],
     build: build_entry,
+    lists: &[],
 };
 
 pub const NOP: Scenario = Scenario {
@@ -212,6 +215,7 @@ pub const NOP: Scenario = Scenario {
         "none",
     ],
     build: build_nop,
+    lists: &[],
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -220,6 +224,7 @@ pub const PUSH: Scenario = Scenario {
     about: "call a function whose first instruction (push rbp) is probed, one counting consumer: uprobe-core puns a jump over it, +trap keeps the breakpoint (and emulates the push); the kernel emulates it",
     impls: JUMP_IMPLS,
     build: build_push,
+    lists: &[],
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -228,6 +233,7 @@ pub const RET: Scenario = Scenario {
     about: "call a function that is a lone `ret`, probed: uprobe-core puns a jump over it, +trap keeps the breakpoint (and emulates the ret); the kernel single-steps it",
     impls: JUMP_IMPLS,
     build: build_ret,
+    lists: &[],
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -242,6 +248,7 @@ pub const RIPREL: Scenario = Scenario {
         "none",
     ],
     build: build_riprel,
+    lists: &[],
 };
 
 fn build_nop(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {

@@ -51,6 +51,7 @@ pub const NOP: Scenario = Scenario {
     about: "call a function (nop; ret) with a return probe, one counting return handler, an in-flight limit (uprobe-core: its account pins the probe on 0 -> 1, seed 003; +get-put: a reference per pending return)",
     impls: &["uprobe-core", "uprobe-core+get-put", "kernel", "none"],
     build: build_nop,
+    lists: &[],
 };
 
 pub const LIFETIME: Scenario = Scenario {
@@ -58,6 +59,7 @@ pub const LIFETIME: Scenario = Scenario {
     about: "uretprobe-nop without the in-flight limit, each pending return holding an SRCU lease on its probe (lease, seed 002) or a reference count (refcount)",
     impls: &["lease", "refcount"],
     build: build_lifetime,
+    lists: &[],
 };
 
 pub const ENTRY: Scenario = Scenario {
@@ -72,6 +74,7 @@ pub const ENTRY: Scenario = Scenario {
         "none",
     ],
     build: build_entry,
+    lists: &[],
 };
 
 /// A counting return probe on `target`, as implementation `imp` asks

@@ -197,18 +197,16 @@ macro_rules! lock_check {
     };
 }
 
-/// The body of [`push`], [`push_clearing_flag`] and [`bare_push`]:
-/// `$check` runs first (the lock check, or nothing for a bare list),
-/// `$extra` after the link store and before the commit.
+/// The body of [`push`] and [`bare_push`]: `$check` runs first (the lock
+/// check, or nothing for a bare list).
 macro_rules! push_section {
-    ($check:expr, $area:expr, $base:expr, $stride:expr, $cpus:expr, $node:expr, $next:expr, $extra:expr) => {{
+    ($check:expr, $area:expr, $base:expr, $stride:expr, $cpus:expr, $node:expr, $next:expr) => {{
         let rc: u32;
         asm!(
             rseq_cs_prologue!(),
             $check,
             "mov ({slot}), {tmp}",
             "mov {tmp}, ({next})",
-            $extra,
             "mov {node}, ({slot})",
             rseq_cs_epilogue!(),
             area = in(reg) $area, base = in(reg) $base, stride = in(reg) $stride,
@@ -239,33 +237,30 @@ pub(crate) unsafe fn push(
 ) -> u32 {
     // SAFETY: the caller's contract. The store to `next_field` may be
     // repeated on restart, which is harmless: the node is not yet visible.
-    unsafe {
-        push_section!(
-            lock_check!(),
-            area,
-            base,
-            stride,
-            cpus,
-            node,
-            next_field,
-            ""
-        )
-    }
+    unsafe { push_section!(lock_check!(), area, base, stride, cpus, node, next_field) }
 }
 
 /// [`push`] that also clears the slot's `u32` empty flag (at `slot + 16`)
-/// before the commit when the list was empty (the head it already loaded
+/// and then sets the list's bit (the CPU id) in the bitmap at `summary`,
+/// before the commit, when the list was empty (the head it already loaded
 /// is 0): a set flag always describes an empty list, so only that
 /// transition can find it set, and the common case costs a predicted
-/// branch on a register. The flag store is not the commit: a section aborted
-/// after it leaves the flag clear on a list that may be empty, which only
-/// costs a remote pop a wasted look (never a hidden node).
+/// branch on a register. Neither store is the commit: a section aborted
+/// after them leaves the flag clear, and the bit set, on a list that may be
+/// empty, which only costs a remote pop a wasted look (never a hidden
+/// node); a restarted section sets them again (`lock bts` is idempotent).
+/// The flag is visible before the bit (the locked instruction drains the
+/// store buffer), so whoever clears the bit and then finds the flag clear
+/// knows to set it back.
 ///
 /// # Safety
-/// As for [`push`], with each slot a `(head, lock, empty flag)` triple.
+/// As for [`push`], with each slot a `(head, lock, empty flag)` triple;
+/// `summary` is a bitmap with a bit for every CPU below `cpus`, written
+/// only with locked instructions.
 // Always inlined: a call would cost more than the critical section.
 #[allow(clippy::inline_always)]
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn push_clearing_flag(
     area: isize,
     base: *const u8,
@@ -273,50 +268,75 @@ pub(crate) unsafe fn push_clearing_flag(
     cpus: u32,
     node: usize,
     next_field: *mut usize,
+    summary: *const u64,
 ) -> u32 {
-    // SAFETY: as for `push`.
+    let rc: u32;
+    // SAFETY: as for `push`; the bit written is the current CPU's, which
+    // is below `cpus` (checked by the prologue).
     unsafe {
-        push_section!(
+        asm!(
+            rseq_cs_prologue!(),
             lock_check!(),
-            area,
-            base,
-            stride,
-            cpus,
-            node,
-            next_field,
-            "test {tmp}, {tmp}\njnz 1f\nmovl $0, 16({slot})\n1:"
-        )
+            "mov ({slot}), {tmp}",
+            "mov {tmp}, ({next})",
+            "test {tmp}, {tmp}",
+            "jnz 1f",
+            "movl $0, 16({slot})",
+            "mov %fs:4({area}), {tmp:e}",
+            "lock btsq {tmp}, ({summary})",
+            "1:",
+            "mov {node}, ({slot})",
+            rseq_cs_epilogue!(),
+            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
+            cpus = in(reg) cpus, node = in(reg) node, next = in(reg) next_field,
+            summary = in(reg) summary,
+            tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
+            options(att_syntax, nostack),
+        );
     }
+    rc
 }
 
-/// Sets the current CPU's empty flag (the `u32` at `slot + 16`) if, at the
-/// commit, its list is empty and unlocked: `if head == 0 { flag = 1 }`.
-/// Returns `DONE` when it set the flag, `EMPTY` when the list was not
-/// empty (nothing written), `SLOW` when the list was locked.
+/// Sets the current CPU's empty flag (the `u32` at `slot + 16`), after
+/// clearing the list's bit (the CPU id) in the bitmap at `summary`, if at
+/// the commit its list is empty and unlocked:
+/// `if head == 0 { bit = 0; flag = 1 }`. Returns `DONE` when it set the
+/// flag, `EMPTY` when the list was not empty (nothing written), `SLOW`
+/// when the list was locked.
 ///
 /// Because the flag is the commit and the head is read in the same
 /// section, a set flag always describes an empty list at that instant;
-/// every push clears it before linking a node.
+/// every push clears it before linking a node. A section aborted after
+/// the bit's clearing leaves the bit clear on a list that was empty; the
+/// next push into it sets it again.
 ///
 /// # Safety
 /// As for [`push_clearing_flag`].
 // Always inlined: a call would cost more than the critical section.
 #[allow(clippy::inline_always)]
 #[inline(always)]
-pub(crate) unsafe fn mark_empty(area: isize, base: *const u8, stride: usize, cpus: u32) -> u32 {
+pub(crate) unsafe fn mark_empty(
+    area: isize,
+    base: *const u8,
+    stride: usize,
+    cpus: u32,
+    summary: *const u64,
+) -> u32 {
     let rc: u32;
     // SAFETY: the caller's contract; the section reads the slot's head and
-    // lock and writes only its flag.
+    // lock and writes only its flag and its CPU's summary bit.
     unsafe {
         asm!(
             rseq_cs_prologue!(),
             lock_check!(),
             "cmpq $0, ({slot})",
             "jne 9f",
+            "mov %fs:4({area}), {tmp:e}",
+            "lock btrq {tmp}, ({summary})",
             "movl $1, 16({slot})",
             rseq_cs_epilogue!(),
             area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
-            cpus = in(reg) cpus,
+            cpus = in(reg) cpus, summary = in(reg) summary,
             tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
             options(att_syntax, nostack),
         );
@@ -342,7 +362,7 @@ pub(crate) unsafe fn bare_push(
     next_field: *mut usize,
 ) -> u32 {
     // SAFETY: as for `push`.
-    unsafe { push_section!("", area, base, stride, cpus, node, next_field, "") }
+    unsafe { push_section!("", area, base, stride, cpus, node, next_field) }
 }
 
 /// The body of [`pop`] and [`bare_pop`]: `$check` runs first (the lock

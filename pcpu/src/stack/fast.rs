@@ -4,8 +4,6 @@
 
 use core::ptr::NonNull;
 
-#[cfg(pcpu_loom)]
-use super::Head;
 use super::{LocalPop, PerCpuStack};
 #[cfg(pcpu_loom)]
 use crate::sync::atomic::Ordering;
@@ -27,7 +25,10 @@ impl PerCpuStack {
             // guarantees the node's link word.
             let rc = unsafe {
                 if self.empty_flags {
-                    crate::rseq::raw_push_clearing_flag(area, base, stride, cpus, node, next)
+                    let summary = self.summary.as_ptr().cast();
+                    crate::rseq::raw_push_clearing_flag(
+                        area, base, stride, cpus, node, next, summary,
+                    )
                 } else {
                     crate::rseq::raw_push(area, base, stride, cpus, node, next)
                 }
@@ -35,9 +36,9 @@ impl PerCpuStack {
             return rc == crate::rseq::DONE;
         }
         #[cfg(pcpu_loom)]
-        return self.modelled_section(|head| {
+        return self.modelled_section(|slot| {
             // SAFETY: forwarded.
-            unsafe { self.link(head, node) };
+            unsafe { self.link(slot, node) };
         });
         #[allow(unreachable_code)]
         {
@@ -104,27 +105,31 @@ impl PerCpuStack {
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         if let Some(area) = crate::rseq_area::offset() {
             let (base, stride) = self.heads.raw_layout();
-            // SAFETY: as in `push_fast`; the section writes only the flag.
-            // Whatever it returns, the flag is right or conservatively
-            // clear (a locked list is the lock holder's business).
+            let summary = self.summary.as_ptr().cast();
+            // SAFETY: as in `push_fast`; the section writes only the flag
+            // and the list's summary bit. Whatever it returns, the flag is
+            // right or conservatively clear, and the bit clear only on an
+            // empty list (a locked list is the lock holder's business).
             let _ = unsafe {
-                crate::rseq::raw_mark_empty(area, base, stride, self.heads.cpus() as u32)
+                crate::rseq::raw_mark_empty(area, base, stride, self.heads.cpus() as u32, summary)
             };
         }
         #[cfg(pcpu_loom)]
-        self.modelled_section(|head| {
+        self.modelled_section(|slot| {
+            let head = self.head(slot);
             if head.top.load(Ordering::Relaxed) == 0 {
+                self.note_emptied(slot);
                 head.empty.store(1, Ordering::Relaxed);
             }
         });
     }
 
-    /// The loom model of a critical section on the current CPU's list:
-    /// runs `f` unless the list is locked (then `false`). The lock is read
-    /// with `Acquire` because x86-64 loads are (the only place the real
-    /// sections run).
+    /// The loom model of a critical section on the current CPU's list
+    /// (`f` gets its slot): runs `f` unless the list is locked (then
+    /// `false`). The lock is read with `Acquire` because x86-64 loads are
+    /// (the only place the real sections run).
     #[cfg(pcpu_loom)]
-    pub(super) fn modelled_section(&self, f: impl FnOnce(&Head)) -> bool {
+    pub(super) fn modelled_section(&self, f: impl FnOnce(usize)) -> bool {
         let slot = self.current_slot();
         if slot >= self.heads.cpus() {
             return false;
@@ -134,7 +139,7 @@ impl PerCpuStack {
             if head.lock.load(Ordering::Acquire) != 0 {
                 return false;
             }
-            f(head);
+            f(slot);
             true
         })
     }

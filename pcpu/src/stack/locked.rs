@@ -23,7 +23,7 @@ impl PerCpuStack {
         };
         list.exclude_cpu();
         // SAFETY: forwarded.
-        unsafe { self.link(list.head, node) };
+        unsafe { self.link(slot, node) };
         Ok(())
     }
 
@@ -38,12 +38,12 @@ impl PerCpuStack {
         let list = self.lock(slot, wait).ok_or(WouldBlock)?;
         if list.head.top.load(Ordering::Relaxed) == 0 {
             if self.empty_flags && list.head.empty.load(Ordering::Relaxed) == 0 {
-                list.repair_flag();
+                self.repair_flag(&list, slot);
             }
             return Ok(None);
         }
         list.exclude_cpu();
-        Ok(self.unlink_top(list.head))
+        Ok(self.unlink_top(slot))
     }
 
     /// Takes list `slot`'s lock; `None` if `wait` is false and it is taken.
@@ -74,7 +74,7 @@ impl PerCpuStack {
         }
         Some(LockedList {
             head,
-            fence_cpu: (self.use_rseq && slot < self.heads.cpus()).then_some(slot),
+            fence_cpu: (self.use_rseq && slot < self.fenced).then_some(slot),
         })
     }
 
@@ -85,29 +85,50 @@ impl PerCpuStack {
         node.as_ptr().wrapping_add(self.next_offset).cast::<usize>()
     }
 
-    /// `node.next = top; top = node` (clearing the empty flag first), with
-    /// the list held exclusively.
-    pub(super) unsafe fn link(&self, head: &Head, node: NonNull<u8>) {
+    /// `node.next = top; top = node` on list `slot` (into an empty list:
+    /// clearing its empty flag and setting its summary bit first), with the
+    /// list held exclusively.
+    pub(super) unsafe fn link(&self, slot: usize, node: NonNull<u8>) {
+        let head = self.head(slot);
         let top = head.top.load(Ordering::Relaxed);
         // SAFETY: the push contract: the link word is valid and ours.
         unsafe { self.link_word(node).write(top) };
-        if self.empty_flags {
+        if self.empty_flags && top == 0 {
             head.empty.store(0, Ordering::Relaxed);
+            self.note_filled(slot);
         }
         head.top.store(node.as_ptr() as usize, Ordering::Relaxed);
     }
 
-    /// `top = top.next` (setting the empty flag if that empties the list),
-    /// with the list held exclusively.
-    pub(super) fn unlink_top(&self, head: &Head) -> Option<NonNull<u8>> {
+    /// `top = top.next` on list `slot` (setting the empty flag, and
+    /// clearing the summary bit first, if that empties the list), with the
+    /// list held exclusively.
+    pub(super) fn unlink_top(&self, slot: usize) -> Option<NonNull<u8>> {
+        let head = self.head(slot);
         let top = NonNull::new(head.top.load(Ordering::Relaxed) as *mut u8)?;
         // SAFETY: `top` is in the list, whose nodes have valid link words.
         let next = unsafe { self.link_word(top).read() };
         head.top.store(next, Ordering::Relaxed);
         if self.empty_flags && next == 0 {
+            self.note_emptied(slot);
             head.empty.store(1, Ordering::Relaxed);
         }
         Some(top)
+    }
+
+    /// A locked list found empty with its flag clear: set the flag (and
+    /// clear its summary bit), so that the next pops skip the list without
+    /// its lock. The CPU fence first (a push of that CPU may be committing
+    /// right now), then the head again: the flag is only set on a list
+    /// that is empty while nobody else can touch it. Costs one fence, once
+    /// per wrong flag.
+    #[cold]
+    fn repair_flag(&self, list: &LockedList<'_>, slot: usize) {
+        list.exclude_cpu();
+        if list.head.top.load(Ordering::Relaxed) == 0 {
+            self.note_emptied(slot);
+            list.head.empty.store(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -133,19 +154,6 @@ impl LockedList<'_> {
             // fence cannot be refused.
             let fenced = crate::rseq::fence_cpu(cpu);
             debug_assert!(fenced, "membarrier RSEQ fence refused after registration");
-        }
-    }
-
-    /// A locked list found empty with its flag clear: set the flag, so
-    /// that the next pops skip the list without its lock. The CPU fence
-    /// first (a push of that CPU may be committing right now), then the
-    /// head again: the flag is only set on a list that is empty while
-    /// nobody else can touch it. Costs one fence, once per wrong flag.
-    #[cold]
-    fn repair_flag(&self) {
-        self.exclude_cpu();
-        if self.head.top.load(Ordering::Relaxed) == 0 {
-            self.head.empty.store(1, Ordering::Relaxed);
         }
     }
 }

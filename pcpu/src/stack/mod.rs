@@ -8,7 +8,7 @@
 use core::ptr::NonNull;
 
 use crate::PerCpu;
-use crate::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 mod fast;
 mod locked;
@@ -100,9 +100,15 @@ impl std::error::Error for WouldBlock {}
 /// ```
 pub struct PerCpuStack {
     heads: PerCpu<Head>,
+    /// With empty flags: the lists that may hold nodes, a bit per list
+    /// (see [`summary`](Self::summary)); empty otherwise.
+    summary: Box<[AtomicU64]>,
     next_offset: usize,
     use_rseq: bool,
     empty_flags: bool,
+    /// Lists below this index are real CPUs' (a stack built for more CPUs
+    /// than the machine has leaves the rest to locks alone).
+    fenced: usize,
 }
 
 impl PerCpuStack {
@@ -131,6 +137,11 @@ impl PerCpuStack {
     /// sections, or a push restarted after clearing the flag, leaves the
     /// flag clear on an empty list), which only costs a wasted look.
     ///
+    /// Such a stack also keeps a **summary** of its flags, a bit per list
+    /// ([`summary`](Self::summary)), so that a look for a list that may
+    /// hold nodes reads one word per 64 lists instead of one flag per
+    /// list.
+    ///
     /// Not async-signal-safe (allocates).
     ///
     /// # Panics
@@ -140,7 +151,25 @@ impl PerCpuStack {
         Self::build(next_offset, true)
     }
 
+    /// [`new`](Self::new) or [`with_empty_flags`](Self::with_empty_flags)
+    /// as if the machine had `cpus` possible CPUs ([`PerCpu::with_cpus`]):
+    /// `cpus` lists and the overflow list. Lists beyond the machine's CPUs
+    /// are only ever taken under their lock. For measuring on a small
+    /// machine what a walk over a big machine's lists costs, and for
+    /// tests. Not async-signal-safe (allocates).
+    ///
+    /// # Panics
+    /// As for [`new`](Self::new).
+    #[must_use]
+    pub fn with_cpus(next_offset: usize, empty_flags: bool, cpus: usize) -> Self {
+        Self::build_for(next_offset, empty_flags, cpus)
+    }
+
     fn build(next_offset: usize, empty_flags: bool) -> Self {
+        Self::build_for(next_offset, empty_flags, crate::possible_cpus())
+    }
+
+    fn build_for(next_offset: usize, empty_flags: bool, cpus: usize) -> Self {
         assert!(
             next_offset.is_multiple_of(align_of::<usize>()),
             "link word must be usize-aligned"
@@ -151,15 +180,21 @@ impl PerCpuStack {
         // unless the test chose the fallback world.
         #[cfg(pcpu_loom)]
         let use_rseq = crate::loom_cpu::rseq_modelled();
+        let lists = cpus + 1;
         Self {
-            // Every list starts empty, so every flag starts set.
-            heads: PerCpu::new(|_| Head {
+            // Every list starts empty, so every flag starts set (and no
+            // summary bit).
+            heads: PerCpu::with_cpus(cpus, |_| Head {
                 empty: AtomicU32::new(u32::from(empty_flags)),
                 ..Head::default()
             }),
+            summary: (0..if empty_flags { lists.div_ceil(64) } else { 0 })
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             next_offset,
             use_rseq,
             empty_flags,
+            fenced: cpus.min(crate::possible_cpus()),
         }
     }
 
@@ -213,6 +248,44 @@ impl PerCpuStack {
     #[inline]
     pub fn flagged_empty(&self, slot: usize) -> bool {
         self.head(slot).empty.load(Ordering::Relaxed) != 0
+    }
+
+    /// Word `word` of the summary of a stack with empty flags: bit `b`
+    /// stands for list `64 * word + b`, and is set whenever that list may
+    /// hold nodes. Precisely: the bit is set, in the same critical section
+    /// or under the same lock, before a push links a node into the empty
+    /// list, and cleared only where its empty flag is set (the list is
+    /// empty), so **between operations a list that holds nodes has its
+    /// bit set**; a clear bit with a list being filled means the push is
+    /// still in flight. A set bit on an empty list costs a wasted look.
+    /// 0 past the last word, and for a stack without flags.
+    /// Async-signal-safe.
+    #[must_use]
+    #[inline]
+    pub fn summary(&self, word: usize) -> u64 {
+        self.summary
+            .get(word)
+            .map_or(0, |w| w.load(Ordering::Relaxed))
+    }
+
+    /// How many words the summary has (`slots().div_ceil(64)` with empty
+    /// flags, else 0).
+    #[must_use]
+    #[inline]
+    pub fn summary_words(&self) -> usize {
+        self.summary.len()
+    }
+
+    /// Notes in the summary that list `slot` is about to get a node (its
+    /// flag just cleared); with the list held exclusively.
+    pub(super) fn note_filled(&self, slot: usize) {
+        self.summary[slot / 64].fetch_or(1 << (slot % 64), Ordering::SeqCst);
+    }
+
+    /// Notes in the summary that list `slot` is empty (its flag about to
+    /// be set); with the list held exclusively.
+    pub(super) fn note_emptied(&self, slot: usize) {
+        self.summary[slot / 64].fetch_and(!(1 << (slot % 64)), Ordering::SeqCst);
     }
 
     #[inline]
@@ -291,9 +364,8 @@ impl PerCpuStack {
     /// # Panics
     /// If `slot >= self.slots()`.
     pub unsafe fn push_slot_mut(&mut self, slot: usize, node: NonNull<u8>) {
-        let head = self.head(slot);
         // SAFETY: forwarded; `&mut self` excludes every other access.
-        unsafe { self.link(head, node) };
+        unsafe { self.link(slot, node) };
     }
 
     /// Pops from the current CPU's list only. May wait for the list's lock:
@@ -367,7 +439,7 @@ impl PerCpuStack {
                 return LocalPop::Empty { slot: cpu };
             }
             let mut popped = None;
-            if self.modelled_section(|head| popped = self.unlink_top(head)) {
+            if self.modelled_section(|slot| popped = self.unlink_top(slot)) {
                 return match popped {
                     Some(node) => {
                         // SAFETY: the node is ours now; its link word holds
