@@ -77,6 +77,9 @@ pub struct FreeList<T> {
     lists: PerCpuStack,
     extra: ExtraList,
     hint: EmptyHint,
+    /// Whether a pop looks at this CPU's list before its critical section
+    /// (the patch's flag and the merged kernel's head do; see `take`).
+    look_first: bool,
 }
 
 // SAFETY: the pool hands each value to one element handle at a time (the
@@ -151,6 +154,7 @@ impl<T> FreeList<T> {
             lists,
             extra: ExtraList::new(),
             hint,
+            look_first: matches!(hint, EmptyHint::Flag | EmptyHint::Head),
         }
     }
 
@@ -224,8 +228,10 @@ impl<T> FreeList<T> {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     pub(crate) fn take(&self, wait: bool) -> Option<NonNull<u8>> {
-        // The hints look at this CPU's list before its section too.
-        match self.lists.pop_local(self.hint != EmptyHint::None) {
+        // The patch's flag and the merged kernel's head look at this CPU's
+        // list before its section too; the summary's pop lets the section
+        // find it empty (a full list, the common case, pays no look).
+        match self.lists.pop_local(self.look_first) {
             LocalPop::Popped(node) => Some(node),
             LocalPop::Empty { slot } => self.take_elsewhere(wait, Some(slot)),
             LocalPop::Locked => self.take_elsewhere(wait, None),

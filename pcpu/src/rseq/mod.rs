@@ -515,7 +515,7 @@ pub fn fence_cpu(cpu: usize) -> bool {
 #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
 #[allow(unused_imports)]
 pub(crate) use x86_64::{
-    DONE, EMPTY, SLOW, bare_pop as raw_bare_pop, bare_push as raw_bare_push,
+    DONE, EMPTY, LIST_STRIDE, SLOW, bare_pop as raw_bare_pop, bare_push as raw_bare_push,
     mark_empty as raw_mark_empty, pop as raw_pop, push as raw_push,
     push_clearing_flag as raw_push_clearing_flag,
 };

@@ -33,7 +33,7 @@ pub(crate) const SLOW: u32 = 2;
 /// start label.
 macro_rules! rseq_cs_prologue {
     () => {
-        rseq_cs_prologue!("imul {stride}, {slot}\n")
+        rseq_cs_prologue!("shl ${shift}, {slot}\n")
     };
     ($scale:expr) => {
         concat!(
@@ -51,7 +51,7 @@ macro_rules! rseq_cs_prologue {
             "lea 3b(%rip), {tmp}\n",
             "mov {tmp}, %fs:8({area})\n",
             "4:\n",
-            // slot = base + cpu_id * stride, or the slow exit if out of range
+            // slot = base + (cpu_id << shift), or the slow exit if out of range
             "mov %fs:4({area}), {slot:e}\n",
             "cmp {cpus:e}, {slot:e}\n",
             "jae 7f\n",
@@ -92,6 +92,15 @@ const COUNTER_STRIDE_SHIFT: u32 = {
     assert!(stride.is_power_of_two());
     stride.trailing_zeros()
 };
+
+/// log2 of the distance between the slots of a list's `PerCpu` of heads
+/// (each a few words, cache-padded like a counter): the list sections
+/// shift too. The stacks check their heads' layout against it
+/// ([`LIST_STRIDE`]).
+const LIST_STRIDE_SHIFT: u32 = COUNTER_STRIDE_SHIFT;
+
+/// The distance between the heads of the lists the sections below take.
+pub(crate) const LIST_STRIDE: usize = 1 << LIST_STRIDE_SHIFT;
 
 /// `*(u64 *)slot(cpu) += delta` on the current CPU's slot.
 ///
@@ -200,7 +209,7 @@ macro_rules! lock_check {
 /// The body of [`push`] and [`bare_push`]: `$check` runs first (the lock
 /// check, or nothing for a bare list).
 macro_rules! push_section {
-    ($check:expr, $area:expr, $base:expr, $stride:expr, $cpus:expr, $node:expr, $next:expr) => {{
+    ($check:expr, $area:expr, $base:expr, $cpus:expr, $node:expr, $next:expr) => {{
         let rc: u32;
         asm!(
             rseq_cs_prologue!(),
@@ -209,7 +218,7 @@ macro_rules! push_section {
             "mov {tmp}, ({next})",
             "mov {node}, ({slot})",
             rseq_cs_epilogue!(),
-            area = in(reg) $area, base = in(reg) $base, stride = in(reg) $stride,
+            area = in(reg) $area, base = in(reg) $base, shift = const LIST_STRIDE_SHIFT,
             cpus = in(reg) $cpus, node = in(reg) $node, next = in(reg) $next,
             tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
             options(att_syntax, nostack),
@@ -230,14 +239,13 @@ macro_rules! push_section {
 pub(crate) unsafe fn push(
     area: isize,
     base: *const u8,
-    stride: usize,
     cpus: u32,
     node: usize,
     next_field: *mut usize,
 ) -> u32 {
     // SAFETY: the caller's contract. The store to `next_field` may be
     // repeated on restart, which is harmless: the node is not yet visible.
-    unsafe { push_section!(lock_check!(), area, base, stride, cpus, node, next_field) }
+    unsafe { push_section!(lock_check!(), area, base, cpus, node, next_field) }
 }
 
 /// [`push`] that also clears the slot's `u32` empty flag (at `slot + 16`)
@@ -264,7 +272,6 @@ pub(crate) unsafe fn push(
 pub(crate) unsafe fn push_clearing_flag(
     area: isize,
     base: *const u8,
-    stride: usize,
     cpus: u32,
     node: usize,
     next_field: *mut usize,
@@ -287,7 +294,7 @@ pub(crate) unsafe fn push_clearing_flag(
             "1:",
             "mov {node}, ({slot})",
             rseq_cs_epilogue!(),
-            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
+            area = in(reg) area, base = in(reg) base, shift = const LIST_STRIDE_SHIFT,
             cpus = in(reg) cpus, node = in(reg) node, next = in(reg) next_field,
             summary = in(reg) summary,
             tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
@@ -318,7 +325,6 @@ pub(crate) unsafe fn push_clearing_flag(
 pub(crate) unsafe fn mark_empty(
     area: isize,
     base: *const u8,
-    stride: usize,
     cpus: u32,
     summary: *const u64,
 ) -> u32 {
@@ -335,7 +341,7 @@ pub(crate) unsafe fn mark_empty(
             "lock btrq {tmp}, ({summary})",
             "movl $1, 16({slot})",
             rseq_cs_epilogue!(),
-            area = in(reg) area, base = in(reg) base, stride = in(reg) stride,
+            area = in(reg) area, base = in(reg) base, shift = const LIST_STRIDE_SHIFT,
             cpus = in(reg) cpus, summary = in(reg) summary,
             tmp = out(reg) _, slot = out(reg) _, rc = out(reg) rc,
             options(att_syntax, nostack),
@@ -356,19 +362,18 @@ pub(crate) unsafe fn mark_empty(
 pub(crate) unsafe fn bare_push(
     area: isize,
     base: *const u8,
-    stride: usize,
     cpus: u32,
     node: usize,
     next_field: *mut usize,
 ) -> u32 {
     // SAFETY: as for `push`.
-    unsafe { push_section!("", area, base, stride, cpus, node, next_field) }
+    unsafe { push_section!("", area, base, cpus, node, next_field) }
 }
 
 /// The body of [`pop`] and [`bare_pop`]: `$check` runs first (the lock
 /// check, or nothing for a bare list).
 macro_rules! pop_section {
-    ($check:expr, $area:expr, $base:expr, $stride:expr, $cpus:expr, $off:expr) => {{
+    ($check:expr, $area:expr, $base:expr, $cpus:expr, $off:expr) => {{
         let rc: u32;
         let node: usize;
         let next: usize;
@@ -381,7 +386,7 @@ macro_rules! pop_section {
             "mov ({node}, {off}), {next}",
             "mov {next}, ({slot})",
             rseq_cs_epilogue!(),
-            area = in(reg) $area, base = in(reg) $base, stride = in(reg) $stride,
+            area = in(reg) $area, base = in(reg) $base, shift = const LIST_STRIDE_SHIFT,
             cpus = in(reg) $cpus, off = in(reg) $off,
             node = out(reg) node, next = out(reg) next, tmp = out(reg) _,
             slot = out(reg) _, rc = out(reg) rc,
@@ -401,12 +406,11 @@ macro_rules! pop_section {
 pub(crate) unsafe fn bare_pop(
     area: isize,
     base: *const u8,
-    stride: usize,
     cpus: u32,
     next_offset: usize,
 ) -> (u32, usize) {
     // SAFETY: as for `pop`.
-    let (rc, node, _) = unsafe { pop_section!("", area, base, stride, cpus, next_offset) };
+    let (rc, node, _) = unsafe { pop_section!("", area, base, cpus, next_offset) };
     (rc, node)
 }
 
@@ -425,10 +429,9 @@ pub(crate) unsafe fn bare_pop(
 pub(crate) unsafe fn pop(
     area: isize,
     base: *const u8,
-    stride: usize,
     cpus: u32,
     next_offset: usize,
 ) -> (u32, usize, usize) {
     // SAFETY: the caller's contract.
-    unsafe { pop_section!(lock_check!(), area, base, stride, cpus, next_offset) }
+    unsafe { pop_section!(lock_check!(), area, base, cpus, next_offset) }
 }

@@ -9,15 +9,17 @@ use super::{LocalPop, PerCpuStack};
 use crate::sync::atomic::Ordering;
 
 impl PerCpuStack {
-    /// The rseq push; `false` if it must take the locked path.
+    /// The rseq push; `false` if it must take the locked path (always,
+    /// where no critical sections run).
     #[inline]
+    #[cfg_attr(
+        not(any(pcpu_loom, pcpu_arch = "x86_64")),
+        allow(clippy::unused_self)
+    )]
     pub(super) unsafe fn push_fast(&self, node: NonNull<u8>) -> bool {
-        if !self.use_rseq {
-            return false;
-        }
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if let Some(area) = crate::rseq_area::offset() {
-            let (base, stride) = self.heads.raw_layout();
+        if self.area != 0 {
+            let (area, base) = (self.area, self.heads.raw_layout().0);
             let (node, next) = (node.as_ptr() as usize, self.link_word(node));
             let cpus = self.heads.cpus() as u32;
             // SAFETY: rseq mode: CPU slots are `Head`s written only by this
@@ -26,20 +28,19 @@ impl PerCpuStack {
             let rc = unsafe {
                 if self.empty_flags {
                     let summary = self.summary.as_ptr().cast();
-                    crate::rseq::raw_push_clearing_flag(
-                        area, base, stride, cpus, node, next, summary,
-                    )
+                    crate::rseq::raw_push_clearing_flag(area, base, cpus, node, next, summary)
                 } else {
-                    crate::rseq::raw_push(area, base, stride, cpus, node, next)
+                    crate::rseq::raw_push(area, base, cpus, node, next)
                 }
             };
             return rc == crate::rseq::DONE;
         }
         #[cfg(pcpu_loom)]
-        return self.modelled_section(|slot| {
-            // SAFETY: forwarded.
-            unsafe { self.link(slot, node) };
-        });
+        return self.use_rseq
+            && self.modelled_section(|slot| {
+                // SAFETY: forwarded.
+                unsafe { self.link(slot, node) };
+            });
         #[allow(unreachable_code)]
         {
             let _ = node;
@@ -79,7 +80,7 @@ impl PerCpuStack {
     #[inline]
     #[cfg_attr(not(any(pcpu_loom, pcpu_arch = "x86_64")), allow(dead_code))]
     pub(super) fn after_local_pop(&self, next: usize) {
-        if self.empty_flags && next == 0 {
+        if next == 0 && self.empty_flags {
             self.mark_empty_fast();
         }
     }
@@ -103,15 +104,15 @@ impl PerCpuStack {
     )]
     fn mark_empty_fast(&self) {
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if let Some(area) = crate::rseq_area::offset() {
-            let (base, stride) = self.heads.raw_layout();
+        if self.area != 0 {
+            let (area, base) = (self.area, self.heads.raw_layout().0);
             let summary = self.summary.as_ptr().cast();
             // SAFETY: as in `push_fast`; the section writes only the flag
             // and the list's summary bit. Whatever it returns, the flag is
             // right or conservatively clear, and the bit clear only on an
             // empty list (a locked list is the lock holder's business).
             let _ = unsafe {
-                crate::rseq::raw_mark_empty(area, base, stride, self.heads.cpus() as u32, summary)
+                crate::rseq::raw_mark_empty(area, base, self.heads.cpus() as u32, summary)
             };
         }
         #[cfg(pcpu_loom)]

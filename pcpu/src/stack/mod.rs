@@ -25,6 +25,10 @@ struct Head {
     empty: AtomicU32,
 }
 
+// The sections find a CPU's head at `base + (cpu << shift)`.
+#[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
+const _: () = assert!(size_of::<crossbeam_utils::CachePadded<Head>>() == crate::rseq::LIST_STRIDE);
+
 /// What [`PerCpuStack::pop_local`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LocalPop {
@@ -105,6 +109,10 @@ pub struct PerCpuStack {
     summary: Box<[AtomicU64]>,
     next_offset: usize,
     use_rseq: bool,
+    /// glibc's rseq area offset where the lists run on critical sections
+    /// (x86-64: `use_rseq`), read once; 0 elsewhere.
+    #[cfg_attr(not(all(pcpu_arch = "x86_64", not(pcpu_loom))), allow(dead_code))]
+    area: isize,
     empty_flags: bool,
     /// Lists below this index are real CPUs' (a stack built for more CPUs
     /// than the machine has leaves the rest to locks alone).
@@ -180,6 +188,12 @@ impl PerCpuStack {
         // unless the test chose the fallback world.
         #[cfg(pcpu_loom)]
         let use_rseq = crate::loom_cpu::rseq_modelled();
+        // The sections' own check: where they run, the area exists (and
+        // its offset never changes).
+        #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
+        let area = crate::rseq_area::offset().filter(|_| use_rseq).unwrap_or(0);
+        #[cfg(not(all(pcpu_arch = "x86_64", not(pcpu_loom))))]
+        let area = 0;
         let lists = cpus + 1;
         Self {
             // Every list starts empty, so every flag starts set (and no
@@ -193,6 +207,7 @@ impl PerCpuStack {
                 .collect(),
             next_offset,
             use_rseq,
+            area,
             empty_flags,
             fenced: cpus.min(crate::possible_cpus()),
         }
@@ -401,15 +416,13 @@ impl PerCpuStack {
     #[inline(always)]
     #[must_use]
     pub fn pop_local(&self, look_first: bool) -> LocalPop {
-        if !self.use_rseq {
-            return LocalPop::Locked;
-        }
         // No critical sections here (aarch64 and others): only locks.
         #[cfg(not(any(pcpu_arch = "x86_64", pcpu_loom)))]
         let _ = look_first;
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
-        if let Some(area) = crate::rseq_area::offset() {
-            let (base, stride) = self.heads.raw_layout();
+        if self.area != 0 {
+            let area = self.area;
+            let base = self.heads.raw_layout().0;
             let cpus = self.heads.cpus() as u32;
             // The look: between operations a set flag means an empty
             // list; the CPU id read here is a hint, the section reads it
@@ -423,17 +436,20 @@ impl PerCpuStack {
             // SAFETY: as in `push_fast`; nodes in a list have readable link
             // words (the push contract).
             let (rc, node, next) =
-                unsafe { crate::rseq::raw_pop(area, base, stride, cpus, self.next_offset) };
+                unsafe { crate::rseq::raw_pop(area, base, cpus, self.next_offset) };
             // One predicted branch for the common case (a `match` on
             // every code compiles to a jump table).
-            if let (crate::rseq::DONE, Some(node)) = (rc, NonNull::new(node as *mut u8)) {
+            if rc == crate::rseq::DONE {
+                // SAFETY: the section commits (`DONE`) only after finding a
+                // node at the top, which it returns.
+                let node = unsafe { NonNull::new_unchecked(node as *mut u8) };
                 self.after_local_pop(next);
                 return LocalPop::Popped(node);
             }
             return self.pop_local_exit(rc);
         }
         #[cfg(pcpu_loom)]
-        {
+        if self.use_rseq {
             let cpu = crate::loom_cpu::current();
             if look_first && cpu < self.heads.cpus() && self.looks_empty_for_pop(cpu) {
                 return LocalPop::Empty { slot: cpu };

@@ -10,6 +10,11 @@ use core::ptr::NonNull;
 use crate::PerCpu;
 use crate::sync::atomic::AtomicUsize;
 
+// The sections find a CPU's head at `base + (cpu << shift)`.
+#[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
+const _: () =
+    assert!(size_of::<crossbeam_utils::CachePadded<AtomicUsize>>() == crate::rseq::LIST_STRIDE);
+
 /// Per-CPU LIFO lists of caller-owned nodes with a `usize` link word at
 /// `next_offset`; each operation is one rseq critical section on the
 /// current CPU's head, and nothing else.
@@ -84,14 +89,13 @@ impl BareStack {
     pub unsafe fn push(&self, node: NonNull<u8>) -> bool {
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         if let Some(area) = crate::rseq_area::offset() {
-            let (base, stride) = self.heads.raw_layout();
+            let base = self.heads.raw_layout().0;
             // SAFETY: the heads are written only by these sections of
             // their own CPU; the caller's contract covers the link word.
             let rc = unsafe {
                 crate::rseq::raw_bare_push(
                     area,
                     base,
-                    stride,
                     self.heads.cpus() as u32,
                     node.as_ptr() as usize,
                     self.link_word(node),
@@ -110,17 +114,11 @@ impl BareStack {
     pub fn pop(&self) -> Option<NonNull<u8>> {
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         if let Some(area) = crate::rseq_area::offset() {
-            let (base, stride) = self.heads.raw_layout();
+            let base = self.heads.raw_layout().0;
             // SAFETY: as in `push`; nodes in a list have readable link
             // words (the push contract).
             let (rc, node) = unsafe {
-                crate::rseq::raw_bare_pop(
-                    area,
-                    base,
-                    stride,
-                    self.heads.cpus() as u32,
-                    self.next_offset,
-                )
+                crate::rseq::raw_bare_pop(area, base, self.heads.cpus() as u32, self.next_offset)
             };
             return if rc == crate::rseq::DONE {
                 NonNull::new(node as *mut u8)
