@@ -97,6 +97,17 @@ impl<T> PerCpu<T> {
         self.slots.get(index).map(|s| &**s)
     }
 
+    /// The slot at `index`, unchecked.
+    ///
+    /// # Safety
+    /// `index <= self.cpus()`.
+    #[inline]
+    #[cfg_attr(not(any(pcpu_arch = "x86_64", pcpu_loom)), allow(dead_code))]
+    pub(crate) unsafe fn get_unchecked(&self, index: usize) -> &T {
+        // SAFETY: the caller's contract.
+        unsafe { self.slots.get_unchecked(index) }
+    }
+
     /// Mutable access to the slot at `index`.
     #[inline]
     pub fn get_mut(&mut self, index: usize) -> Option<&mut T> {

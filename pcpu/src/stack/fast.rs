@@ -5,17 +5,13 @@
 use core::ptr::NonNull;
 
 use super::{LocalPop, PerCpuStack};
-#[cfg(pcpu_loom)]
 use crate::sync::atomic::Ordering;
 
 impl PerCpuStack {
     /// The rseq push; `false` if it must take the locked path (always,
     /// where no critical sections run).
     #[inline]
-    #[cfg_attr(
-        not(any(pcpu_loom, pcpu_arch = "x86_64")),
-        allow(clippy::unused_self)
-    )]
+    #[cfg_attr(not(any(pcpu_loom, pcpu_arch = "x86_64")), allow(clippy::unused_self))]
     pub(super) unsafe fn push_fast(&self, node: NonNull<u8>) -> bool {
         #[cfg(all(pcpu_arch = "x86_64", not(pcpu_loom)))]
         if self.area != 0 {
@@ -53,11 +49,17 @@ impl PerCpuStack {
     #[allow(clippy::inline_always)]
     #[inline(always)]
     #[cfg_attr(not(any(pcpu_arch = "x86_64", pcpu_loom)), allow(dead_code))]
-    pub(super) fn looks_empty_for_pop(&self, slot: usize) -> bool {
+    ///
+    /// # Safety
+    /// `slot < self.slots()` (the callers' CPU id, checked below the CPU
+    /// count).
+    pub(super) unsafe fn looks_empty_for_pop(&self, slot: usize) -> bool {
+        // SAFETY: the caller's contract.
+        let head = unsafe { self.heads.get_unchecked(slot) };
         if self.empty_flags {
-            self.flagged_empty(slot)
+            head.empty.load(Ordering::Relaxed) != 0
         } else {
-            self.looks_empty(slot)
+            head.top.load(Ordering::Relaxed) == 0
         }
     }
 

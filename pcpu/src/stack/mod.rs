@@ -429,7 +429,8 @@ impl PerCpuStack {
             // again.
             if look_first {
                 let cpu = crate::rseq_area::read_cpu_id(area);
-                if cpu < cpus && self.looks_empty_for_pop(cpu as usize) {
+                // SAFETY: `cpu` is below the CPU count, so a list's.
+                if cpu < cpus && unsafe { self.looks_empty_for_pop(cpu as usize) } {
                     return LocalPop::Empty { slot: cpu as usize };
                 }
             }
@@ -451,7 +452,8 @@ impl PerCpuStack {
         #[cfg(pcpu_loom)]
         if self.use_rseq {
             let cpu = crate::loom_cpu::current();
-            if look_first && cpu < self.heads.cpus() && self.looks_empty_for_pop(cpu) {
+            // SAFETY: `cpu` is below the CPU count, so a list's.
+            if look_first && cpu < self.heads.cpus() && unsafe { self.looks_empty_for_pop(cpu) } {
                 return LocalPop::Empty { slot: cpu };
             }
             let mut popped = None;
