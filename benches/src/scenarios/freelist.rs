@@ -214,21 +214,21 @@ impl Workload for PushPop {
         if missed != 0 {
             return Err(format!("{missed} pops found the prefilled pool empty"));
         }
-        let free = match &self.pool {
-            PoolImpl::Freelist(pool) => std::iter::from_fn(|| pool.pop()).collect::<Vec<_>>().len(),
-            PoolImpl::ArrayQueue(q) => q.len(),
+        let (free, capacity) = match &self.pool {
+            PoolImpl::Freelist(pool) => (
+                std::iter::from_fn(|| pool.pop()).collect::<Vec<_>>().len(),
+                pool.capacity(),
+            ),
+            PoolImpl::ArrayQueue(q) => (q.len(), q.capacity()),
             // Each list can only be emptied from its own CPU.
             PoolImpl::Bare(_) | PoolImpl::ObjectPool(_) | PoolImpl::ShardedSlab(_) => {
                 return Ok(());
             }
         };
-        if free == capacity() {
+        if free == capacity {
             Ok(())
         } else {
-            Err(format!(
-                "{free} of {} elements back in the pool",
-                capacity()
-            ))
+            Err(format!("{free} of {capacity} elements back in the pool"))
         }
     }
 }
