@@ -119,6 +119,16 @@ impl<T> PercpuRwSem<T> {
         }
     }
 
+    /// A new unlocked semaphore around `value`, as if the machine had
+    /// `cpus` CPUs ([`RawPercpuRwSem::with_cpus`]): for measuring what a
+    /// writer costs on a bigger machine.
+    pub fn with_cpus(value: T, cpus: usize) -> Self {
+        Self {
+            raw: RawPercpuRwSem::with_cpus(cpus),
+            data: UnsafeCell::new(value),
+        }
+    }
+
     /// Consumes the semaphore, returning the data.
     pub fn into_inner(self) -> T {
         self.data.into_inner()

@@ -1,6 +1,6 @@
 //! Guard types: the read guard is covariant in `T` (as `std`'s is), and a
 //! write guard can be downgraded to a read guard, directly or through
-//! `lock_api`.
+//! `lock_api`; semaphores built for another CPU count.
 
 use percpu_rwsem::{PercpuRwSem, RawPercpuRwSem, WriteGuard};
 
@@ -72,4 +72,28 @@ fn downgrade_through_lock_api() {
     assert_eq!(*lock.try_read().unwrap(), [1]);
     drop(r);
     assert!(lock.try_write().is_some());
+}
+
+/// A semaphore built for more CPUs than the machine has (and for fewer:
+/// its overflow slot takes the rest): a writer still waits out a reader on
+/// another thread, and readers come back once it is done.
+#[test]
+fn a_semaphore_for_another_cpu_count_excludes_as_ever() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    for cpus in [1, 64, 300] {
+        let sem = PercpuRwSem::with_cpus(0u32, cpus);
+        let wrote = AtomicBool::new(false);
+        let guard = sem.read();
+        std::thread::scope(|s| {
+            let writer = s.spawn(|| {
+                *sem.write() += 1;
+                wrote.store(true, SeqCst);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(!wrote.load(SeqCst), "{cpus} CPUs: wrote under a reader");
+            drop(guard);
+            writer.join().unwrap();
+        });
+        assert_eq!(*sem.read(), 1, "{cpus} CPUs");
+    }
 }

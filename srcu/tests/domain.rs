@@ -30,6 +30,29 @@ fn synchronize_waits_for_a_reader_that_began_before_it() {
     assert!(returned.load(SeqCst));
 }
 
+/// A domain built for more CPUs than the machine has (and for fewer: its
+/// overflow slot takes the rest) still waits for a reader, whatever CPU
+/// it runs on, and only for it.
+#[test]
+fn a_domain_for_another_cpu_count_waits_for_its_readers() {
+    for cpus in [1, 64, 300] {
+        let domain = Srcu::with_cpus(cpus);
+        let index = domain.read_lock_raw();
+        assert!(
+            !domain.synchronize_timeout(Duration::from_millis(20)),
+            "{cpus} CPUs: grace period ignored the reader"
+        );
+        std::thread::scope(|s| {
+            // SAFETY: `index` came from this domain.
+            s.spawn(|| unsafe { domain.read_unlock_raw(index) });
+        });
+        assert!(
+            domain.synchronize_timeout(Duration::from_secs(10)),
+            "{cpus} CPUs"
+        );
+    }
+}
+
 #[test]
 fn a_raw_section_may_end_on_another_thread() {
     let domain = Srcu::new();

@@ -27,6 +27,7 @@ pub fn all() -> Vec<Scenario> {
         counter::SCENARIO,
         rwsem::READ,
         rwsem::MIXED,
+        rwsem::WRITE,
         srcu::READ,
         srcu::SYNC,
         srcu::LEASE,

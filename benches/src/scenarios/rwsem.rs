@@ -8,7 +8,7 @@ use std::time::Duration;
 use crossbeam_utils::sync::ShardedLock;
 use percpu_rwsem::PercpuRwSem;
 
-use crate::harness::{Scenario, Workload};
+use crate::harness::{Scenario, Workload, split_lists};
 
 const IMPLS: &[&str] = &["percpu-rwsem", "std", "parking_lot", "sharded"];
 
@@ -26,6 +26,14 @@ pub const MIXED: Scenario = Scenario {
     impls: IMPLS,
     build: build_mixed,
     lists: &[],
+};
+
+pub const WRITE: Scenario = Scenario {
+    name: "rwsem-write",
+    about: "seed 001: each thread loops write-lock, add, unlock (no reader): percpu-rwsem's writer sums every CPU's count to see the readers gone (the gate stays closed between writes, no grace period); +gp: each write followed by one read, with no linger, so the read reopens the fast path and every write closes it again with a full grace period (membarrier); --lists N builds percpu-rwsem's counts as if the machine had N CPUs",
+    impls: &["percpu-rwsem", "percpu-rwsem+gp", "std", "parking_lot"],
+    build: build_write,
+    lists: &["percpu-rwsem", "percpu-rwsem+gp"],
 };
 
 /// The pause between two writes in `rwsem-mixed`, the same for every impl.
@@ -169,6 +177,61 @@ impl<L: Lock> Workload for Mixed<L> {
             Err(format!("the value is {value} after {} writes", ops[0]))
         }
     }
+}
+
+/// Writes: each operation takes the write side, adds, releases (and,
+/// with `read_after`, reads once).
+struct WriteLoop<L> {
+    lock: L,
+    read_after: bool,
+}
+
+impl<L: Lock> Workload for WriteLoop<L> {
+    fn run(&self, _tid: usize, iters: u64) {
+        for _ in 0..iters {
+            self.lock.add(1);
+            if self.read_after {
+                black_box(self.lock.read_value());
+            }
+        }
+    }
+
+    fn verify(&self, ops: &[u64]) -> Result<(), String> {
+        let (value, want) = (self.lock.read_value(), ops.iter().sum::<u64>());
+        if value == want {
+            Ok(())
+        } else {
+            Err(format!("{value} writes counted for {want}"))
+        }
+    }
+}
+
+#[allow(clippy::unnecessary_wraps)] // the signature of `harness::Build`
+fn build_write(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, String> {
+    let (name, cpus) = split_lists(imp);
+    Ok(match name {
+        "percpu-rwsem" | "percpu-rwsem+gp" => {
+            let lock = cpus.map_or_else(
+                || PercpuRwSem::new(0u64),
+                |n| PercpuRwSem::with_cpus(0u64, n),
+            );
+            lock.prepare();
+            let read_after = name == "percpu-rwsem+gp";
+            if read_after {
+                lock.raw().set_linger(Duration::ZERO);
+            }
+            Box::new(WriteLoop { lock, read_after })
+        }
+        "std" => Box::new(WriteLoop {
+            lock: std::sync::RwLock::new(0u64),
+            read_after: false,
+        }),
+        "parking_lot" => Box::new(WriteLoop {
+            lock: parking_lot::RwLock::new(0u64),
+            read_after: false,
+        }),
+        _ => unreachable!("unknown implementation {imp}"),
+    })
 }
 
 fn build_mixed(imp: &str, threads: usize) -> Result<Box<dyn Workload>, String> {

@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use seize::{Collector, Guard as _};
 use srcu::{LeaseSet, Srcu, SrcuCell};
 
-use crate::harness::{Scenario, Workload};
+use crate::harness::{Scenario, Workload, split_lists};
 
 pub const READ: Scenario = Scenario {
     name: "srcu-read",
@@ -31,10 +31,10 @@ pub const READ: Scenario = Scenario {
 
 pub const SYNC: Scenario = Scenario {
     name: "srcu-sync",
-    about: "seed 002: one thread calls synchronize() in a loop while the others run short read sections; rows srcu:syncs and srcu:reads",
+    about: "seed 002: one thread calls synchronize() in a loop while the others run short read sections; rows srcu:syncs and srcu:reads; --lists N builds the domain's counts as if the machine had N CPUs",
     impls: &["srcu"],
     build: build_sync,
-    lists: &[],
+    lists: &["srcu"],
 };
 
 pub const LEASE: Scenario = Scenario {
@@ -48,7 +48,13 @@ pub const LEASE: Scenario = Scenario {
 /// A domain per workload, leaked: workloads are few and short-lived, and
 /// a `SrcuCell` needs a domain that outlives it.
 fn domain() -> &'static Srcu {
-    let d: &'static Srcu = Box::leak(Box::new(Srcu::new()));
+    domain_for(None)
+}
+
+/// A domain for the machine's CPUs, or as if it had `cpus` (leaked: the
+/// bench's cells borrow it for good).
+fn domain_for(cpus: Option<usize>) -> &'static Srcu {
+    let d: &'static Srcu = Box::leak(Box::new(cpus.map_or_else(Srcu::new, Srcu::with_cpus)));
     d.prepare();
     d
 }
@@ -306,11 +312,11 @@ impl Workload for Sync {
     }
 }
 
-fn build_sync(_imp: &str, threads: usize) -> Result<Box<dyn Workload>, String> {
+fn build_sync(imp: &str, threads: usize) -> Result<Box<dyn Workload>, String> {
     if threads < 2 {
         return Err("needs 2 or more threads: one calls synchronize(), the rest read".into());
     }
-    let domain = domain();
+    let domain = domain_for(split_lists(imp).1);
     Ok(Box::new(Sync(SrcuRead {
         domain,
         cell: SrcuCell::new(domain, Some(7)),

@@ -154,10 +154,12 @@ struct Counts {
 }
 
 impl Counts {
-    fn new() -> Self {
+    /// Counts for the machine's CPUs, or as if it had `cpus` (`Some`).
+    fn new(cpus: Option<usize>) -> Self {
+        let zero = |_| AtomicU64::new(0);
         Self {
             gated: rseq::GatedAdder::get(),
-            slots: PerCpu::default(),
+            slots: cpus.map_or_else(|| PerCpu::new(zero), |n| PerCpu::with_cpus(n, zero)),
         }
     }
 
@@ -193,6 +195,8 @@ impl Counts {
 /// the lock inside a signal handler must call first.
 pub struct RawPercpuRwSem {
     counts: AtomicPtr<Counts>,
+    /// The CPUs to count for when the counts are made (0: the machine's).
+    cpus: usize,
     gate: AtomicU32,
     drain: AtomicU32,
     writer: FutexMutex,
@@ -231,6 +235,7 @@ macro_rules! unlocked {
     () => {
         Self {
             counts: AtomicPtr::new(core::ptr::null_mut()),
+            cpus: 0,
             gate: AtomicU32::new(0),
             drain: AtomicU32::new(0),
             writer: FutexMutex::new(),
@@ -256,6 +261,19 @@ impl RawPercpuRwSem {
         unlocked!()
     }
 
+    /// An unlocked semaphore as if the machine had `cpus` CPUs: its
+    /// per-CPU counts have `cpus` slots (and the overflow slot, which the
+    /// machine's CPUs at or above `cpus` share). For measuring on a small
+    /// machine what a writer's grace period over a big machine's counts
+    /// costs; everything else behaves as [`new`](Self::new)'s. Allocates
+    /// nothing until first use.
+    #[must_use]
+    pub fn with_cpus(cpus: usize) -> Self {
+        let mut sem = Self::new();
+        sem.cpus = cpus;
+        sem
+    }
+
     /// Allocates the per-CPU counts now, so no later lock operation
     /// allocates. Call it before the lock is used from a signal handler.
     /// Not async-signal-safe (it allocates); idempotent.
@@ -279,7 +297,7 @@ impl RawPercpuRwSem {
 
     #[cold]
     fn allocate_counts(&self) -> &Counts {
-        let fresh = Box::into_raw(Box::new(Counts::new()));
+        let fresh = Box::into_raw(Box::new(Counts::new((self.cpus != 0).then_some(self.cpus))));
         let p = pcpu::unstable::sync::publish_once(&self.counts, fresh, |f| {
             // SAFETY: a loser's `fresh` was never shared.
             drop(unsafe { Box::from_raw(f) });

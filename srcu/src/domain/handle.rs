@@ -96,6 +96,8 @@ use crate::fork;
 /// ```
 pub struct Srcu {
     inner: AtomicPtr<Inner>,
+    /// The CPUs to count for when the state is made (0: the machine's).
+    cpus: usize,
 }
 
 impl Default for Srcu {
@@ -123,6 +125,7 @@ impl Srcu {
     pub const fn new() -> Self {
         Self {
             inner: AtomicPtr::new(core::ptr::null_mut()),
+            cpus: 0,
         }
     }
 
@@ -132,7 +135,20 @@ impl Srcu {
     pub fn new() -> Self {
         Self {
             inner: AtomicPtr::new(core::ptr::null_mut()),
+            cpus: 0,
         }
+    }
+
+    /// A new domain as if the machine had `cpus` CPUs: its per-CPU
+    /// counts have `cpus` slots (and the overflow slot, which the
+    /// machine's CPUs at or above `cpus` share). For measuring on a small
+    /// machine what a grace period over a big machine's counts costs;
+    /// everything else behaves as [`new`](Self::new)'s.
+    #[must_use]
+    pub fn with_cpus(cpus: usize) -> Self {
+        let mut domain = Self::new();
+        domain.cpus = cpus;
+        domain
     }
 
     /// Allocates the per-CPU counts now, so that no later read operation
@@ -176,7 +192,8 @@ impl Srcu {
 
     #[cold]
     fn allocate(&self) -> *const Inner {
-        let fresh = Arc::into_raw(Arc::new(Inner::new())).cast_mut();
+        let fresh =
+            Arc::into_raw(Arc::new(Inner::new((self.cpus != 0).then_some(self.cpus)))).cast_mut();
         let p = pcpu::unstable::sync::publish_once(&self.inner, fresh, |f| {
             // SAFETY: a loser's `fresh` was never shared.
             drop(unsafe { Arc::from_raw(f) });

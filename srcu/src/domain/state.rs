@@ -50,7 +50,9 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    pub(super) fn new() -> Self {
+    /// A domain's state, its counts for the machine's CPUs or as if it
+    /// had `cpus` (`Some`).
+    pub(super) fn new(cpus: Option<usize>) -> Self {
         let light_is_compiler = pcpu::fence::light_is_compiler_only();
         let this = Self {
             fast: pcpu::rseq::Adder::get().filter(|_| light_is_compiler),
@@ -62,7 +64,9 @@ impl Inner {
                     || cfg!(pcpu_loom)
                     || (cfg!(miri) && pcpu::fence::mode() == pcpu::fence::Mode::Membarrier),
             ),
-            counts: PerCpu::default(),
+            counts: cpus.map_or_else(PerCpu::default, |n| {
+                PerCpu::with_cpus(n, |_| Default::default())
+            }),
             completed: AtomicU64::new(0),
             hot: AtomicU64::new(0),
             gp_lock: GpLock {
