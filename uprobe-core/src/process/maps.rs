@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::vma;
+
 /// One mapping: `[start, end)` and its protection (`PROT_*` bits, with
 /// `PROT_BTI` for a BTI-guarded arm64 mapping, so that patching it keeps
 /// it guarded).
@@ -89,25 +91,58 @@ fn name_field(line: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
-/// The memory map as read at one moment: for a batch of look-ups that
-/// should not each read `/proc/self/maps` again.
-pub(crate) struct Snapshot(Vec<Entry>);
+/// The memory map for a batch of look-ups. Where the kernel answers
+/// `PROCMAP_QUERY` ([`super::vma`]), each look-up asks it for the one
+/// mapping it needs (the map as it is then); elsewhere, and for
+/// [`taken`](Self::taken), which needs every mapping, the whole map is
+/// read once, at the first such need, and kept for the batch.
+pub(crate) struct Snapshot {
+    all: std::cell::OnceCell<Vec<Entry>>,
+    /// `/proc/self/maps` open for queries, if the kernel answers them.
+    queries: std::cell::OnceCell<Option<std::fs::File>>,
+}
 
 impl Snapshot {
-    /// Reads the map now.
+    /// A snapshot for a batch of look-ups (it reads nothing yet).
     pub(crate) fn read() -> Self {
-        Self(entries())
+        Self {
+            all: std::cell::OnceCell::new(),
+            queries: std::cell::OnceCell::new(),
+        }
     }
 
-    fn index_of(&self, addr: usize) -> Option<usize> {
+    fn all(&self) -> &[Entry] {
+        self.all.get_or_init(entries)
+    }
+
+    /// The mapping that contains `addr` (its name too if `name`), or the
+    /// first above it (`which`).
+    fn entry(&self, addr: usize, which: vma::Which, name: bool) -> Option<Entry> {
+        if self.all.get().is_none()
+            && let Some(maps) = self.queries.get_or_init(|| vma::open().ok())
+            && let Ok(found) = vma::query(maps, addr, which, name)
+        {
+            return found.map(|v| Entry {
+                start: v.start,
+                end: v.end,
+                prot: v.prot,
+                offset: v.offset,
+                name: v.name,
+            });
+        }
+        let all = self.all();
         // The kernel lists mappings in address order.
-        let i = self.0.partition_point(|e| e.end <= addr);
-        (i < self.0.len() && self.0[i].start <= addr).then_some(i)
+        let i = all.partition_point(|e| e.end <= addr);
+        let e = all.get(i)?;
+        match which {
+            vma::Which::Covering if e.start > addr => None,
+            _ => Some(e.clone()),
+        }
     }
 
     /// The mapping that contains `addr`, if any.
     pub(crate) fn mapping_of(&self, addr: usize) -> Option<Mapping> {
-        let e = &self.0[self.index_of(addr)?];
+        let e = self.entry(addr, vma::Which::Covering, false)?;
         let mut found = Mapping {
             start: e.start,
             end: e.end,
@@ -121,7 +156,7 @@ impl Snapshot {
 
     /// The file mapped at `addr`, if any.
     pub(crate) fn path_of(&self, addr: usize) -> Option<std::path::PathBuf> {
-        self.0[self.index_of(addr)?].path()
+        self.entry(addr, vma::Which::Covering, true)?.path()
     }
 
     /// The executable mapping that contains `addr`, if any.
@@ -136,13 +171,15 @@ impl Snapshot {
     /// instruction may straddle the cut). `None` if `addr` is not in
     /// executable code.
     pub(crate) fn code_end(&self, addr: usize) -> Option<usize> {
-        let i = self.index_of(addr).filter(|&i| self.0[i].exec())?;
-        let mut end = self.0[i].end;
-        for e in &self.0[i + 1..] {
-            if e.start != end || !e.exec() {
-                break;
-            }
-            end = e.end;
+        let mut end = self
+            .entry(addr, vma::Which::Covering, false)
+            .filter(Entry::exec)?
+            .end;
+        while let Some(next) = self
+            .entry(end, vma::Which::CoveringOrNext, false)
+            .filter(|e| e.start == end && e.exec())
+        {
+            end = next.end;
         }
         Some(end)
     }
@@ -294,7 +331,7 @@ impl Snapshot {
     /// What [`taken_ranges`] returns, as of this snapshot, with
     /// `heap_room` bytes kept free above the heap.
     pub(crate) fn taken(&self, heap_room: usize) -> Vec<(usize, usize)> {
-        taken_of(&self.0, heap_room)
+        taken_of(self.all(), heap_room)
     }
 }
 
@@ -339,10 +376,7 @@ fn stack_room() -> usize {
 
 /// The file mapped at `addr`, if any.
 pub(crate) fn path_of(addr: usize) -> Option<std::path::PathBuf> {
-    entries()
-        .into_iter()
-        .find(|e| (e.start..e.end).contains(&addr))?
-        .path()
+    Snapshot::read().path_of(addr)
 }
 
 /// Where byte `offset` of file `path` is mapped executable in this process,
@@ -365,4 +399,76 @@ pub(crate) fn file_offset_of(addr: usize) -> Option<(std::path::PathBuf, u64)> {
         .into_iter()
         .find(|e| e.exec() && (e.start..e.end).contains(&addr))?;
     Some((e.path()?, e.offset + (addr - e.start) as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{entries, vma};
+
+    /// One pass of the comparison: the first difference, if any.
+    fn compare() -> Result<(), String> {
+        let maps = vma::open().map_err(|_| "unsupported")?;
+        let all = entries();
+        for (i, e) in all.iter().enumerate() {
+            // `[vsyscall]`, the gate page, is listed but is no mapping of
+            // the process: the query does not find it.
+            if e.name.as_deref() == Some("[vsyscall]") {
+                continue;
+            }
+            let found = vma::query(&maps, e.start, vma::Which::Covering, true)
+                .map_err(|_| "unsupported")?
+                .ok_or(format!("line {i} not found: {e:?}"))?;
+            let (got, want) = (
+                (found.start, found.end, found.prot, found.offset, found.name),
+                (e.start, e.end, e.prot, e.offset, e.name.clone()),
+            );
+            if got != want {
+                return Err(format!("line {i}: {got:x?} for {want:x?}"));
+            }
+            if let Some(next) = all
+                .get(i + 1)
+                .filter(|n| n.start > e.end && n.name.as_deref() != Some("[vsyscall]"))
+            {
+                if vma::query(&maps, e.end, vma::Which::Covering, false)
+                    .map_err(|_| "unsupported")?
+                    .is_some()
+                {
+                    return Err(format!("a mapping in the gap at {:#x}", e.end));
+                }
+                let above = vma::query(&maps, e.end, vma::Which::CoveringOrNext, false)
+                    .map_err(|_| "unsupported")?
+                    .map(|v| v.start);
+                if above != Some(next.start) {
+                    return Err(format!(
+                        "{above:x?} above {:#x}, not {:#x}",
+                        e.end, next.start
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The kernel's answer for one address (`PROCMAP_QUERY`) agrees with
+    /// the line `/proc/self/maps` has for it: every mapping by its start,
+    /// with its name; an address in a gap has no mapping, and the next one
+    /// above it is the next line. (Other tests of this binary may map or
+    /// unmap memory between the two reads: a difference is checked again,
+    /// and only one that stays fails.)
+    #[test]
+    fn a_query_agrees_with_the_map() {
+        let supported = vma::open()
+            .and_then(|maps| vma::query(&maps, entries()[0].start, vma::Which::Covering, false));
+        if supported.is_err() {
+            return; // an older kernel: the map is read instead
+        }
+        let mut last = Ok(());
+        for _ in 0..5 {
+            last = compare();
+            if last.is_ok() {
+                return;
+            }
+        }
+        panic!("{}", last.unwrap_err());
+    }
 }

@@ -1,5 +1,6 @@
 //! What the engine reads of the process it runs in, and how it writes to
-//! its code: the memory map and code writes ([`maps`]), the loaded
+//! its code: the memory map and code writes ([`maps`]; one mapping by
+//! address: [`vma`]), the loaded
 //! objects' symbols ([`symbols`]) and, for code no symbol covers, their
 //! unwind information ([`frames`]), its threads and rseq critical
 //! sections ([`threads`]), and the functions glibc runs with every signal
@@ -14,3 +15,4 @@ pub(crate) mod maps;
 pub(crate) mod safe_load;
 pub(crate) mod symbols;
 pub(crate) mod threads;
+pub(crate) mod vma;
