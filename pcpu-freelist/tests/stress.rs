@@ -6,12 +6,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pcpu_freelist::{Element, EmptyHint, FreeList};
 
-const HINTS: [EmptyHint; 4] = [
-    EmptyHint::Summary,
-    EmptyHint::Flag,
-    EmptyHint::Head,
-    EmptyHint::None,
-];
+/// Every hint; under Miri the patch's flags alone are left out (they are
+/// the summary's flags, walked one by one).
+const HINTS: &[EmptyHint] = if cfg!(miri) {
+    &[EmptyHint::Summary, EmptyHint::Head, EmptyHint::None]
+} else {
+    &[
+        EmptyHint::Summary,
+        EmptyHint::Flag,
+        EmptyHint::Head,
+        EmptyHint::None,
+    ]
+};
 
 #[derive(Default)]
 struct Slot {
@@ -97,7 +103,7 @@ fn churn(hint: EmptyHint, threads: usize, capacity: usize, rounds: usize) {
 
 #[test]
 fn conserves_elements_one_thread_per_cpu() {
-    for hint in HINTS {
+    for &hint in HINTS {
         churn(
             hint,
             cpus(),
@@ -109,7 +115,7 @@ fn conserves_elements_one_thread_per_cpu() {
 
 #[test]
 fn conserves_elements_oversubscribed() {
-    for hint in HINTS {
+    for &hint in HINTS {
         churn(hint, 4 * cpus(), 3 * cpus(), test_support::scaled(250_000));
     }
 }
@@ -135,7 +141,7 @@ fn conserves_elements_without_rseq() {
     if std::env::var_os("FREELIST_CHILD").is_some() {
         let pool = FreeList::new([0u8]);
         assert!(!pool.uses_rseq(), "GLIBC_TUNABLES did not turn rseq off");
-        for hint in HINTS {
+        for &hint in HINTS {
             churn(hint, 4 * cpus(), 3 * cpus(), test_support::scaled(100_000));
         }
         println!("child: spinlocked lists conserve elements");
