@@ -5,19 +5,8 @@ use std::collections::HashSet;
 
 use pcpu_freelist::{EmptyHint, FreeList};
 
-/// Every hint; under Miri (which runs these tests with many seeds) the
-/// patch's flags alone are left out: they are the summary's flags, walked
-/// one by one.
-const HINTS: &[EmptyHint] = if cfg!(miri) {
-    &[EmptyHint::Summary, EmptyHint::Head, EmptyHint::None]
-} else {
-    &[
-        EmptyHint::Summary,
-        EmptyHint::Flag,
-        EmptyHint::Head,
-        EmptyHint::None,
-    ]
-};
+mod common;
+use common::HINTS;
 
 /// Pops until the pool is exhausted, keeping every element (a dropped
 /// element would go straight back).

@@ -6,18 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pcpu_freelist::{Element, EmptyHint, FreeList};
 
-/// Every hint; under Miri the patch's flags alone are left out (they are
-/// the summary's flags, walked one by one).
-const HINTS: &[EmptyHint] = if cfg!(miri) {
-    &[EmptyHint::Summary, EmptyHint::Head, EmptyHint::None]
-} else {
-    &[
-        EmptyHint::Summary,
-        EmptyHint::Flag,
-        EmptyHint::Head,
-        EmptyHint::None,
-    ]
-};
+mod common;
+use common::HINTS;
 
 #[derive(Default)]
 struct Slot {

@@ -40,19 +40,19 @@ struct Node {
     id: usize,
 }
 
+/// Two nodes (ids 1 and 2), leaked: a model's stack may keep them past it.
+fn two_nodes() -> &'static [Node; 2] {
+    let node = |id| Node {
+        next: std::cell::UnsafeCell::new(0),
+        id,
+    };
+    Box::leak(Box::new([node(1), node(2)]))
+}
+
 #[test]
 fn stack_local_and_remote_pops_conserve_nodes() {
     loom::model(|| {
-        let nodes: &'static [Node; 2] = Box::leak(Box::new([
-            Node {
-                next: std::cell::UnsafeCell::new(0),
-                id: 1,
-            },
-            Node {
-                next: std::cell::UnsafeCell::new(0),
-                id: 2,
-            },
-        ]));
+        let nodes = two_nodes();
         let stack = Arc::new(PerCpuStack::new(0));
         // One node on CPU 0's list, one on CPU 1's.
         for (i, n) in nodes.iter().enumerate() {
@@ -208,16 +208,7 @@ fn the_summary_bit_follows_a_list_through_racing_pop_and_push() {
     for rseq in [true, false] {
         loom_cpu::set_rseq_modelled(rseq);
         loom::model(|| {
-            let nodes: &'static [Node; 2] = Box::leak(Box::new([
-                Node {
-                    next: std::cell::UnsafeCell::new(0),
-                    id: 1,
-                },
-                Node {
-                    next: std::cell::UnsafeCell::new(0),
-                    id: 2,
-                },
-            ]));
+            let nodes = two_nodes();
             let stack = Arc::new(PerCpuStack::with_empty_flags(0));
             // SAFETY: leaked nodes, each pushed once.
             unsafe { stack.push_slot(1, NonNull::from(&nodes[0]).cast()) };

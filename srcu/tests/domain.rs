@@ -30,42 +30,38 @@ fn synchronize_waits_for_a_reader_that_began_before_it() {
     assert!(returned.load(SeqCst));
 }
 
+/// A raw section of `domain` holds up its grace periods until it ends, on
+/// another thread.
+fn a_raw_section_holds_up_grace_periods(domain: &Srcu, what: &str) {
+    let index = domain.read_lock_raw();
+    assert!(
+        !domain.synchronize_timeout(Duration::from_millis(20)),
+        "{what}: grace period ignored the raw reader"
+    );
+    std::thread::scope(|s| {
+        // SAFETY: `index` came from this domain.
+        s.spawn(|| unsafe { domain.read_unlock_raw(index) });
+    });
+    assert!(
+        domain.synchronize_timeout(Duration::from_secs(10)),
+        "{what}"
+    );
+}
+
 /// A domain built for more CPUs than the machine has (and for fewer: its
 /// overflow slot takes the rest) still waits for a reader, whatever CPU
 /// it runs on, and only for it.
 #[test]
 fn a_domain_for_another_cpu_count_waits_for_its_readers() {
     for cpus in [1, 64, 300] {
-        let domain = Srcu::with_cpus(cpus);
-        let index = domain.read_lock_raw();
-        assert!(
-            !domain.synchronize_timeout(Duration::from_millis(20)),
-            "{cpus} CPUs: grace period ignored the reader"
-        );
-        std::thread::scope(|s| {
-            // SAFETY: `index` came from this domain.
-            s.spawn(|| unsafe { domain.read_unlock_raw(index) });
-        });
-        assert!(
-            domain.synchronize_timeout(Duration::from_secs(10)),
-            "{cpus} CPUs"
-        );
+        a_raw_section_holds_up_grace_periods(&Srcu::with_cpus(cpus), &format!("{cpus} CPUs"));
     }
 }
 
 #[test]
 fn a_raw_section_may_end_on_another_thread() {
     let domain = Srcu::new();
-    let index = domain.read_lock_raw();
-    assert!(
-        !domain.synchronize_timeout(Duration::from_millis(20)),
-        "grace period ignored the raw reader"
-    );
-    std::thread::scope(|s| {
-        // SAFETY: `index` came from this domain.
-        s.spawn(|| unsafe { domain.read_unlock_raw(index) });
-    });
-    assert!(domain.synchronize_timeout(Duration::from_secs(10)));
+    a_raw_section_holds_up_grace_periods(&domain, "a domain");
     domain.synchronize_expedited();
 }
 

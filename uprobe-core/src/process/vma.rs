@@ -82,7 +82,8 @@ pub(crate) fn open() -> Result<std::fs::File, Unsupported> {
 pub(crate) struct Unsupported;
 
 /// The mapping `which` names for `addr` (with its name if `name`), `None`
-/// if there is none, asked through `maps` ([`open`]). Not
+/// if there is none, asked through `maps` ([`open`], which refuses once a
+/// query was). Not
 /// async-signal-safe.
 pub(crate) fn query(
     maps: &std::fs::File,
@@ -90,9 +91,6 @@ pub(crate) fn query(
     which: Which,
     name: bool,
 ) -> Result<Option<Vma>, Unsupported> {
-    if UNSUPPORTED.load(Ordering::Relaxed) {
-        return Err(Unsupported);
-    }
     let mut path = [0u8; libc::PATH_MAX as usize];
     let mut q = ProcmapQuery {
         size: size_of::<ProcmapQuery>() as u64,

@@ -341,14 +341,6 @@ impl ThreadReturns {
         let Some(hold) = inst.hold.take() else {
             return;
         };
-        if let KeepAlive::Named { switch, generation } = hold {
-            // Named only where nothing was charged: nothing to undo.
-            // SAFETY: the caller's read section; a return probe's switch.
-            if let Some(part) = unsafe { switch.part_of(generation) } {
-                with(part, inst);
-            }
-            return;
-        }
         let undo_charge = |part: &ReturnPart| {
             uncharge(
                 part.in_flight.as_ref(),
@@ -357,10 +349,16 @@ impl ThreadReturns {
                 inst.pinned.get(),
             );
         };
-        let Some(leases) = LEASES.get() else { return };
         match hold {
-            KeepAlive::Named { .. } => {}
+            KeepAlive::Named { switch, generation } => {
+                // Named only where nothing was charged: nothing to undo.
+                // SAFETY: the caller's read section; a return probe's switch.
+                if let Some(part) = unsafe { switch.part_of(generation) } {
+                    with(part, inst);
+                }
+            }
             KeepAlive::Lease(raw) => {
+                let Some(leases) = LEASES.get() else { return };
                 // SAFETY: `raw` came from this block in `prepare`, once.
                 let lease = unsafe { self.block.from_raw(raw) };
                 if let Some(held) = lease.consume() {
@@ -370,6 +368,7 @@ impl ThreadReturns {
                 }
             }
             KeepAlive::Reference(part) => {
+                let Some(leases) = LEASES.get() else { return };
                 with(&part, inst);
                 undo_charge(&part);
                 drop_reference(leases, part);
