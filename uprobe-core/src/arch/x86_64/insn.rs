@@ -96,14 +96,22 @@ pub(crate) fn is_boundary(start: usize, addr: usize, code: &[u8]) -> bool {
 }
 
 /// The kernel's refusal tables for 64-bit code (`uprobe_init_insn`): the
-/// first opcode byte, the second byte of `0f xx`, and the prefixes that
-/// make an instruction unsafe to move (segment overrides ES/CS/SS/DS,
-/// LOCK). Applies to emulated instructions too.
+/// first opcode byte and the second byte of `0f xx`. Applies to emulated
+/// instructions too.
+///
+/// Two of the kernel's refusals are not kept, because a displaced
+/// instruction here runs natively at another address (an out-of-line
+/// slot or a trampoline: never single-stepped), where neither changes
+/// what it does: the LOCK prefix (an atomic read-modify-write stays
+/// atomic wherever it runs; no locked instruction is emulated), and the
+/// ES/CS/SS/DS segment overrides, which 64-bit mode ignores (`3e` is
+/// also the `notrack` of CET-built indirect branches, which the emulation
+/// needs no tracking for).
 pub(super) fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'static str> {
     // Every byte before the opcode: legacy prefixes and REX bytes, in any
     // order and number (a REX followed by another prefix is ignored by
-    // the CPU, but the prefixes after it still count: `40 f0 ff 00` is a
-    // locked `inc`, and `42 4f 0f 05` a `syscall`).
+    // the CPU, but the prefixes after it still count: `42 4f 0f 05` is a
+    // `syscall`).
     let prefix_len = bytes
         .iter()
         .take_while(|b| {
@@ -114,19 +122,6 @@ pub(super) fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'
             )
         })
         .count();
-    let prefixes = &bytes[..prefix_len];
-    if prefixes.contains(&0xf0) || insn.has_lock_prefix() {
-        return Err("lock-prefixed instructions are refused (as by kernel uprobes)");
-    }
-    // A segment prefix on a nop (`cs nop word [rax + rax]`, the common
-    // padding) changes nothing: it is emulated like any nop.
-    if insn.mnemonic() != Mnemonic::Nop
-        && prefixes
-            .iter()
-            .any(|b| matches!(b, 0x26 | 0x2e | 0x36 | 0x3e))
-    {
-        return Err("ES/CS/SS/DS segment prefixes are refused (as by kernel uprobes)");
-    }
     // VEX/EVEX/XOP-encoded instructions carry their own opcode maps.
     if insn.encoding() != iced_x86::EncodingKind::Legacy {
         return Ok(());
