@@ -113,18 +113,19 @@ fn attach_round(
     attached
 }
 
-#[test]
-fn every_interior_instruction_of_libz() {
+/// libz, dlopened, and its file's path; `None` (after saying why) under
+/// an emulator or where the system has no libz.
+fn open_libz() -> Option<(*mut c_void, String)> {
     if emulated() {
         println!("skipped under an emulator (a trap costs tens of microseconds)");
-        return;
+        return None;
     }
     let c = CString::new("libz.so.1").unwrap();
     // SAFETY: dlopen of a system library by name.
     let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW) };
     if handle.is_null() {
         println!("libz.so.1 is not on this system: skipped");
-        return;
+        return None;
     }
     let known = CString::new("compress2").unwrap();
     // SAFETY: a symbol lookup on a live handle; dladdr fills `info`.
@@ -136,16 +137,36 @@ fn every_interior_instruction_of_libz() {
             .to_string_lossy()
             .into_owned()
     };
-    let plain = workload(handle);
-    let sites = boundaries(&path);
-    let starts: std::collections::HashMap<&str, usize> = sites
+    Some((handle, path))
+}
+
+/// Held by each test while it probes libz: their probes would join each
+/// other's sites, and each test reads its own probes' modes.
+static LIBZ: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Each exported function's address in the process, by name.
+fn starts(sites: &[(String, usize, u64)]) -> std::collections::HashMap<&str, usize> {
+    sites
         .iter()
         .filter(|s| s.1 == 0)
         .map(|s| {
             let entry = Uprobe::in_object("libz.so.1", &s.0).unwrap();
             (s.0.as_str(), entry.addr())
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn every_interior_instruction_of_libz() {
+    let _one = LIBZ
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some((handle, path)) = open_libz() else {
+        return;
+    };
+    let plain = workload(handle);
+    let sites = boundaries(&path);
+    let starts = starts(&sites);
     let total = sites.len();
     let mut modes: BTreeMap<String, usize> = BTreeMap::new();
     let mut refused: BTreeMap<String, usize> = BTreeMap::new();
@@ -185,4 +206,73 @@ fn every_interior_instruction_of_libz() {
         "the workload reached no probe"
     );
     assert!(jumps > total / 2, "only {jumps} of {total} took a jump");
+}
+
+/// Every instruction boundary of libz's functions probed at the same
+/// time, neighbours included: attached in one batch, then (in release
+/// builds) one by one (in address order, each later probe landing in the bytes an earlier
+/// punned jump depends on), the modes read once every probe is attached,
+/// the workload's results identical to unprobed runs, and everything
+/// detached one by one (each detach changing the bytes a neighbour's jump
+/// ends in).
+#[test]
+fn every_instruction_of_libz_at_once() {
+    let _one = LIBZ
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some((handle, path)) = open_libz() else {
+        return;
+    };
+    let plain = workload(handle);
+    let sites = boundaries(&path);
+    let starts = starts(&sites);
+    // One by one, each attach plans its neighbours again: in a debug
+    // build that takes minutes, so it runs in release builds only.
+    let ways: &[bool] = if cfg!(debug_assertions) {
+        &[false]
+    } else {
+        &[false, true]
+    };
+    for &one_by_one in ways {
+        let mut refused = BTreeMap::new();
+        let started = std::time::Instant::now();
+        let (probes, _) = if one_by_one {
+            let mut attached = (Vec::new(), Vec::new());
+            for site in &sites {
+                let (p, o) = attach_round(std::slice::from_ref(site), &starts, &mut refused);
+                attached.0.extend(p);
+                attached.1.extend(o);
+            }
+            attached
+        } else {
+            attach_round(&sites, &starts, &mut refused)
+        };
+        let took = started.elapsed();
+        let modes = common::modes(&probes);
+        let jumps: usize = probes.iter().filter(|p| p.mode().is_jump()).count();
+        assert!(
+            workload(handle) == plain,
+            "results changed under the probes"
+        );
+        let hits: u64 = probes.iter().map(Probe::hits).sum();
+        println!(
+            "libz, {} boundaries attached {} in {took:?} ({:?} an attach): {jumps} through a \
+             jump, {} on a breakpoint (modes read after the whole attach), {hits} hits; \
+             refused: {refused:?}",
+            probes.len(),
+            if one_by_one {
+                "one by one"
+            } else {
+                "in one batch"
+            },
+            took / u32::try_from(if one_by_one { probes.len() } else { 1 }).unwrap(),
+            probes.len() - jumps,
+        );
+        println!("  modes: {modes:?}");
+        assert!(hits > 0, "the workload reached no probe");
+        for p in probes {
+            p.detach().unwrap();
+        }
+        assert!(workload(handle) == plain);
+    }
 }

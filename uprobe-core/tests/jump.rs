@@ -15,10 +15,10 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 
 use common::{byte_at, call, fn_addr};
-use uprobe_core::{Mode, NotOptimized, Reg, Tactic, Uprobe};
+use uprobe_core::{Mode, NotOptimized, Probe, Reg, Tactic, Uprobe};
 
 core::arch::global_asm!(
     ".text",
@@ -776,6 +776,76 @@ fn punned_jumps_under_callers_thousands_of_times() {
     });
 }
 
+/// Every instruction of `j_prologue` probed (eight sites, most shorter
+/// than a jump, each punned over its neighbour's jump or breakpoint),
+/// attached and detached one by one in a different order each round,
+/// some rounds with a trap-only probe among them, while two threads call
+/// the function and check every result: each change of a neighbour's
+/// bytes takes the jumps that end in them back and plans them again.
+#[test]
+fn neighbours_attached_and_detached_under_callers() {
+    // Its own process: its probes and callers churn on j_prologue, which
+    // other tests probe and call.
+    test_support::in_own_process("neighbours_attached_and_detached_under_callers", || {
+        let at = fn_addr(j_prologue);
+        // push rbp; mov rbp, rsp; push rbx; mov rbx, rdi; lea; pop; pop; ret
+        let offsets = [0usize, 1, 4, 5, 8, 12, 13, 14];
+        let stop = AtomicBool::new(false);
+        let mut most_jumps = 0;
+        std::thread::scope(|s| {
+            for t in 0..2u64 {
+                let stop = &stop;
+                s.spawn(move || {
+                    let mut x = t;
+                    while !stop.load(SeqCst) {
+                        assert_eq!(call(j_prologue, x), 3 * x);
+                        x = (x + 2) % 1_000_000;
+                    }
+                });
+            }
+            let _stop = common::StopOnDrop(&stop);
+            let mut order: Vec<usize> = (0..offsets.len()).collect();
+            let mut seed = 0x9e37_79b9_u64;
+            for round in 0..300 {
+                // A new order each round (xorshift), for attach and detach.
+                for i in (1..order.len()).rev() {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    order.swap(i, (seed % (i as u64 + 1)) as usize);
+                }
+                let mut probes: Vec<Option<Probe>> = (0..offsets.len()).map(|_| None).collect();
+                for &k in &order {
+                    let probe = common::probe_at(at + offsets[k]);
+                    let probe = if round % 10 == 9 && k == 3 {
+                        probe.trap_only()
+                    } else {
+                        probe
+                    };
+                    probes[k] = Some(probe.attach().unwrap());
+                }
+                let probes: Vec<Probe> = probes.into_iter().map(Option::unwrap).collect();
+                let before: Vec<u64> = probes.iter().map(Probe::hits).collect();
+                assert_eq!(call(j_prologue, 5), 15);
+                for (k, p) in probes.iter().enumerate() {
+                    assert!(p.hits() > before[k], "site +{}: a hit was lost", offsets[k]);
+                }
+                most_jumps = most_jumps.max(probes.iter().filter(|p| p.mode().is_jump()).count());
+                let mut probes: Vec<Option<Probe>> = probes.into_iter().map(Some).collect();
+                order.reverse();
+                for &k in &order {
+                    probes[k].take().unwrap().detach().unwrap();
+                    assert_eq!(call(j_prologue, 7), 21);
+                }
+            }
+        });
+        assert!(most_jumps >= 6, "at most {most_jumps} of 8 sites on jumps");
+        // Every byte back.
+        assert_eq!(byte_at(at), 0x55);
+        assert_eq!(byte_at(at + 1), 0x48);
+    });
+}
+
 /// Attaches and detaches a probe on `f` (which returns 3x) `rounds` times,
 /// one round in ten trap-only, while two threads call it.
 fn churn(f: unsafe extern "C" fn(u64) -> u64, rounds: usize) {
@@ -936,35 +1006,60 @@ fn a_thread_parked_on_a_punned_instruction_runs_through_the_jump() {
 }
 
 #[test]
-fn a_probe_inside_another_range_keeps_both_on_breakpoints() {
+fn a_probe_inside_another_range_leaves_it_a_jump_punned_over_its_own() {
     // Its own process: other tests probe and call j_prologue (modes and hits
     // are exact here).
     test_support::in_own_process(
-        "a_probe_inside_another_range_keeps_both_on_breakpoints",
+        "a_probe_inside_another_range_leaves_it_a_jump_punned_over_its_own",
         || {
             let at = fn_addr(j_prologue);
             // The second instruction (mov rbp, rsp) first: the entry cannot
-            // take a jump over it.
+            // take a jump over it, and is punned over its jump instead.
             let inner = Uprobe::at(at + 1).unwrap().attach().unwrap();
             let outer = at_entry(j_prologue).attach().unwrap();
+            assert!(
+                matches!(inner.mode(), Mode::Jump(Tactic::Pun { .. })),
+                "{:?}",
+                inner.mode()
+            );
             assert_eq!(
                 outer.mode(),
-                Mode::Trap(NotOptimized::OtherProbeInRange { at: at + 1 })
+                Mode::Jump(Tactic::Pun {
+                    written: 1,
+                    prefixes: 0
+                })
             );
+            // The entry's displacement ends in the inner jump's bytes.
+            assert_eq!((byte_at(at), byte_at(at + 1)), (0xe9, 0xe9));
             assert_eq!(call(j_prologue, 2), 6);
             assert_eq!((outer.hits(), inner.hits()), (1, 1));
-            drop((inner, outer));
-            // The entry first, optimized; a probe inside its range takes it back.
+            // Detaching the inner probe changes those bytes: the entry goes
+            // back to its breakpoint first, then takes a jump over the
+            // original code again.
+            drop(inner);
+            assert_eq!(outer.mode(), Mode::Jump(Tactic::Replace));
+            assert_eq!(call(j_prologue, 2), 6);
+            assert_eq!(outer.hits(), 2);
+            drop(outer);
+            // The entry first, optimized over three instructions; a probe
+            // inside its range takes it back, and it is punned over the
+            // new probe's jump.
             let outer = at_entry(j_prologue).attach().unwrap();
             assert_eq!(outer.mode(), Mode::Jump(Tactic::Replace));
             let inner = Uprobe::at(at + 1).unwrap().attach().unwrap();
-            assert_eq!(
-                outer.mode(),
-                Mode::Trap(NotOptimized::OtherProbeInRange { at: at + 1 })
-            );
-            assert_eq!(byte_at(at), 0xcc);
+            assert!(outer.mode().is_jump(), "{:?}", outer.mode());
+            assert!(inner.mode().is_jump(), "{:?}", inner.mode());
             assert_eq!(call(j_prologue, 2), 6);
             assert_eq!((outer.hits(), inner.hits()), (1, 1));
+            // The other order of detaching: the entry's bytes go back, the
+            // inner jump stays.
+            drop(outer);
+            assert!(inner.mode().is_jump(), "{:?}", inner.mode());
+            assert_eq!(byte_at(at), 0x55, "push rbp back");
+            assert_eq!(call(j_prologue, 2), 6);
+            assert_eq!(inner.hits(), 2);
+            drop(inner);
+            assert_eq!(byte_at(at + 1), 0x48, "mov rbp, rsp back");
         },
     );
 }
@@ -1040,21 +1135,27 @@ fn a_fault_in_a_punned_jumps_tail_is_reported_at_its_instruction() {
 
 /// A probe attached at an instruction of a punned jump's tail takes the
 /// jump back to its breakpoint first (the trampoline's copy would skip
-/// the new probe), whether or not the instruction lies among the jump's
-/// fixed bytes; both count every call.
+/// the new probe), and the jump is planned again with a tail that stops
+/// before the new probe; both count every call.
 #[test]
-fn a_probe_in_a_punned_jumps_tail_takes_the_jump_back() {
+fn a_probe_in_a_punned_jumps_tail_takes_the_jump_back_and_again() {
     // Its own process: hits are exact.
-    test_support::in_own_process("a_probe_in_a_punned_jumps_tail_takes_the_jump_back", || {
-        let at = fn_addr(j_tail_wide);
-        let outer = attach_punned(common::probe_at(at), 2);
-        assert_eq!(call(j_tail_wide, 4), 7);
-        let inner = common::probe_at(at + 5).attach().unwrap();
-        assert_eq!(
-            outer.mode(),
-            Mode::Trap(NotOptimized::OtherProbeInRange { at: at + 5 })
-        );
-        assert_eq!(call(j_tail_wide, 4), 7);
-        assert_eq!((outer.hits(), inner.hits()), (2, 1));
-    });
+    test_support::in_own_process(
+        "a_probe_in_a_punned_jumps_tail_takes_the_jump_back_and_again",
+        || {
+            let at = fn_addr(j_tail_wide);
+            let outer = attach_punned(common::probe_at(at), 2);
+            assert_eq!(call(j_tail_wide, 4), 7);
+            let inner = common::probe_at(at + 5).attach().unwrap();
+            assert_eq!(
+                outer.mode(),
+                Mode::Jump(Tactic::Pun {
+                    written: 2,
+                    prefixes: 0
+                })
+            );
+            assert_eq!(call(j_tail_wide, 4), 7);
+            assert_eq!((outer.hits(), inner.hits()), (2, 1));
+        },
+    );
 }

@@ -35,7 +35,7 @@ use crate::site::consumer::Consumer;
 use crate::site::{Site, SiteMode};
 use crate::table::lookup::{WriteSide, write_side};
 use crate::table::{self, DOMAIN};
-use modes::{choose_modes, take_back_covering_jump, to_traps};
+use modes::{choose_modes, reoptimize, take_back_covering_jump, to_traps};
 use writer::writer;
 
 /// Makes the engine ready, once: the table's domain usable from a signal
@@ -168,7 +168,8 @@ fn attach_batch(items: &[(usize, Arc<Consumer>)]) -> Result<(), (usize, AttachEr
                 made.push(site);
             }
         }
-        let _ = unpublish(&made, &batch.maps, &mut garbage);
+        let _ = unpublish(&made, &batch.maps, &mut garbage, &mut batch.retry);
+        reoptimize(core::mem::take(&mut batch.retry));
         collect(garbage, &table, false);
         let tids = core::mem::take(&mut batch.blocking);
         return Err((0, AttachError::TrapBlocked { tids }));
@@ -197,13 +198,14 @@ fn attach_batch(items: &[(usize, Arc<Consumer>)]) -> Result<(), (usize, AttachEr
                 last.push(site);
             }
         }
-        let _ = unpublish(&last, &batch.maps, &mut garbage);
+        let _ = unpublish(&last, &batch.maps, &mut garbage, &mut batch.retry);
         result = Err((first, e));
     }
     if result.is_ok() {
         let made: Vec<usize> = batch.writes.iter().map(|&(_, _, addr)| addr).collect();
-        choose_modes(&made, &batch.to_trap);
+        batch.retry.extend(choose_modes(&made, &batch.to_trap));
     }
+    reoptimize(batch.retry);
     collect(garbage, &table, false);
     result
 }
@@ -234,6 +236,10 @@ struct Batch {
     /// batch that writes one is refused (one that only writes direct
     /// jumps or joins sites already in the code is not).
     blocking: Vec<i32>,
+    /// Sites taken back to their breakpoints for a neighbour, or refused
+    /// a jump because of one: planned again once the batch's jumps are
+    /// written (`modes::reoptimize`).
+    retry: Vec<usize>,
 }
 
 impl Batch {
@@ -247,6 +253,7 @@ impl Batch {
             to_trap: Vec::new(),
             direct: HashSet::new(),
             blocking: threads_blocking_sigtrap(),
+            retry: Vec::new(),
         }
     }
 }
@@ -314,7 +321,7 @@ unsafe fn attach_one(
         return Err(blocked.clone());
     }
     refuse_inside_direct_jump(addr)?;
-    take_back_covering_jump(addr);
+    batch.retry.extend(take_back_covering_jump(addr));
     let site = Box::into_raw(Box::new(Site {
         addr,
         original: core::array::from_fn(|i| bytes[i]),
@@ -343,7 +350,14 @@ unsafe fn attach_one(
                 unsafe { free_unpublished(site) };
                 return Err(direct.expect("checked"));
             }
-            Err(why) => SiteMode::Trap(why),
+            Err(why) => {
+                if matches!(why, NotOptimized::OtherProbeInRange { .. }) {
+                    // Blocked by a neighbour that may take a jump in
+                    // this batch: planned again after it.
+                    batch.retry.push(addr);
+                }
+                SiteMode::Trap(why)
+            }
         };
     }
     // Publish the analysis; the breakpoint (or a direct jump) follows
@@ -408,7 +422,9 @@ pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), Detach
         .iter()
         .filter_map(|(addr, consumer)| detach_one(*addr, consumer, &mut garbage))
         .collect();
-    let result = unpublish(&last, &Snapshot::read(), &mut garbage);
+    let mut retry = Vec::new();
+    let result = unpublish(&last, &Snapshot::read(), &mut garbage, &mut retry);
+    reoptimize(retry);
     if items.iter().any(|(_, c)| c.switch.is_some()) {
         // Timing probes' switches are off: restart every sequence that may
         // have read one on.
@@ -463,11 +479,14 @@ fn detach_one<'s>(
 /// Sites whose last consumer left: the original bytes back first (one
 /// batch of patches), then unpublished. A site whose bytes could not be
 /// restored keeps its breakpoint with no consumer (hits just run the
-/// instruction); the first such error is returned. `WRITER` is held.
+/// instruction); the first such error is returned. Neighbours whose
+/// jumps covered these sites go back to their breakpoints first, and
+/// into `retry` (for `modes::reoptimize`). `WRITER` is held.
 fn unpublish(
     sites: &[(usize, &Site)],
     maps: &Snapshot,
     garbage: &mut Vec<Garbage>,
+    retry: &mut Vec<usize>,
 ) -> Result<(), DetachError> {
     {
         // Jumps back to breakpoints first; the trampolines' cells then
@@ -477,7 +496,7 @@ fn unpublish(
         for site in &all {
             site.clear_cell();
         }
-        to_traps(&all, &NotOptimized::TrapOnly);
+        retry.extend(to_traps(&all, &NotOptimized::TrapOnly));
     }
     let mut failed = breakpoints::disarm(sites.iter().map(|&(_, site)| site), maps);
     let mut first_error = None;
@@ -507,6 +526,13 @@ fn check_trap_handler() -> Result<(), AttachError> {
         return Ok(());
     }
     let sites = table::sites();
+    // A jump punned over a breakpoint that goes would land elsewhere: such
+    // jumps go back to their breakpoints first, and out with the others.
+    for site in &sites {
+        if site.armed.load(Ordering::Relaxed) && !site.is_jump() {
+            let _ = take_back_covering_jump(site.addr);
+        }
+    }
     let was_armed = sites
         .iter()
         .filter(|s| s.armed.load(Ordering::Relaxed) && !s.is_jump())

@@ -1,22 +1,36 @@
 //! Which way each site runs: the jumps of sites just attached written
-//! (`crate::patch::jump`), and sites taken back to their breakpoints (a
+//! (`crate::patch::jump`), sites taken back to their breakpoints (a
 //! trap-only probe joined, another probe landed inside a jump's range, a
-//! detach). The attach lock is held.
+//! detach), and the neighbours taken back on the way optimized again.
+//!
+//! **Neighbours.** A punned jump's displacement ends in the bytes after
+//! its instruction (x86-64, `crate::patch::pun`), and those bytes may be
+//! another site's breakpoint or jump: as in `E9Patch`, the later
+//! instruction is patched first and the earlier one punned over what it
+//! holds. Such a jump depends on its neighbour's bytes, so any change of
+//! bytes at a site (a new site's breakpoint, a jump written or taken
+//! back, a detach) takes back first every jump that covers it
+//! ([`take_back_covering_jump`]), and the jumps taken back are planned
+//! again once the change is made ([`reoptimize`]): punned over the new
+//! bytes where a window has room. The attach lock is held.
+
+use std::collections::HashSet;
 
 use crate::arch::JUMP_LEN;
 use crate::arch::MAX_INSN_LEN;
 use crate::base::mode::NotOptimized;
 use crate::patch::jump;
-use crate::process::maps::Mapping;
+use crate::process::maps::{Mapping, Snapshot};
 use crate::site::jump::Jump;
 use crate::site::{Site, SiteMode};
 use crate::table::site_at;
 
 /// Writes the jumps of the sites just made that are ready for one (each
 /// site's mode then says how it runs); `to_trap` (optimized sites a
-/// trap-only probe joined) go back to their breakpoints. `WRITER` is
-/// held; every new site's breakpoint is in the code and synced.
-pub(crate) fn choose_modes(made: &[usize], to_trap: &[usize]) {
+/// trap-only probe joined) go back to their breakpoints. Returns the
+/// sites taken back on the way, for [`reoptimize`]. `WRITER` is held;
+/// every new site's breakpoint is in the code and synced.
+pub(crate) fn choose_modes(made: &[usize], to_trap: &[usize]) -> Vec<usize> {
     let mut ready = Vec::new();
     for &addr in made {
         let Some(site) = site_at(addr) else { continue };
@@ -30,6 +44,22 @@ pub(crate) fn choose_modes(made: &[usize], to_trap: &[usize]) {
             ready.push((site, jump));
         }
     }
+    let mut taken = write_jumps(ready);
+    let back: Vec<&Site> = to_trap.iter().filter_map(|&a| site_at(a)).collect();
+    taken.extend(to_traps(&back, &NotOptimized::TrapOnly));
+    taken
+}
+
+/// Writes the prepared jumps (`crate::patch::jump::optimize`) and sets
+/// each site's mode to the jump or why not; the jumps punned over their
+/// breakpoints go back to their own first. Returns those, for
+/// [`reoptimize`]. `WRITER` is held.
+fn write_jumps(ready: Vec<(&Site, Jump)>) -> Vec<usize> {
+    let mut taken = Vec::new();
+    for (site, _) in &ready {
+        taken.extend(take_back_covering_jump(site.addr));
+    }
+    taken.retain(|a| !ready.iter().any(|(s, _)| s.addr == *a));
     let sites: Vec<(&Site, bool)> = ready.iter().map(|(s, j)| (*s, j.direct)).collect();
     for ((site, direct), result) in sites.into_iter().zip(jump::optimize(ready)) {
         *site.mode() = match result {
@@ -45,56 +75,159 @@ pub(crate) fn choose_modes(made: &[usize], to_trap: &[usize]) {
             }
         };
     }
-    let back: Vec<&Site> = to_trap.iter().filter_map(|&a| site_at(a)).collect();
-    to_traps(&back, &NotOptimized::TrapOnly);
+    taken
 }
 
-/// A site attached inside the range of another site's jump (ready or
-/// written): that site goes back to its breakpoint for good, and sends
-/// its trap hits through the emulation again (its relocated copy would
-/// skip the new breakpoint). `WRITER` is held.
-pub(crate) fn take_back_covering_jump(addr: usize) {
-    // A range starts at its site or after the site's landing pad (4
-    // bytes), and ends before the end of the last instruction that the
-    // jump's bytes reach into.
-    let reach = 4 + JUMP_LEN + MAX_INSN_LEN;
-    for k in 1..reach {
-        let Some(site) = addr.checked_sub(k).and_then(site_at) else {
-            continue;
-        };
-        let covers = match &*site.mode() {
-            SiteMode::Ready(j) | SiteMode::Jump(j) => j.covers(addr),
-            SiteMode::Trap(_) => false,
-        };
-        if covers {
-            to_traps(&[site], &NotOptimized::OtherProbeInRange { at: addr });
-            let mut mode = site.mode();
-            if matches!(*mode, SiteMode::Ready(_)) {
-                *mode = SiteMode::Trap(NotOptimized::OtherProbeInRange { at: addr });
+/// Takes back to its breakpoint every jump (ready or written) whose
+/// bytes, fixed bytes or copied tail cover `addr`, where bytes are about
+/// to change (a new site's breakpoint, or a site's jump written or taken
+/// back); and with them the jumps that cover those in turn. Each goes
+/// back to [`NotOptimized::OtherProbeInRange`] and sends its trap hits
+/// through the emulation again (its relocated copy would skip a new
+/// breakpoint). Returns their addresses, for [`reoptimize`] once the
+/// change is made. `WRITER` is held.
+pub(crate) fn take_back_covering_jump(addr: usize) -> Vec<usize> {
+    let found = covering(&[addr]);
+    back_to_breakpoints(&[], &NotOptimized::TrapOnly, &found);
+    found.iter().map(|(s, _)| s.addr).collect()
+}
+
+/// Off jumps and back to breakpoints, with `why` as the new mode; with
+/// them, the jumps of other sites that cover theirs (the caller may go
+/// on to take these sites' breakpoints out), as
+/// [`take_back_covering_jump`] does. Returns those others' addresses,
+/// for [`reoptimize`] once the caller has made its change. `WRITER` is
+/// held.
+pub(crate) fn to_traps(sites: &[&Site], why: &NotOptimized) -> Vec<usize> {
+    let addrs: Vec<usize> = sites.iter().map(|s| s.addr).collect();
+    let found = covering(&addrs);
+    back_to_breakpoints(sites, why, &found);
+    found.iter().map(|(s, _)| s.addr).collect()
+}
+
+/// How far below an address a site whose jump covers it may lie: a range
+/// starts at its site or after the site's landing pad (4 bytes), and
+/// ends before the end of the last instruction that the jump's bytes
+/// reach into.
+const COVER_REACH: usize = 4 + JUMP_LEN + MAX_INSN_LEN;
+
+/// The sites, other than those at `addrs`, whose jumps (ready or
+/// written) cover one of `addrs` or, in turn, one of theirs; each with
+/// the address it covers. `WRITER` is held.
+fn covering(addrs: &[usize]) -> Vec<(&'static Site, usize)> {
+    let mut seen: HashSet<usize> = addrs.iter().copied().collect();
+    let mut found = Vec::new();
+    let mut queue = addrs.to_vec();
+    while let Some(addr) = queue.pop() {
+        for k in 1..COVER_REACH {
+            let Some(site) = addr.checked_sub(k).and_then(site_at) else {
+                continue;
+            };
+            if seen.contains(&site.addr) {
+                continue;
             }
-            site.set_resume_at(0);
+            let covers = match &*site.mode() {
+                SiteMode::Ready(j) | SiteMode::Jump(j) => j.covers(addr),
+                SiteMode::Trap(_) => false,
+            };
+            if covers {
+                seen.insert(site.addr);
+                found.push((site, addr));
+                queue.push(site.addr);
+            }
         }
     }
+    found
 }
 
-/// Off jumps and back to breakpoints, with `why` as the new mode.
-/// `WRITER` is held.
-pub(crate) fn to_traps(sites: &[&Site], why: &NotOptimized) {
-    let mut modes: Vec<_> = sites.iter().map(|s| s.mode()).collect();
+/// `sites` off their jumps, to `why`, and the `covering` sites (each with
+/// the address it covers) off their jumps or planned jumps, to
+/// [`NotOptimized::OtherProbeInRange`], their trap hits through the
+/// emulation again: one batch of patches for all. `WRITER` is held.
+fn back_to_breakpoints(sites: &[&Site], why: &NotOptimized, covering: &[(&Site, usize)]) {
+    let all: Vec<(&Site, NotOptimized, bool)> = sites
+        .iter()
+        .map(|s| (*s, why.clone(), false))
+        .chain(
+            covering
+                .iter()
+                .map(|&(s, at)| (s, NotOptimized::OtherProbeInRange { at }, true)),
+        )
+        .collect();
+    let mut modes: Vec<_> = all.iter().map(|(s, _, _)| s.mode()).collect();
     let jumps: Vec<(&Jump, Mapping)> = modes
         .iter()
-        .zip(sites)
-        .filter_map(|(m, s)| match &**m {
+        .zip(&all)
+        .filter_map(|(m, (s, _, _))| match &**m {
             SiteMode::Jump(j) => Some((j, s.map)),
             _ => None,
         })
         .collect();
     jump::unoptimize(&jumps);
     drop(jumps);
-    for (m, site) in modes.iter_mut().zip(sites) {
-        if matches!(**m, SiteMode::Jump(_)) {
-            **m = SiteMode::Trap(why.clone());
+    for (m, (site, why, covers)) in modes.iter_mut().zip(all) {
+        let back = match **m {
+            SiteMode::Jump(_) => true,
+            SiteMode::Ready(_) => covers,
+            SiteMode::Trap(_) => false,
+        };
+        if back {
+            **m = SiteMode::Trap(why);
             site.set_landing(0, 0);
+        }
+        if covers {
+            site.set_resume_at(0);
         }
     }
 }
+
+/// Plans and writes again the jumps of sites taken back for a neighbour
+/// (`addrs`, from [`take_back_covering_jump`] and [`to_traps`]) or
+/// refused for one in the same batch, now that the neighbours' bytes are
+/// what they stay. One sweep, highest address first, writing the jumps
+/// planned so far in one group before planning a site within a pun's
+/// reach below one of them: each site is planned once every site above
+/// it is as it stays, so that it is punned over its neighbour's jump
+/// rather than over a breakpoint about to change. Jumps that writing
+/// takes back (punned over a breakpoint that became a jump) get another
+/// sweep. What is still blocked stays on its breakpoint. Sites detached
+/// meanwhile, disarmed, with a trap-only consumer, or with a direct
+/// jump's consumer are left alone. `WRITER` is held; each site's
+/// breakpoint is in the code and synced.
+pub(crate) fn reoptimize(mut addrs: Vec<usize>) {
+    let maps = Snapshot::read();
+    while !addrs.is_empty() {
+        addrs.sort_unstable_by(|a, b| b.cmp(a));
+        addrs.dedup();
+        let mut taken = Vec::new();
+        let mut group: Vec<(&Site, Jump)> = Vec::new();
+        for &addr in &addrs {
+            let Some(site) = site_at(addr) else { continue };
+            let consumers = site.current_list();
+            let wants_jump = site.armed.load(core::sync::atomic::Ordering::Relaxed)
+                && !consumers.is_empty()
+                && consumers
+                    .iter()
+                    .all(|c| !c.trap_only && c.blocked.is_none())
+                && matches!(*site.mode(), SiteMode::Trap(_));
+            if !wants_jump {
+                continue;
+            }
+            // The group's lowest site is its last.
+            if group.last().is_some_and(|(s, _)| s.addr < addr + PUN_REACH) {
+                taken.extend(write_jumps(core::mem::take(&mut group)));
+            }
+            let function = consumers.iter().find_map(|c| c.function);
+            match jump::prepare(site, function, &maps, false, false) {
+                Ok(j) => group.push((site, j)),
+                Err(why) => *site.mode() = SiteMode::Trap(why),
+            }
+        }
+        taken.extend(write_jumps(group));
+        addrs = taken;
+    }
+}
+
+/// How far past a site a punned jump's bytes may reach: the jump, after
+/// as many prefixes as the instruction has bytes.
+const PUN_REACH: usize = 2 * JUMP_LEN;

@@ -139,8 +139,10 @@ pub enum NotOptimized {
     /// The jump would cross into another mapping.
     CrossesMapping,
     /// Another probe's site lies inside the bytes the jump would replace
-    /// (at `at`), or was attached inside them later (the site then went
-    /// back to its breakpoint).
+    /// (at `at`), or inside a punned jump's bytes while its own jump is
+    /// planned but not written. (A site whose bytes a later probe
+    /// changes goes back to its breakpoint with this reason, then takes a
+    /// jump again over the new bytes where it can.)
     OtherProbeInRange {
         /// The other site.
         at: usize,

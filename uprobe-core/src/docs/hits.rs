@@ -72,11 +72,26 @@
 //! jump or a call, or an instruction that cannot run relocated): a hit
 //! that went back into the middle of the jump would cost as much again,
 //! the CPU's branch predictor and decoded-instruction cache holding the
-//! jump there. A punned jump's bytes after the instruction, and its
-//! tail, must stay as they are: a later probe attached there takes it
-//! back to its breakpoint first ([`NotOptimized::OtherProbeInRange`]). Where the
-//! window is taken (other mappings, the room the stack and the heap keep)
-//! the site stays on its breakpoint ([`NotOptimized::NoPunTarget`]).
+//! jump there. The tail stops before the next probed instruction.
+//!
+//! **Neighbours.** A punned jump's bytes after its instruction must stay
+//! as they are while it is in, yet they may be another probe's
+//! breakpoint or jump: as `E9Patch` does statically, the later
+//! instruction is patched first and the earlier one punned over what it
+//! holds, its displacement ending in the neighbour's bytes. Whenever a
+//! site's bytes change (a probe attached inside another's bytes or
+//! tail, a jump written or taken back, a detach), every jump that ends
+//! in them goes back to its breakpoint first and is planned again once
+//! the change is made, highest address first (each one over its
+//! neighbour's bytes as they stay). So probes on adjacent instructions,
+//! attached in one batch or one by one in any order, all take jumps
+//! where their windows have room: every instruction of libz's exported
+//! functions probed at once, 98.7% through a jump in one batch, 97.2%
+//! attached one by one (`tests/interior.rs`). Where the window is taken
+//! (other mappings, the room the stack and the heap keep) the site stays
+//! on its breakpoint ([`NotOptimized::NoPunTarget`]), and so does one
+//! whose neighbour's jump is planned and not yet written when the
+//! planning ends ([`NotOptimized::OtherProbeInRange`]).
 //! [`code_memory`] tells what generated code takes.
 //!
 //! **One-byte jumps where signals are blocked.** Over any instruction,

@@ -61,7 +61,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use super::original::code_as_original;
+use super::original::{code_as_it_stays, code_as_original};
 use super::pun;
 use super::threads::check_threads;
 use crate::arch::BREAKPOINT;
@@ -178,9 +178,13 @@ pub(crate) fn prepare(
             trampoline,
         });
     };
-    let after = &here[plan.start - addr..];
+    // The fixed bytes as they stay: a written neighbour's jump among them
+    // stays (`pun::choose`), its bytes what the displacement ends in.
+    let stays = code_as_it_stays(addr, here.len());
+    let after = &stays[plan.start - addr..];
     let (pun, bytes) = pun::choose(&plan, after, trampoline, maps, direct)
         .map_err(|e| e.unwrap_or(instead_of(plan.len, instead)))?;
+    let after = &here[plan.start - addr..];
     Ok(Jump {
         site: addr,
         start: plan.start,

@@ -1,7 +1,8 @@
 //! The view of original code: what the bytes of a range were before the
 //! engine patched them, each breakpoint and jump of a site replaced by
 //! the bytes it covers. Analysis and planning always look at this view,
-//! never at the patched code.
+//! never at the patched code; a punned jump's fixed bytes alone are
+//! taken from the code as it stays ([`code_as_it_stays`]).
 
 use crate::arch::{BREAKPOINT, MAX_INSN_LEN};
 use crate::site::SiteMode;
@@ -41,6 +42,32 @@ pub(crate) fn code_as_original(addr: usize, len: usize) -> Vec<u8> {
                     .and_then(|at| code.get_mut(at))
                 {
                     *c = o;
+                }
+            }
+        }
+    }
+    code
+}
+
+/// The code at `[addr, addr + len)` (inside executable mappings) as it
+/// stays while the sites there stay as they are: written jumps as they
+/// are, and every other armed site's first bytes its breakpoint (written
+/// already, or about to be in this batch). What a punned jump's
+/// displacement may take as its fixed bytes (`crate::patch::pun`).
+/// `WRITER` is held.
+pub(crate) fn code_as_it_stays(addr: usize, len: usize) -> Vec<u8> {
+    // SAFETY: the caller's contract.
+    let mut code = unsafe { core::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
+    for (i, at) in (addr..addr + len).enumerate() {
+        let Some((_, site)) = find(at) else {
+            continue;
+        };
+        let breakpoint = site.armed.load(core::sync::atomic::Ordering::Relaxed)
+            && !matches!(&*site.mode(), SiteMode::Jump(_));
+        if breakpoint {
+            for (k, &b) in BREAKPOINT.iter().enumerate() {
+                if let Some(c) = code.get_mut(i + k) {
+                    *c = b;
                 }
             }
         }

@@ -8,9 +8,12 @@
 //! (no indirect jump in the function, no branch into the range, threads
 //! moved out of it) have nothing to do. What it needs instead is that its
 //! fixed bytes, the code after the instruction, stay as they are while
-//! it is in: no other site may lie there (`crate::site::jump::Jump::covers`
-//! makes a later attach there take the jump back first), and the patching
-//! checks them before each write.
+//! it is in. Another site may lie there, its bytes taken as they stay
+//! (its breakpoint, or its written jump: as in `E9Patch`, the later
+//! instruction patched first); any change to them (a new site, a jump
+//! written or taken back, a detach) takes this jump back first, and plans
+//! it again after (`crate::site::jump::Jump::covers`,
+//! `crate::attach::modes`). The patching checks them before each write.
 //!
 //! A stub is made once per (trampoline, pun) and reused by every later
 //! attach of the same site and bytes; like the trampoline it jumps to, it
@@ -24,6 +27,7 @@ use crate::arch::jump::Plan;
 use crate::base::mode::NotOptimized;
 use crate::code::pinned;
 use crate::process::maps::Snapshot;
+use crate::site::SiteMode;
 use crate::site::jump::{Pun, Trampoline};
 use crate::table::site_at;
 
@@ -33,9 +37,20 @@ type ByKey = HashMap<(usize, usize, usize, Vec<u8>), usize>;
 /// Stubs made so far.
 static STUBS: Mutex<Option<ByKey>> = Mutex::new(None);
 
+/// Whether a site at `addr` keeps a pun's fixed bytes from lying there:
+/// one whose jump is planned but not written (its bytes are about to
+/// change). A written jump, or a breakpoint, stays as long as its site
+/// stays as it is, and any change to its bytes takes this pun back first
+/// (`crate::attach::modes`). For a one-byte jump in code that runs with
+/// signals blocked (`direct`), which can never be taken back, any site
+/// blocks.
+fn blocks(addr: usize, direct: bool) -> bool {
+    site_at(addr).is_some_and(|site| direct || matches!(*site.mode(), SiteMode::Ready(_)))
+}
+
 /// The pun for `plan` (one instruction; `code` is the code from its
-/// start, as it stays around the written bytes, to at most the end of
-/// its mapping) whose window could take a stub jumping to `trampoline`,
+/// start, as it stays around the written bytes (a neighbour's written
+/// jump included), to at most the end of its mapping) whose window could take a stub jumping to `trampoline`,
 /// and the bytes it writes. `one_byte`: only the opcode is written over
 /// an instruction of 5 bytes or more. Fails with the site that blocks
 /// every pun, or `None` when no window had room. `WRITER` is held. Not
@@ -60,7 +75,7 @@ pub(crate) fn choose(
     let stubs = stubs.get_or_insert_with(HashMap::new);
     for pun in (punning.puns)(plan.start, plan.len, code, one_byte) {
         let end = pun.start + pun.written + pun.fixed.len();
-        if let Some(at) = (pun.start + 1..end).find(|&a| site_at(a).is_some()) {
+        if let Some(at) = (pun.start + 1..end).find(|&a| blocks(a, one_byte)) {
             blocked.get_or_insert(NotOptimized::OtherProbeInRange { at });
             continue;
         }

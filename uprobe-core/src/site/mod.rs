@@ -165,10 +165,17 @@ impl Site {
     }
 
     /// Makes `cell` (its trampoline's) name this site, with the fast path
-    /// its consumers allow. Writer only.
+    /// its consumers allow. A cell the site had before (a jump planned
+    /// again after a neighbour changed, with another trampoline) is
+    /// cleared first: only the current cell is kept in step with the
+    /// consumers and cleared at detach, so an old one left naming the
+    /// site would outlive it. Writer only.
     pub(crate) fn take_cell(&self, cell: &'static jump::JumpCell) {
-        self.cell
-            .store(core::ptr::from_ref(cell).cast_mut(), Ordering::Relaxed);
+        let new = core::ptr::from_ref(cell).cast_mut();
+        if self.cell.load(Ordering::Relaxed) != new {
+            self.clear_cell();
+        }
+        self.cell.store(new, Ordering::Relaxed);
         sync_cell(cell, self.current_list());
         cell.site
             .store(core::ptr::from_ref(self).cast_mut(), Ordering::Release);
