@@ -57,14 +57,15 @@ pub(crate) fn mapped_bytes() -> usize {
 }
 
 /// Places a stub at an address in `[lo, lo + size)`: `build(at)` makes
-/// its code for address `at`. `taken` are the ranges nothing may be
-/// mapped into (a snapshot of the memory map, with the stack's room and
-/// [`HEAP_ROOM`]). Returns where it was written, or `None` if no address of
-/// the window can hold it. Not async-signal-safe.
+/// its code for address `at`. `free(start, end)` says whether nothing
+/// is mapped in a range, nor may be (the stack's room and [`HEAP_ROOM`]),
+/// or else where what takes it ends (`crate::process::maps::Snapshot::free`).
+/// Returns where it was written, or `None` if no address of the window
+/// can hold it. Not async-signal-safe.
 pub(crate) fn place(
     lo: usize,
     size: usize,
-    taken: &[(usize, usize)],
+    free: &dyn Fn(usize, usize) -> Result<(), usize>,
     build: impl Fn(usize) -> Vec<u8>,
 ) -> Option<usize> {
     let page = page_size();
@@ -95,12 +96,17 @@ pub(crate) fn place(
         }
     }
     // Then a new page: the first one in the window that nothing takes.
-    let free = |p: usize| !taken.iter().any(|&(s, e)| p < e && s < p + page);
+
     let mut tries = 0;
     let mut p = lo_ok & !(page - 1);
     while p < hi && tries < MAP_TRIES {
-        if pages.contains_key(&p) || !free(p) {
+        if pages.contains_key(&p) {
             p += page;
+            continue;
+        }
+        if let Err(taken_to) = free(p, p + page) {
+            // Past what takes the page, in one step.
+            p = (p + page).max(taken_to.next_multiple_of(page));
             continue;
         }
         let at = lo_ok.max(p);
@@ -108,7 +114,7 @@ pub(crate) fn place(
         let end = at + code.len();
         // The stub may run into the next page: ours with room, or free.
         let next = p + page;
-        if end > next && !pages.contains_key(&next) && !free(next) {
+        if end > next && !pages.contains_key(&next) && free(next, next + page).is_err() {
             p += page;
             continue;
         }

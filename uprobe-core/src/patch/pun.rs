@@ -68,7 +68,6 @@ pub(crate) fn choose(
     let code = &code[..code.len().min(2 * JUMP_LEN)];
     let target = trampoline.base + crate::arch::jump::ENTRY_AT;
     let mut blocked = None;
-    let mut taken = None;
     let mut stubs = STUBS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -89,8 +88,8 @@ pub(crate) fn choose(
             let bytes = (punning.pun_bytes)(&pun, at);
             return Ok((pun, bytes));
         }
-        let taken = taken.get_or_insert_with(|| maps.taken(pinned::HEAP_ROOM));
-        if let Some(at) = pinned::place(pun.lo, pun.size, taken, |at| (punning.stub)(at, target)) {
+        let free = |start, end| maps.free(start, end, pinned::HEAP_ROOM);
+        if let Some(at) = pinned::place(pun.lo, pun.size, &free, |at| (punning.stub)(at, target)) {
             stubs.insert(key, at);
             let bytes = (punning.pun_bytes)(&pun, at);
             return Ok((pun, bytes));

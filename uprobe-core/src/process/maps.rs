@@ -328,11 +328,63 @@ pub(crate) fn taken_ranges() -> Vec<(usize, usize)> {
 }
 
 impl Snapshot {
-    /// What [`taken_ranges`] returns, as of this snapshot, with
-    /// `heap_room` bytes kept free above the heap.
-    pub(crate) fn taken(&self, heap_room: usize) -> Vec<(usize, usize)> {
-        taken_of(self.all(), heap_room)
+    /// Whether `[start, end)` is free for code of the engine's own:
+    /// nothing mapped there, and not in the room the main thread's stack
+    /// and the `brk` heap (`heap_room` above its end) may grow into; or
+    /// else where the range that takes part of it ends. Asks the kernel
+    /// for the one mapping at or above `start` where it answers
+    /// (`PROCMAP_QUERY`), else reads the whole map, once for the batch.
+    pub(crate) fn free(&self, start: usize, end: usize, heap_room: usize) -> Result<(), usize> {
+        let taken_to = |ranges: Vec<(usize, usize)>| {
+            ranges
+                .into_iter()
+                .filter(|&(s, e)| start < e && s < end)
+                .map(|(_, e)| e)
+                .max()
+                .map_or(Ok(()), Err)
+        };
+        if self.all.get().is_none()
+            && let Some(maps) = self.queries.get_or_init(|| vma::open().ok())
+            && let Ok(found) = vma::query(maps, start, vma::Which::CoveringOrNext, false)
+        {
+            if let Some(v) = found.filter(|v| v.start < end) {
+                return Err(v.end);
+            }
+            return taken_to(growth_rooms(maps, heap_room));
+        }
+        taken_to(taken_of(self.all(), heap_room))
     }
+}
+
+/// The rooms the `brk` heap (`heap_room` above its end, `sbrk(0)`) and
+/// the main thread's stack (below its lowest page, which the kernel's
+/// query gives for the stack's start from `/proc/self/stat`) keep to
+/// grow into, as they are now: what [`taken_of`] adds to the mappings.
+fn growth_rooms(maps: &std::fs::File, heap_room: usize) -> Vec<(usize, usize)> {
+    let mut rooms = Vec::new();
+    // SAFETY: sbrk(0) moves nothing; it returns the current break.
+    let brk = unsafe { libc::sbrk(0) } as usize;
+    if brk != usize::MAX {
+        rooms.push((brk, brk.saturating_add(heap_room)));
+    }
+    if let Some(stack) = main_stack()
+        && let Ok(Some(v)) = vma::query(maps, stack, vma::Which::Covering, false)
+    {
+        rooms.push((v.start.saturating_sub(stack_room()), v.start));
+    }
+    rooms
+}
+
+/// An address in the main thread's stack: `startstack`, field 28 of
+/// `/proc/self/stat` (read once; the fields after the command's closing
+/// parenthesis start at field 3).
+fn main_stack() -> Option<usize> {
+    static AT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *AT.get_or_init(|| {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let after = &stat[stat.rfind(')')? + 1..];
+        after.split_whitespace().nth(28 - 3)?.parse().ok()
+    })
 }
 
 /// The ranges `entries` take, with the room the stack and the heap keep.
