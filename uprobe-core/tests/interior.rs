@@ -140,6 +140,18 @@ fn open_libz() -> Option<(*mut c_void, String)> {
     Some((handle, path))
 }
 
+/// The shortest of three runs of `f` (printed, never asserted).
+fn best_time(f: impl Fn() -> Vec<u8>) -> std::time::Duration {
+    (0..3)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            std::hint::black_box(f());
+            start.elapsed()
+        })
+        .min()
+        .expect("three runs")
+}
+
 /// Held by each test while it probes libz: their probes would join each
 /// other's sites, and each test reads its own probes' modes.
 static LIBZ: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -224,6 +236,7 @@ fn every_instruction_of_libz_at_once() {
         return;
     };
     let plain = workload(handle);
+    let unprobed = best_time(|| workload(handle));
     let sites = boundaries(&path);
     let starts = starts(&sites);
     // One by one, each attach plans its neighbours again: in a debug
@@ -254,11 +267,17 @@ fn every_instruction_of_libz_at_once() {
             workload(handle) == plain,
             "results changed under the probes"
         );
+        let under_probes = best_time(|| workload(handle));
         let hits: u64 = probes.iter().map(Probe::hits).sum();
+        let trap_hits: u64 = probes
+            .iter()
+            .filter(|p| !p.mode().is_jump())
+            .map(Probe::hits)
+            .sum();
         println!(
             "libz, {} boundaries attached {} in {took:?} ({:?} an attach): {jumps} through a \
-             jump, {} on a breakpoint (modes read after the whole attach), {hits} hits; \
-             refused: {refused:?}",
+             jump, {} on a breakpoint (modes read after the whole attach), {hits} hits \
+             ({trap_hits} on breakpoints); refused: {refused:?}",
             probes.len(),
             if one_by_one {
                 "one by one"
@@ -268,7 +287,11 @@ fn every_instruction_of_libz_at_once() {
             took / u32::try_from(if one_by_one { probes.len() } else { 1 }).unwrap(),
             probes.len() - jumps,
         );
-        println!("  modes: {modes:?}");
+        println!(
+            "  the workload: {under_probes:?} under the probes, {unprobed:?} without ({:.2}x); modes: \
+             {modes:?}",
+            under_probes.as_secs_f64() / unprobed.as_secs_f64()
+        );
         assert!(hits > 0, "the workload reached no probe");
         for p in probes {
             p.detach().unwrap();
