@@ -1,15 +1,19 @@
 //! The cost of attaching and detaching many probes: `attach_all` and
 //! `detach_all` of N probes at distinct addresses (N = 100, 1,000,
 //! 10,000), and one `attach` (alone, and with its `detach`) while 10,000
-//! others stay attached:
+//! others stay attached; and (x86-64, where the system has libz) one
+//! attach and detach at an instruction inside libz's functions while
+//! every other instruction of them is probed: each takes a jump, and
+//! takes back and plans again the neighbours whose punned jumps end in
+//! its bytes:
 //!
 //! ```sh
 //! cargo bench -p uprobe-core --bench attach
 //! ```
 //!
-//! The targets are one-byte `nop`s in fresh executable memory: each is an
-//! instruction boundary, emulated on a hit, so the figures are the
-//! engine's own bookkeeping and patching, not the decoder's or the
+//! The many-probe targets are one-byte `nop`s in fresh executable memory:
+//! each is an instruction boundary, emulated on a hit, so the figures are
+//! the engine's own bookkeeping and patching, not the decoder's or the
 //! out-of-line allocator's.
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -124,7 +128,70 @@ mod many {
                 spent
             });
         });
+        drop(others);
+        #[cfg(target_arch = "x86_64")]
+        libz_interior(&mut g);
         g.finish();
+    }
+
+    /// One attach and detach at a time over libz's interior instructions,
+    /// cycling over one in ten of them, while every other instruction of
+    /// libz's exported functions stays probed.
+    #[cfg(target_arch = "x86_64")]
+    fn libz_interior(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+        let name = c"libz.so.1";
+        // SAFETY: dlopen of a system library by name (kept loaded).
+        let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW) };
+        if handle.is_null() {
+            println!("libz.so.1 is not on this system: its interior case is skipped");
+            return;
+        }
+        // SAFETY: a symbol lookup on a live handle; dladdr fills `info`.
+        let (path, bias) = unsafe {
+            let any = libc::dlsym(handle, c"compress2".as_ptr());
+            let mut info: libc::Dl_info = std::mem::zeroed();
+            assert!(libc::dladdr(any, &raw mut info) != 0, "dladdr");
+            let path = std::ffi::CStr::from_ptr(info.dli_fname).to_string_lossy();
+            (path.into_owned(), info.dli_fbase as usize)
+        };
+        let bytes = std::fs::read(&path).expect("libz's file");
+        let sites: Vec<usize> = uprobe_core::testing::objects::exported_instructions(&bytes)
+            .iter()
+            .filter(|(_, offset, _)| *offset > 0)
+            .map(|&(_, _, addr)| bias + addr as usize)
+            .collect();
+        let held_out: Vec<usize> = sites.iter().skip(5).step_by(10).copied().collect();
+        let others = sites.iter().enumerate().filter(|(k, _)| k % 10 != 5);
+        // SAFETY: every address starts one of libz's instructions.
+        let probe = |addr: usize| unsafe { Uprobe::address(addr) };
+        let others =
+            Uprobe::attach_all(others.map(|(_, &a)| probe(a))).expect("attach libz's interior");
+        let mut next = 0;
+        let mut one = || {
+            next += 1;
+            probe(held_out[next % held_out.len()])
+        };
+        let id = format!(
+            "attach+detach one libz interior site, {} attached",
+            others.len()
+        );
+        g.bench_function(id, |b| {
+            b.iter(|| one().attach().expect("attach").detach().expect("detach"));
+        });
+        let id = format!("attach one libz interior site, {} attached", others.len());
+        g.bench_function(id, |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    let probe = one();
+                    let start = Instant::now();
+                    let p = probe.attach().expect("attach");
+                    spent += start.elapsed();
+                    p.detach().expect("detach");
+                }
+                spent
+            });
+        });
         drop(others);
     }
 }

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, c_void};
 
 use common::emulated;
-use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
 use uprobe_core::{Probe, Uprobe};
 
 /// Compresses and decompresses a generated buffer; the compressed bytes.
@@ -24,35 +23,7 @@ fn workload(handle: *mut c_void) -> Vec<u8> {
 /// Every exported function's instruction boundaries, as (name, offset,
 /// address in the file), decoded from the file.
 fn boundaries(path: &str) -> Vec<(String, usize, u64)> {
-    let data = std::fs::read(path).unwrap();
-    let file = object::File::parse(&*data).unwrap();
-    let text = file.section_by_name(".text").unwrap();
-    let mut seen = std::collections::HashSet::new();
-    let mut all = Vec::new();
-    for s in file.dynamic_symbols() {
-        if s.kind() != object::SymbolKind::Text || s.is_undefined() || !s.is_global() {
-            continue;
-        }
-        let (Ok(name), addr, size) = (s.name(), s.address(), s.size()) else {
-            continue;
-        };
-        if size == 0 || !seen.insert(addr) {
-            continue;
-        }
-        let Some(code) = text.data_range(addr, size).ok().flatten() else {
-            continue;
-        };
-        let mut decoder = iced_x86::Decoder::with_ip(64, code, addr, 0);
-        while decoder.can_decode() {
-            let insn = decoder.decode();
-            if insn.is_invalid() {
-                break;
-            }
-            all.push((name.to_string(), (insn.ip() - addr) as usize, insn.ip()));
-        }
-    }
-    all.sort_by_key(|b| b.2);
-    all
+    uprobe_core::testing::objects::exported_instructions(&std::fs::read(path).unwrap())
 }
 
 /// Splits `sites` (sorted by address) into rounds in which any two are at

@@ -1,6 +1,7 @@
 //! What the engine reads of an object file, on bytes alone: its symbol
 //! index and unwind extents ([`Object`]) and its USDT notes
-//! ([`usdt_notes`]). The engine reads the objects of whatever process it
+//! ([`usdt_notes`]); and, for tests and benchmarks, the instructions of
+//! its exported functions (`exported_instructions`, x86-64). The engine reads the objects of whatever process it
 //! is loaded into; the fuzz targets hand these mutated files. Not
 //! async-signal-safe (they allocate).
 
@@ -68,4 +69,48 @@ pub fn usdt_notes(bytes: &[u8]) -> Result<Vec<UsdtNote>, String> {
             spec: n.spec,
         })
         .collect())
+}
+
+/// Every instruction of every exported function of the ELF object
+/// `bytes` (x86-64): `(function name, offset in the function, file
+/// address)`, sorted by address, each function decoded from its symbol's
+/// start until its size or an undecodable byte. What the tests and the
+/// attach benchmark probe a library's interior with. Not
+/// async-signal-safe.
+#[cfg(target_arch = "x86_64")]
+#[must_use]
+pub fn exported_instructions(bytes: &[u8]) -> Vec<(String, usize, u64)> {
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+    let Ok(file) = object::File::parse(bytes) else {
+        return Vec::new();
+    };
+    let Some(text) = file.section_by_name(".text") else {
+        return Vec::new();
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut all = Vec::new();
+    for s in file.dynamic_symbols() {
+        if s.kind() != object::SymbolKind::Text || s.is_undefined() || !s.is_global() {
+            continue;
+        }
+        let (Ok(name), addr, size) = (s.name(), s.address(), s.size()) else {
+            continue;
+        };
+        if size == 0 || !seen.insert(addr) {
+            continue;
+        }
+        let Some(code) = text.data_range(addr, size).ok().flatten() else {
+            continue;
+        };
+        let mut decoder = iced_x86::Decoder::with_ip(64, code, addr, 0);
+        while decoder.can_decode() {
+            let insn = decoder.decode();
+            if insn.is_invalid() {
+                break;
+            }
+            all.push((name.to_string(), (insn.ip() - addr) as usize, insn.ip()));
+        }
+    }
+    all.sort_by_key(|b| b.2);
+    all
 }
