@@ -128,6 +128,41 @@ impl<T> FreeList<T> {
         unsafe { self.put(node) };
     }
 
+    /// Returns `element` to the pool on list `list` (`0..lists()`: the
+    /// list of CPU `list`), whichever CPU the caller runs on, taking that
+    /// list's lock as a pop that steals from it does. For putting elements
+    /// where they belong rather than where they were freed: back on the
+    /// list of the CPU that will use them, or spread over the lists of a
+    /// pool built [`with_lists`](Self::with_lists) for more CPUs than this
+    /// machine has. May wait for the list's lock: **not**
+    /// async-signal-safe.
+    ///
+    /// ```
+    /// use pcpu_freelist::{EmptyHint, FreeList};
+    ///
+    /// // A pool built for 8 CPUs, its elements all moved to list 7.
+    /// let pool = FreeList::with_lists(0..4u32, EmptyHint::Summary, 8);
+    /// let all: Vec<_> = std::iter::from_fn(|| pool.pop()).collect();
+    /// for e in all {
+    ///     pool.push_to(e, 7);
+    /// }
+    /// // A pop on this machine's CPUs finds them there.
+    /// assert!(pool.pop().is_some());
+    /// ```
+    ///
+    /// # Panics
+    /// If `element` came from another pool, or `list >= self.lists()`.
+    pub fn push_to(&self, element: Element<'_, T>, list: usize) {
+        assert!(
+            list < self.lists(),
+            "list {list} of a pool of {} lists",
+            self.lists()
+        );
+        let node = self.reclaim(element);
+        // SAFETY: as in `push`; `list` is one of the pool's lists.
+        unsafe { self.put_on(list, node) };
+    }
+
     /// Returns `element` to the pool without ever waiting: on the current
     /// CPU's list if its lock is free, else on the lock-free extralist. It
     /// always succeeds. **Async-signal-safe** (dropping an [`Element`]

@@ -164,6 +164,14 @@ impl<T> FreeList<T> {
         self.nodes.len()
     }
 
+    /// The number of per-CPU lists: the machine's possible CPUs, or the
+    /// count given to [`with_lists`](Self::with_lists). (A thread on a
+    /// CPU beyond them uses one more, shared list.)
+    #[must_use]
+    pub fn lists(&self) -> usize {
+        self.lists.slots() - 1
+    }
+
     /// The hint the pool was built with.
     #[must_use]
     pub fn hint(&self) -> EmptyHint {
@@ -186,6 +194,15 @@ impl<T> FreeList<T> {
     pub(crate) unsafe fn put(&self, node: NonNull<u8>) {
         // SAFETY: forwarded.
         unsafe { self.lists.push(node) };
+    }
+
+    /// Puts `node` on list `list`, waiting for its lock.
+    ///
+    /// # Safety
+    /// `node` is one of ours and in no list; `list < self.lists()`.
+    pub(crate) unsafe fn put_on(&self, list: usize, node: NonNull<u8>) {
+        // SAFETY: forwarded.
+        unsafe { self.lists.push_slot(list, node) };
     }
 
     /// The node at `index`, as a list holds it.

@@ -56,9 +56,10 @@
 //! flag read per list: the patch as posted), [`EmptyHint::Head`] (the
 //! merged kernel's racy read of the head pointer) and [`EmptyHint::None`]
 //! (lock every list, the kernel before the patch) exist so that the
-//! before/after can be measured (`bench freelist-pop-empty`, with
-//! [`FreeList::with_lists`] for a pool built as if the machine had more
-//! CPUs).
+//! before/after can be measured (`bench freelist-pop-empty` and
+//! `freelist-steal`, with [`FreeList::with_lists`] for a pool built as if
+//! the machine had more CPUs and [`FreeList::push_to`] to put elements on
+//! a chosen list).
 //!
 //! **Memory ordering and what a stale hint costs.** The flag is read with
 //! a relaxed load; a push clears it *before* linking its node (same
@@ -94,6 +95,7 @@
 //! | [`try_pop`](FreeList::try_pop) | yes | never (locked lists are skipped) |
 //! | [`try_push`](FreeList::try_push), dropping an [`Element`] | yes | never (extralist if this CPU's list is locked) |
 //! | [`pop`](FreeList::pop), [`push`](FreeList::push) | no | briefly, for a list lock held by another pop |
+//! | [`push_to`](FreeList::push_to) (a chosen CPU's list) | no | briefly, for that list's lock |
 //! | [`Element`] deref, [`into_index`](Element::into_index), [`from_index`](FreeList::from_index) | yes | never |
 //! | [`new`](FreeList::new), [`with_hint`](FreeList::with_hint) | no (allocates) | - |
 //!

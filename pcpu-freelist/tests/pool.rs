@@ -129,6 +129,45 @@ fn a_pool_for_more_cpus_than_the_machine_has_finds_every_element() {
     }
 }
 
+/// Elements pushed to lists of their own choosing, from threads on any
+/// CPU (the far lists of a pool built for more CPUs than the machine has
+/// included), are found by pops on every CPU, each once; a list out of
+/// range is refused.
+#[test]
+fn elements_pushed_to_a_chosen_list_are_found() {
+    let cpus = if cfg!(miri) { 8 } else { 64 };
+    for &hint in HINTS {
+        let pool = FreeList::with_lists(0..32u32, hint, cpus);
+        assert_eq!(pool.lists(), cpus);
+        let all: Vec<usize> = take_all(&pool)
+            .into_iter()
+            .map(pcpu_freelist::Element::into_index)
+            .collect();
+        std::thread::scope(|s| {
+            for chunk in all.chunks(8) {
+                let pool = &pool;
+                s.spawn(move || {
+                    for &i in chunk {
+                        // SAFETY: each index came from `into_index` on this
+                        // pool and is turned back once.
+                        let e = unsafe { pool.from_index(i) };
+                        // The last lists, far from every CPU's own.
+                        pool.push_to(e, cpus - 1 - i % 3);
+                    }
+                });
+            }
+        });
+        let found = take_all(&pool);
+        let values: HashSet<u32> = found.iter().map(|e| **e).collect();
+        assert_eq!(values.len(), 32, "{hint:?}: each found once");
+        assert!(pool.pop().is_none(), "{hint:?}: exhausted");
+    }
+    let pool = FreeList::with_lists(0..2u8, EmptyHint::Summary, 4);
+    let e = pool.pop().expect("free");
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.push_to(e, 4)));
+    assert!(refused.is_err(), "list 4 of a pool of 4 lists");
+}
+
 #[test]
 fn an_empty_pool_is_always_exhausted() {
     let pool = FreeList::<u8>::new([]);

@@ -1,4 +1,5 @@
-//! `freelist-pop-empty`, `freelist-pushpop`, `freelist-oversub`: seed 004,
+//! `freelist-pop-empty`, `freelist-pushpop`, `freelist-steal`,
+//! `freelist-oversub`: seed 004,
 //! the per-CPU freelist with its `is_empty` hint, against the variants the
 //! kernel went through and the pools Rust users pick today.
 
@@ -19,6 +20,14 @@ pub const POP_EMPTY: Scenario = Scenario {
     about: "seed 004: every list empty, each thread pops in a loop (the map-full case): the crate's default hint (hint: the per-list flags summed up in a bitmap, a word per 64 lists) vs the per-list flag alone (flag: the patch as posted) vs head-pointer hint vs locking every list vs crossbeam ArrayQueue; --lists N builds the pools as if the machine had N CPUs",
     impls: &["hint", "flag", "head", "nohint", "arrayqueue"],
     build: build_pop_empty,
+    lists: FREELISTS,
+};
+
+pub const STEAL: Scenario = Scenario {
+    name: "freelist-steal",
+    about: "seed 004: every free element on lists no thread runs on, far along each thread's walk (list N-1-c for the thread on CPU c); each thread pops one (a steal: its own list is empty) and puts it back on its far list (FreeList::push_to): the empty lists between walked by the summary's bits (hint), a flag a list (flag), a head a list (head) or every list's lock (nohint); --lists N builds the pools as if the machine had N CPUs (at least twice the threads)",
+    impls: FREELISTS,
+    build: build_steal,
     lists: FREELISTS,
 };
 
@@ -133,6 +142,67 @@ fn build_pop_empty(imp: &str, _threads: usize) -> Result<Box<dyn Workload>, Stri
         }
         None => PopEmpty::ArrayQueue(ArrayQueue::new(capacity())),
     }))
+}
+
+/// Every free element on far lists; each operation is a pop that steals
+/// and a push back to the thread's far list.
+struct Steal(FreeList<u64>);
+
+impl Workload for Steal {
+    fn run(&self, _tid: usize, iters: u64) {
+        let pool = &self.0;
+        // SAFETY: no preconditions; the harness pinned this thread.
+        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0);
+        let far = pool.lists() - 1 - cpu.min(pool.lists() - 1);
+        let mut missed = 0;
+        for _ in 0..iters {
+            match pool.pop() {
+                Some(e) => pool.push_to(black_box(e), far),
+                None => missed += 1,
+            }
+        }
+        MISSED.fetch_add(missed, Relaxed);
+    }
+
+    fn verify(&self, _ops: &[u64]) -> Result<(), String> {
+        let missed = MISSED.swap(0, Relaxed);
+        if missed != 0 {
+            return Err(format!("{missed} pops found the pool empty"));
+        }
+        // Kept while counting: a dropped element goes straight back.
+        let free = std::iter::from_fn(|| self.0.pop())
+            .collect::<Vec<_>>()
+            .len();
+        if free == self.0.capacity() {
+            Ok(())
+        } else {
+            Err(format!("{free} of {} elements back", self.0.capacity()))
+        }
+    }
+}
+
+fn build_steal(imp: &str, threads: usize) -> Result<Box<dyn Workload>, String> {
+    MISSED.store(0, Relaxed);
+    let hint = hint_of(imp).expect("a freelist");
+    let pool = freelist(imp, hint);
+    let lists = pool.lists();
+    if lists < 2 * threads {
+        return Err(format!(
+            "with {lists} lists and {threads} threads a far list would be a thread's own \
+             (--lists at least {})",
+            2 * threads
+        ));
+    }
+    // Every element to the far lists of the threads' CPUs.
+    let all: Vec<_> = std::iter::from_fn(|| pool.pop())
+        .map(pcpu_freelist::Element::into_index)
+        .collect();
+    for (k, index) in all.into_iter().enumerate() {
+        // SAFETY: each index came from `into_index` on this pool, once.
+        let e = unsafe { pool.from_index(index) };
+        pool.push_to(e, lists - 1 - k % threads);
+    }
+    Ok(Box::new(Steal(pool)))
 }
 
 /// A prefilled pool; each operation is one pop and one push.

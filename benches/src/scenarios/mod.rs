@@ -33,6 +33,7 @@ pub fn all() -> Vec<Scenario> {
         srcu::LEASE,
         freelist::POP_EMPTY,
         freelist::PUSHPOP,
+        freelist::STEAL,
         freelist::OVERSUB,
         sigpending::SIGNAL1,
         sigpending::TASKFLAG,
