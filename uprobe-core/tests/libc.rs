@@ -205,28 +205,31 @@ fn check_signal_blocked_code(probes: &[Probe], blocked: &BTreeMap<BlockedPath, V
 /// come and go and processes spawn.
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn free_memcpy_strlen_and_getenv_attach_by_default() {
+fn free_memcpy_strlen_memset_and_getenv_attach_by_default() {
     // Its own process: its probes see every call of the process.
-    test_support::in_own_process("free_memcpy_strlen_and_getenv_attach_by_default", || {
-        let plain = workload();
-        let mut probes = Vec::new();
-        for name in ["free", "memcpy", "strlen", "getenv"] {
-            match Uprobe::in_object("libc.so.6", name).unwrap().attach() {
-                Ok(p) => {
-                    assert!(p.mode().is_jump(), "{name}: {:?}", p.mode());
-                    probes.push((name, p));
+    test_support::in_own_process(
+        "free_memcpy_strlen_memset_and_getenv_attach_by_default",
+        || {
+            let plain = workload();
+            let mut probes = Vec::new();
+            for name in ["free", "memcpy", "strlen", "memset", "getenv"] {
+                match Uprobe::in_object("libc.so.6", name).unwrap().attach() {
+                    Ok(p) => {
+                        assert!(p.mode().is_jump(), "{name}: {:?}", p.mode());
+                        probes.push((name, p));
+                    }
+                    Err(e @ AttachError::SignalsBlocked { .. }) => println!("{name}: {e}"),
+                    Err(e) => panic!("{name}: {e}"),
                 }
-                Err(e @ AttachError::SignalsBlocked { .. }) => println!("{name}: {e}"),
-                Err(e) => panic!("{name}: {e}"),
             }
-        }
-        let under_probes = workload();
-        for (name, p) in &probes {
-            println!("{name}: {:?}, {} hits", p.mode(), p.hits());
-        }
-        assert_eq!(under_probes, plain, "results changed under the probes");
-        assert!(!probes.is_empty(), "none of them attached");
-    });
+            let under_probes = workload();
+            for (name, p) in &probes {
+                println!("{name}: {:?}, {} hits", p.mode(), p.hits());
+            }
+            assert_eq!(under_probes, plain, "results changed under the probes");
+            assert!(!probes.is_empty(), "none of them attached");
+        },
+    );
 }
 
 /// A one-byte jump written and taken out 500 times over `free`
