@@ -139,6 +139,25 @@ pub(crate) fn place(
         }
         p += page;
     }
+    // Last, a gap below a page's last stub (left by stubs at exact
+    // addresses): only where nothing else fits, as the first gap would
+    // often be the one exact address a later window needs.
+    let ours: Vec<usize> = pages
+        .range((lo_ok & !(page - 1))..hi)
+        .map(|(&p, _)| p)
+        .collect();
+    for p in ours {
+        for at in lo_ok.max(p)..hi.min(p + page) {
+            // Every stub is at least a jump long.
+            if !fits(&pages, page, at, crate::arch::JUMP_LEN) {
+                continue;
+            }
+            let code = build(at);
+            if fits(&pages, page, at, code.len()) {
+                return write(&mut pages, page, at, &code);
+            }
+        }
+    }
     None
 }
 
