@@ -72,9 +72,10 @@
 //! over someone else's breakpoint; instructions from the kernel's refusal
 //! tables (and transactional memory, far branches), except where the
 //! instruction runs unchanged at another address (x86-64: `lock`-prefixed
-//! read-modify-writes and the segment overrides 64-bit mode ignores are
-//! probed; aarch64: exclusive loads and stores stay refused, since a trap
-//! between the pair breaks it); any attach while a
+//! read-modify-writes, the segment overrides 64-bit mode ignores, fences,
+//! `stmxcsr`, `xgetbv` and `rdtscp` are probed; aarch64: exclusive loads
+//! and stores stay refused, since a trap between the pair breaks it); any
+//! attach while a
 //! thread of the process blocks SIGTRAP; and, in the functions glibc runs
 //! with every signal blocked (thread start and exit, `posix_spawn` and its
 //! child, among them `free`, `madvise`, `strlen`, `dup2` and `execve`),

@@ -1,8 +1,9 @@
-//! Atomic read-modify-write instructions (`lock`-prefixed) and the
-//! segment prefixes 64-bit mode ignores, probed: kernel uprobes refuse
-//! both, but here a displaced instruction runs natively at another
-//! address (an out-of-line slot or a trampoline, never single-stepped),
-//! and nothing in these depends on the address it runs at. What is
+//! Atomic read-modify-write instructions (`lock`-prefixed), the segment
+//! prefixes 64-bit mode ignores, fences, `stmxcsr` and `xgetbv`, probed:
+//! kernel uprobes refuse them all, but here a displaced instruction runs
+//! natively at another address (an out-of-line slot or a trampoline,
+//! never single-stepped), and nothing in these depends on the address it
+//! runs at. What is
 //! checked: the atomics stay atomic under threads racing through the
 //! probed instruction, on the trap path and through jumps (a whole
 //! instruction replaced, and a short one punned).
@@ -70,6 +71,26 @@ core::arch::global_asm!(
     "3:",
     "lea rax, [rdi + 3]",
     "ret",
+    // fences, the MXCSR stored and read back, XCR0 read: rax = rdi +
+    // (mxcsr & 0x1f80) + (xcr0 & 3)
+    ".globl l_system",
+    "l_system:",
+    "lfence",
+    "mfence",
+    "sfence",
+    ".globl l_stmxcsr",
+    "l_stmxcsr:",
+    "stmxcsr [rsp - 8]",
+    "mov eax, [rsp - 8]",
+    "and eax, 0x1f80",
+    "add rdi, rax",
+    "xor ecx, ecx",
+    ".globl l_xgetbv",
+    "l_xgetbv:",
+    "xgetbv",
+    "and eax, 3",
+    "add rax, rdi",
+    "ret",
     // es and ss segment overrides on a load and an add (ignored in 64-bit
     // mode), run out of line; rax = rdi + 5
     ".globl l_segments",
@@ -93,6 +114,9 @@ unsafe extern "C" {
     fn l_segments(x: u64) -> u64;
     static l_inc: u8;
     static l_xadd_insn: u8;
+    fn l_system(x: u64) -> u64;
+    static l_stmxcsr: u8;
+    static l_xgetbv: u8;
 }
 
 /// `l_inc`'s and `l_xadd`'s counter: `rsi` points at it.
@@ -237,4 +261,21 @@ fn ignored_segment_prefixes_are_probed() {
         same_with_probe(l_segments, at, HitsPerCall::One);
     }
     assert_eq!(call(l_segments, 1), 6);
+}
+
+/// Fences, `stmxcsr` and `xgetbv` (refused by kernel uprobes, whose
+/// tables take all of `0f ae` and `0f 01`), probed on their breakpoints
+/// and run out of line: results as unprobed.
+#[test]
+fn fences_mxcsr_and_xgetbv_are_probed() {
+    let system = fn_addr(l_system);
+    for at in [
+        system,
+        system + 3,
+        system + 6,
+        (&raw const l_stmxcsr) as usize,
+        (&raw const l_xgetbv) as usize,
+    ] {
+        same_with_probe(l_system, at, HitsPerCall::One);
+    }
 }

@@ -282,6 +282,8 @@ mod tests {
         for refused in [
             &[0xf4][..],               // hlt
             &[0xfa],                   // cli
+            &[0x0f, 0x01, 0xf8],       // swapgs
+            &[0x0f, 0x0b],             // ud2
             &[0x0f],                   // cut off
             &[0x66, 0xe9, 0, 0],       // 66-prefixed jmp
             &[0xc7, 0xf8, 0, 0, 0, 0], // xbegin
@@ -301,16 +303,22 @@ mod tests {
     }
 
     /// What the kernel refuses but runs unchanged at another address:
-    /// locked read-modify-writes and the segment overrides 64-bit mode
-    /// ignores, run out of line.
+    /// locked read-modify-writes, the segment overrides 64-bit mode
+    /// ignores, fences, the MXCSR's store, `xgetbv` and `rdtscp`, run out
+    /// of line.
     #[test]
-    fn locked_and_segment_prefixed_instructions_run_out_of_line() {
+    fn what_runs_the_same_elsewhere_runs_out_of_line() {
         for accepted in [
             &[0xf0, 0xff, 0x00][..],               // lock inc dword [rax]
             &[0x40, 0xf0, 0xff, 0x00],             // the same after a REX byte
             &[0xf0, 0x48, 0x0f, 0xb1, 0x0e],       // lock cmpxchg [rsi], rcx
             &[0x2e, 0x8b, 0x00],                   // mov eax, cs:[rax]
             &[0x26, 0x36, 0x48, 0x8b, 0x04, 0x24], // mov rax, ss:[rsp] (es, ss)
+            &[0x0f, 0xae, 0xe8],                   // lfence
+            &[0x0f, 0xae, 0xf0],                   // mfence
+            &[0x0f, 0xae, 0x5c, 0x24, 0xf8],       // stmxcsr [rsp - 8]
+            &[0x0f, 0x01, 0xd0],                   // xgetbv
+            &[0x0f, 0x01, 0xf9],                   // rdtscp
         ] {
             assert!(
                 matches!(emu(accepted), Ok(Emulation::OutOfLine { .. })),

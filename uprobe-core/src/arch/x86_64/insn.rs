@@ -99,14 +99,19 @@ pub(crate) fn is_boundary(start: usize, addr: usize, code: &[u8]) -> bool {
 /// first opcode byte and the second byte of `0f xx`. Applies to emulated
 /// instructions too.
 ///
-/// Two of the kernel's refusals are not kept, because a displaced
+/// Some of the kernel's refusals are not kept, because a displaced
 /// instruction here runs natively at another address (an out-of-line
-/// slot or a trampoline: never single-stepped), where neither changes
-/// what it does: the LOCK prefix (an atomic read-modify-write stays
-/// atomic wherever it runs; no locked instruction is emulated), and the
-/// ES/CS/SS/DS segment overrides, which 64-bit mode ignores (`3e` is
-/// also the `notrack` of CET-built indirect branches, which the emulation
-/// needs no tracking for).
+/// slot or a trampoline: never single-stepped, its faults reported at
+/// its own address), where they change nothing: the LOCK prefix (an
+/// atomic read-modify-write stays atomic wherever it runs; no locked
+/// instruction is emulated); the ES/CS/SS/DS segment overrides, which
+/// 64-bit mode ignores (`3e` is also the `notrack` of CET-built indirect
+/// branches, which the emulation needs no tracking for); `0f ae` (the
+/// fences, `stmxcsr`/`ldmxcsr`, `fxsave`/`xsave` and their restores,
+/// `clflush`, the FS/GS base reads and writes); and of `0f 01` the forms
+/// user code runs (`xgetbv`, `xtest`, `rdpkru`, `wrpkru`, `rdtscp`). Kept:
+/// the system calls (a thread may wait inside one for as long as it
+/// likes), `ud2` and the privileged or virtualisation opcodes.
 pub(super) fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'static str> {
     // Every byte before the opcode: legacy prefixes and REX bytes, in any
     // order and number (a REX followed by another prefix is ignored by
@@ -127,9 +132,12 @@ pub(super) fn refuse_by_table(bytes: &[u8], insn: &Instruction) -> Result<(), &'
         return Ok(());
     }
     match &bytes[prefix_len..] {
+        // Of `0f 01`, the forms user code runs, each the same at any
+        // address: xgetbv, xtest, rdpkru, wrpkru, rdtscp.
+        [0x0f, 0x01, 0xd0 | 0xd6 | 0xee | 0xef | 0xf9, ..] => Ok(()),
         [
             0x0f,
-            0x00 | 0x01 | 0x05..=0x09 | 0x0b | 0x30 | 0x34 | 0x35 | 0x37 | 0x78 | 0x79 | 0xae,
+            0x00 | 0x01 | 0x05..=0x09 | 0x0b | 0x30 | 0x34 | 0x35 | 0x37 | 0x78 | 0x79,
             ..,
         ] => Err("a system or serializing two-byte opcode refused by kernel uprobes"),
         [
