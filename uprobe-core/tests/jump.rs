@@ -1147,12 +1147,10 @@ fn a_probe_in_a_punned_jumps_tail_takes_the_jump_back_and_again() {
             let outer = attach_punned(common::probe_at(at), 2);
             assert_eq!(call(j_tail_wide, 4), 7);
             let inner = common::probe_at(at + 5).attach().unwrap();
-            assert_eq!(
-                outer.mode(),
-                Mode::Jump(Tactic::Pun {
-                    written: 2,
-                    prefixes: 0
-                })
+            assert!(
+                matches!(outer.mode(), Mode::Jump(Tactic::Pun { written: 2, .. })),
+                "{:?}",
+                outer.mode()
             );
             assert_eq!(call(j_tail_wide, 4), 7);
             assert_eq!((outer.hits(), inner.hits()), (2, 1));

@@ -341,7 +341,8 @@ unsafe fn attach_one(
     let consumer = &made.current_list()[0];
     {
         let (function, trap_only) = (consumer.function, consumer.trap_only);
-        let prepared = patch::jump::prepare(made, function, maps, trap_only, direct.is_some());
+        let prepared =
+            patch::jump::prepare(made, function, maps, trap_only, direct.is_some(), None);
         *made.mode() = match prepared {
             _ if trap_only => SiteMode::Trap(NotOptimized::TrapOnly),
             Ok(jump) => SiteMode::Ready(jump),
@@ -351,9 +352,13 @@ unsafe fn attach_one(
                 return Err(direct.expect("checked"));
             }
             Err(why) => {
-                if matches!(why, NotOptimized::OtherProbeInRange { .. }) {
+                if matches!(
+                    why,
+                    NotOptimized::OtherProbeInRange { .. } | NotOptimized::NoPunTarget { .. }
+                ) {
                     // Blocked by a neighbour that may take a jump in
-                    // this batch: planned again after it.
+                    // this batch, or whose jump may move its stub to make
+                    // room: planned again after it.
                     batch.retry.push(addr);
                 }
                 SiteMode::Trap(why)

@@ -196,6 +196,8 @@ fn back_to_breakpoints(sites: &[&Site], why: &NotOptimized, covering: &[(&Site, 
 /// breakpoint is in the code and synced.
 pub(crate) fn reoptimize(mut addrs: Vec<usize>) {
     let maps = Snapshot::read();
+    // Sites whose next site's stub moved for them (once each).
+    let mut moved_for = HashSet::new();
     while !addrs.is_empty() {
         addrs.sort_unstable_by(|a, b| b.cmp(a));
         addrs.dedup();
@@ -218,7 +220,14 @@ pub(crate) fn reoptimize(mut addrs: Vec<usize>) {
                 taken.extend(write_jumps(core::mem::take(&mut group)));
             }
             let function = consumers.iter().find_map(|c| c.function);
-            match jump::prepare(site, function, &maps, false, false) {
+            let mut prepared = jump::prepare(site, function, &maps, false, false, None);
+            if matches!(prepared, Err(NotOptimized::NoPunTarget { .. }))
+                && moved_for.insert(addr)
+                && make_room_before(site, &maps, &mut taken)
+            {
+                prepared = jump::prepare(site, function, &maps, false, false, None);
+            }
+            match prepared {
                 Ok(j) => group.push((site, j)),
                 Err(why) => *site.mode() = SiteMode::Trap(why),
             }
@@ -226,6 +235,55 @@ pub(crate) fn reoptimize(mut addrs: Vec<usize>) {
         taken.extend(write_jumps(group));
         addrs = taken;
     }
+}
+
+/// For `site`, whose pun found no room where its displacement ends in
+/// the punned jump of the next site: that jump planned again with its
+/// stub where the bytes it writes give `site` a window with room (as
+/// `E9Patch` chooses a jump's target for the pun of the instruction
+/// before it). Whether it moved; the sites taken back on the way go to
+/// `taken`. `WRITER` is held.
+fn make_room_before(site: &Site, maps: &Snapshot, taken: &mut Vec<usize>) -> bool {
+    let Some((next, next_start)) = (1..JUMP_LEN)
+        .filter_map(|k| site_at(site.addr + k))
+        .find_map(|n| match &*n.mode() {
+            SiteMode::Jump(j) if !j.direct && j.tactic.free_bytes() > 0 => Some((n, j.start)),
+            _ => None,
+        })
+    else {
+        return false;
+    };
+    let Some(room) = crate::patch::pun::room_before(site.addr, next.addr, next_start, maps) else {
+        return false;
+    };
+    let consumers = next.current_list();
+    // Not where another jump already ends in its bytes: moving them would
+    // take that one back, which could ask for them elsewhere again.
+    if consumers.iter().any(|c| c.trap_only || c.blocked.is_some())
+        || !covering(&[next.addr]).is_empty()
+    {
+        return false;
+    }
+    let function = consumers.iter().find_map(|c| c.function);
+    taken.extend(to_traps(
+        &[next],
+        &NotOptimized::OtherProbeInRange { at: site.addr },
+    ));
+    let moved = jump::prepare(next, function, maps, false, false, Some(&room));
+    // Where no stub of the next site's window gives room, it goes back
+    // to where it can.
+    let (jump, moved) = match moved {
+        Ok(j) => (Ok(j), true),
+        Err(_) => (
+            jump::prepare(next, function, maps, false, false, None),
+            false,
+        ),
+    };
+    match jump {
+        Ok(j) => taken.extend(write_jumps(vec![(next, j)])),
+        Err(why) => *next.mode() = SiteMode::Trap(why),
+    }
+    moved && next.is_jump()
 }
 
 /// How far past a site a punned jump's bytes may reach: the jump, after

@@ -60,6 +60,18 @@ pub enum Tactic {
     },
 }
 
+impl Tactic {
+    /// How many of a punned jump's displacement bytes it chose itself
+    /// (its stub may move within their window); 0 for a jump that
+    /// replaces whole instructions.
+    pub(crate) fn free_bytes(self) -> usize {
+        match self {
+            Self::Replace => 0,
+            Self::Pun { written, prefixes } => usize::from(written.saturating_sub(prefixes + 1)),
+        }
+    }
+}
+
 impl core::fmt::Display for Tactic {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {

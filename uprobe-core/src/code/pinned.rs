@@ -38,12 +38,22 @@ const USER_END: usize = (1 << 47) - 4096;
 pub(crate) const HEAP_ROOM: usize = 64 << 20;
 /// The most new pages one placement tries to map.
 const MAP_TRIES: usize = 64;
+/// Addresses of a window that [`place`]'s `accept` may refuse before the
+/// window is given up (each look may ask the kernel about pages).
+const REFUSALS: usize = 64;
 
 /// Pages mapped so far: base -> which of its bytes are taken (one bit a
 /// byte).
 static PAGES: Mutex<BTreeMap<usize, Vec<u64>>> = Mutex::new(BTreeMap::new());
 /// How many pages are mapped (for the memory report).
 static MAPPED: AtomicUsize = AtomicUsize::new(0);
+
+/// The pages of ours, locked.
+fn lock() -> std::sync::MutexGuard<'static, BTreeMap<usize, Vec<u64>>> {
+    PAGES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -60,13 +70,16 @@ pub(crate) fn mapped_bytes() -> usize {
 /// its code for address `at`. `free(start, end)` says whether nothing
 /// is mapped in a range, nor may be (the stack's room and [`HEAP_ROOM`]),
 /// or else where what takes it ends (`crate::process::maps::Snapshot::free`).
-/// Returns where it was written, or `None` if no address of the window
-/// can hold it. Not async-signal-safe.
+/// Only addresses `accept` takes are tried (a stub whose address is what
+/// a neighbour's pun ends in: `crate::attach::modes`). Returns where it
+/// was written, or `None` if no address of the window can hold it. Not
+/// async-signal-safe.
 pub(crate) fn place(
     lo: usize,
     size: usize,
     free: &dyn Fn(usize, usize) -> Result<(), usize>,
     build: impl Fn(usize) -> Vec<u8>,
+    accept: &dyn Fn(usize) -> bool,
 ) -> Option<usize> {
     let page = page_size();
     let lo_ok = lo.max(LOWEST);
@@ -74,9 +87,18 @@ pub(crate) fn place(
     if lo_ok >= hi {
         return None;
     }
-    let mut pages = PAGES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // `accept` may look at the pages itself (`could_place`): it runs with
+    // the lock released (the caller holds the attach lock, so no one else
+    // places a stub meanwhile); after `REFUSALS` refusals the window is
+    // given up.
+    let refused = core::cell::Cell::new(0);
+    let accept = |at: usize| {
+        let ok = refused.get() < REFUSALS && accept(at);
+        refused.set(refused.get() + usize::from(!ok));
+        ok
+    };
+    let given_up = || refused.get() >= REFUSALS;
+    let mut pages = lock();
     // Pages of ours first: no new memory. A window of one address has one
     // place to try; a wider one, on each page, the first byte past the
     // page's last stub (stubs are never freed: a page fills up from its
@@ -86,8 +108,17 @@ pub(crate) fn place(
         .map(|(&p, bits)| (p, top(bits)))
         .collect();
     for (p, top) in ours {
-        let at = if size == 1 { lo_ok } else { lo_ok.max(p + top) };
-        if at >= hi.min(p + page) || !fits(&pages, page, at, 1) {
+        let from = if size == 1 { lo_ok } else { lo_ok.max(p + top) };
+        drop(pages);
+        let found = (from..hi.min(p + page)).find(|&at| accept(at));
+        pages = lock();
+        let Some(at) = found else {
+            if given_up() {
+                return None;
+            }
+            continue;
+        };
+        if !fits(&pages, page, at, 1) {
             continue;
         }
         let code = build(at);
@@ -109,7 +140,16 @@ pub(crate) fn place(
             p = (p + page).max(taken_to.next_multiple_of(page));
             continue;
         }
-        let at = lo_ok.max(p);
+        drop(pages);
+        let found = (lo_ok.max(p)..hi.min(p + page)).find(|&at| accept(at));
+        pages = lock();
+        let Some(at) = found else {
+            if given_up() {
+                return None;
+            }
+            p += page;
+            continue;
+        };
         let code = build(at);
         let end = at + code.len();
         // The stub may run into the next page: ours with room, or free.
@@ -139,9 +179,23 @@ pub(crate) fn place(
         }
         p += page;
     }
-    // Last, a gap below a page's last stub (left by stubs at exact
-    // addresses): only where nothing else fits, as the first gap would
-    // often be the one exact address a later window needs.
+    drop(pages);
+    place_in_gap(lo_ok, hi, &build, &accept, &given_up)
+}
+
+/// Last, for [`place`]: a gap of `[lo_ok, hi)` below a page's last stub
+/// (left by stubs at exact addresses): only where nothing else fits, as
+/// the first gap would often be the one exact address a later window
+/// needs.
+fn place_in_gap(
+    lo_ok: usize,
+    hi: usize,
+    build: &impl Fn(usize) -> Vec<u8>,
+    accept: &dyn Fn(usize) -> bool,
+    given_up: &dyn Fn() -> bool,
+) -> Option<usize> {
+    let page = page_size();
+    let mut pages = lock();
     let ours: Vec<usize> = pages
         .range((lo_ok & !(page - 1))..hi)
         .map(|(&p, _)| p)
@@ -152,6 +206,15 @@ pub(crate) fn place(
             if !fits(&pages, page, at, crate::arch::JUMP_LEN) {
                 continue;
             }
+            drop(pages);
+            let accepted = accept(at);
+            pages = lock();
+            if !accepted {
+                if given_up() {
+                    return None;
+                }
+                continue;
+            }
             let code = build(at);
             if fits(&pages, page, at, code.len()) {
                 return write(&mut pages, page, at, &code);
@@ -159,6 +222,41 @@ pub(crate) fn place(
         }
     }
     None
+}
+
+/// Whether [`place`] could put a stub (of the shortest kind, a jump) in
+/// `[lo, lo + size)`, without placing it: room on a page of ours, or a
+/// page nothing takes (`free`, as for `place`). Not async-signal-safe.
+pub(crate) fn could_place(
+    lo: usize,
+    size: usize,
+    free: &dyn Fn(usize, usize) -> Result<(), usize>,
+) -> bool {
+    let page = page_size();
+    let lo_ok = lo.max(LOWEST);
+    let hi = lo.saturating_add(size).min(USER_END);
+    if lo_ok >= hi {
+        return false;
+    }
+    let pages = lock();
+    let len = crate::arch::JUMP_LEN;
+    let mut p = lo_ok & !(page - 1);
+    // The first few pages of the window: a look, not a search.
+    for _ in 0..4 {
+        if p >= hi {
+            return false;
+        }
+        let room = if pages.contains_key(&p) {
+            (lo_ok.max(p)..hi.min(p + page)).any(|at| fits(&pages, page, at, len))
+        } else {
+            free(p, p + page).is_ok()
+        };
+        if room {
+            return true;
+        }
+        p += page;
+    }
+    false
 }
 
 /// The offset past the last byte a stub takes on a page (0: empty).

@@ -85,13 +85,17 @@
 //! the change is made, highest address first (each one over its
 //! neighbour's bytes as they stay). So probes on adjacent instructions,
 //! attached in one batch or one by one in any order, all take jumps
-//! where their windows have room: every instruction of libz's exported
-//! functions probed at once, 98.7% through a jump in one batch, 97.2%
-//! attached one by one (`tests/interior.rs`). Where the window is taken
-//! (other mappings, the room the stack and the heap keep) the site stays
-//! on its breakpoint ([`NotOptimized::NoPunTarget`]), and so does one
-//! whose neighbour's jump is planned and not yet written when the
-//! planning ends ([`NotOptimized::OtherProbeInRange`]).
+//! where their windows have room. Where a site's windows have none, the
+//! stub of the next site's jump, whose bytes they end in, moves within
+//! its own window to where they do (as `E9Patch` chooses a jump's target
+//! for the instruction before it; not where a third jump already ends in
+//! those bytes). Every instruction of libz's exported functions probed
+//! at once: 99.9% through a jump in one batch, 99.0% attached one by one
+//! (`tests/interior.rs`). Where the window is still taken (other
+//! mappings, the room the stack and the heap keep) the site stays on its
+//! breakpoint ([`NotOptimized::NoPunTarget`]), and so does one whose
+//! neighbour's jump is planned and not yet written when the planning
+//! ends ([`NotOptimized::OtherProbeInRange`]).
 //! [`code_memory`] tells what generated code takes.
 //!
 //! **One-byte jumps where signals are blocked.** Over any instruction,

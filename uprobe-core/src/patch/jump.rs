@@ -88,14 +88,16 @@ const BP: usize = BREAKPOINT.len();
 /// a thread at an instruction boundary inside a range that a jump may
 /// later cover. With `trap_only` and a single instruction nothing is
 /// made. `direct`: only a one-byte punned jump, to be written with no
-/// breakpoint before it (code that runs with signals blocked). `WRITER`
-/// is held. Not async-signal-safe.
+/// breakpoint before it (code that runs with signals blocked). `accept`:
+/// a punned jump's written bytes must pass it (see `pun::choose`).
+/// `WRITER` is held. Not async-signal-safe.
 pub(crate) fn prepare(
     site: &Site,
     function: Option<Extent>,
     maps: &Snapshot,
     trap_only: bool,
     direct: bool,
+    accept: Option<pun::Accept<'_>>,
 ) -> Result<Jump, NotOptimized> {
     if crate::arch::trampoline::shadow_stack_enabled() {
         return Err(NotOptimized::ShadowStack);
@@ -182,7 +184,7 @@ pub(crate) fn prepare(
     // stays (`pun::choose`), its bytes what the displacement ends in.
     let stays = code_as_it_stays(addr, here.len());
     let after = &stays[plan.start - addr..];
-    let (pun, bytes) = pun::choose(&plan, after, trampoline, maps, direct)
+    let (pun, bytes) = pun::choose(&plan, after, trampoline, maps, direct, accept)
         .map_err(|e| e.unwrap_or(instead_of(plan.len, instead)))?;
     let after = &here[plan.start - addr..];
     Ok(Jump {

@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use super::original::{code_as_it_stays, code_as_original};
 use crate::arch::JUMP_LEN;
 use crate::arch::jump::Plan;
 use crate::base::mode::NotOptimized;
@@ -30,6 +31,9 @@ use crate::process::maps::Snapshot;
 use crate::site::SiteMode;
 use crate::site::jump::{Pun, Trampoline};
 use crate::table::site_at;
+
+/// A test of the bytes a punned jump would write (see [`choose`]).
+pub(crate) type Accept<'a> = &'a dyn Fn(&[u8]) -> bool;
 
 /// Stubs by (trampoline, prefixes, bytes written, fixed bytes).
 type ByKey = HashMap<(usize, usize, usize, Vec<u8>), usize>;
@@ -49,18 +53,21 @@ fn blocks(addr: usize, direct: bool) -> bool {
 }
 
 /// The pun for `plan` (one instruction; `code` is the code from its
-/// start, as it stays around the written bytes (a neighbour's written
-/// jump included), to at most the end of its mapping) whose window could take a stub jumping to `trampoline`,
-/// and the bytes it writes. `one_byte`: only the opcode is written over
-/// an instruction of 5 bytes or more. Fails with the site that blocks
-/// every pun, or `None` when no window had room. `WRITER` is held. Not
-/// async-signal-safe.
+/// start, as it stays around the written bytes, a neighbour's breakpoint
+/// or written jump included, to at most the end of its mapping) whose
+/// window could take a stub jumping to `trampoline`, and the bytes it
+/// writes. `one_byte`: only the opcode is written over an instruction of
+/// 5 bytes or more. `accept`, if given, must take the bytes written (a
+/// stub placed where the pun of the site before can end in them). Fails
+/// with the site that blocks every pun, or `None` when no window had
+/// room. `WRITER` is held. Not async-signal-safe.
 pub(crate) fn choose(
     plan: &Plan,
     code: &[u8],
     trampoline: &Trampoline,
     maps: &Snapshot,
     one_byte: bool,
+    accept: Option<Accept<'_>>,
 ) -> Result<(Pun, [u8; JUMP_LEN]), Option<NotOptimized>> {
     let Some(punning) = crate::arch::PUNNING else {
         return Err(None);
@@ -84,16 +91,57 @@ pub(crate) fn choose(
             pun.written,
             pun.fixed.clone(),
         );
-        if let Some(&at) = stubs.get(&key) {
+        let takes = |at: usize| {
+            accept.is_none_or(|accept| accept(&(punning.pun_bytes)(&pun, at)[..pun.written]))
+        };
+        if let Some(&at) = stubs.get(&key)
+            && takes(at)
+        {
             let bytes = (punning.pun_bytes)(&pun, at);
             return Ok((pun, bytes));
         }
         let free = |start, end| maps.free(start, end, pinned::HEAP_ROOM);
-        if let Some(at) = pinned::place(pun.lo, pun.size, &free, |at| (punning.stub)(at, target)) {
+        let stub = |at| (punning.stub)(at, target);
+        if let Some(at) = pinned::place(pun.lo, pun.size, &free, stub, &takes) {
             stubs.insert(key, at);
             let bytes = (punning.pun_bytes)(&pun, at);
             return Ok((pun, bytes));
         }
     }
     Err(blocked)
+}
+
+/// For the site at `addr`, whose pun found no room: a test of the bytes
+/// that the punned jump of the next site (its probed address `next`, its
+/// jump's bytes from `next_start`) could write, saying whether with them
+/// some pun of this site would have room for its stub. `None` where this
+/// site takes no pun, or its pun's bytes do not reach the next site's.
+/// Not async-signal-safe.
+pub(crate) fn room_before(
+    addr: usize,
+    next: usize,
+    next_start: usize,
+    maps: &Snapshot,
+) -> Option<impl Fn(&[u8]) -> bool> {
+    let punning = crate::arch::PUNNING?;
+    let n = (maps.code_end(addr)? - addr).min(4 * JUMP_LEN);
+    let here = code_as_original(addr, n);
+    let plan = crate::arch::jump::single(addr, &here, next).ok()?;
+    let (start, len) = (plan.start, plan.len);
+    if next_start < start + len || next_start >= start + JUMP_LEN + len {
+        return None;
+    }
+    let stays = code_as_it_stays(start, n - (start - addr));
+    Some(move |written: &[u8]| {
+        let mut code = stays.clone();
+        for (k, &b) in written.iter().enumerate() {
+            if let Some(c) = code.get_mut(next_start - start + k) {
+                *c = b;
+            }
+        }
+        let free = |s, e| maps.free(s, e, pinned::HEAP_ROOM);
+        (punning.puns)(start, len, &code, false)
+            .iter()
+            .any(|p| pinned::could_place(p.lo, p.size, &free))
+    })
 }
