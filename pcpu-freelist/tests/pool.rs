@@ -14,6 +14,31 @@ fn take_all<T>(pool: &FreeList<T>) -> Vec<pcpu_freelist::Element<'_, T>> {
     std::iter::from_fn(|| pool.pop()).collect()
 }
 
+/// Takes every element out of `pool`, then gives each back from one of
+/// several threads (eight elements a thread) through `give(element,
+/// index)`.
+fn give_back_from_threads<'p, T: Send>(
+    pool: &'p FreeList<T>,
+    give: impl Fn(pcpu_freelist::Element<'p, T>, usize) + Sync,
+) {
+    let all: Vec<usize> = take_all(pool)
+        .into_iter()
+        .map(pcpu_freelist::Element::into_index)
+        .collect();
+    std::thread::scope(|s| {
+        for chunk in all.chunks(8) {
+            let give = &give;
+            s.spawn(move || {
+                for &i in chunk {
+                    // SAFETY: each index came from `into_index` on this pool
+                    // and is turned back once.
+                    give(unsafe { pool.from_index(i) }, i);
+                }
+            });
+        }
+    });
+}
+
 #[test]
 fn hands_out_every_element_once_then_none() {
     for &hint in HINTS {
@@ -139,24 +164,8 @@ fn elements_pushed_to_a_chosen_list_are_found() {
     for &hint in HINTS {
         let pool = FreeList::with_lists(0..32u32, hint, cpus);
         assert_eq!(pool.lists(), cpus);
-        let all: Vec<usize> = take_all(&pool)
-            .into_iter()
-            .map(pcpu_freelist::Element::into_index)
-            .collect();
-        std::thread::scope(|s| {
-            for chunk in all.chunks(8) {
-                let pool = &pool;
-                s.spawn(move || {
-                    for &i in chunk {
-                        // SAFETY: each index came from `into_index` on this
-                        // pool and is turned back once.
-                        let e = unsafe { pool.from_index(i) };
-                        // The last lists, far from every CPU's own.
-                        pool.push_to(e, cpus - 1 - i % 3);
-                    }
-                });
-            }
-        });
+        // To the last lists, far from every CPU's own.
+        give_back_from_threads(&pool, |e, i| pool.push_to(e, cpus - 1 - i % 3));
         let found = take_all(&pool);
         let values: HashSet<u32> = found.iter().map(|e| **e).collect();
         assert_eq!(values.len(), 32, "{hint:?}: each found once");
@@ -182,25 +191,11 @@ fn elements_are_found_wherever_they_were_pushed() {
     // lists were locked, the extralist), then one thread finds them all.
     for &hint in HINTS {
         let pool = FreeList::with_hint(0..64u32, hint);
-        let all: Vec<usize> = take_all(&pool)
-            .into_iter()
-            .map(pcpu_freelist::Element::into_index)
-            .collect();
-        std::thread::scope(|s| {
-            for chunk in all.chunks(8) {
-                let pool = &pool;
-                s.spawn(move || {
-                    for &i in chunk {
-                        // SAFETY: each index came from `into_index` on this
-                        // pool and is turned back once.
-                        let e = unsafe { pool.from_index(i) };
-                        if i % 2 == 0 {
-                            pool.push(e);
-                        } else {
-                            pool.try_push(e);
-                        }
-                    }
-                });
+        give_back_from_threads(&pool, |e, i| {
+            if i % 2 == 0 {
+                pool.push(e);
+            } else {
+                pool.try_push(e);
             }
         });
         assert_eq!(take_all(&pool).len(), 64, "{hint:?}");

@@ -84,9 +84,12 @@ fn attach_round(
     attached
 }
 
-/// libz, dlopened, and its file's path; `None` (after saying why) under
-/// an emulator or where the system has no libz.
-fn open_libz() -> Option<(*mut c_void, String)> {
+/// libz, dlopened, and its file's path, with [`LIBZ`] held; `None`
+/// (after saying why) under an emulator or where the system has no libz.
+fn open_libz() -> Option<(std::sync::MutexGuard<'static, ()>, *mut c_void, String)> {
+    let alone = LIBZ
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if emulated() {
         println!("skipped under an emulator (a trap costs tens of microseconds)");
         return None;
@@ -108,7 +111,7 @@ fn open_libz() -> Option<(*mut c_void, String)> {
             .to_string_lossy()
             .into_owned()
     };
-    Some((handle, path))
+    Some((alone, handle, path))
 }
 
 /// The shortest of three runs of `f` (printed, never asserted).
@@ -141,10 +144,7 @@ fn starts(sites: &[(String, usize, u64)]) -> std::collections::HashMap<&str, usi
 
 #[test]
 fn every_interior_instruction_of_libz() {
-    let _one = LIBZ
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let Some((handle, path)) = open_libz() else {
+    let Some((_alone, handle, path)) = open_libz() else {
         return;
     };
     let plain = workload(handle);
@@ -193,17 +193,14 @@ fn every_interior_instruction_of_libz() {
 
 /// Every instruction boundary of libz's functions probed at the same
 /// time, neighbours included: attached in one batch, then (in release
-/// builds) one by one (in address order, each later probe landing in the bytes an earlier
-/// punned jump depends on), the modes read once every probe is attached,
+/// builds) one by one (in address order, each later probe landing in the
+/// bytes an earlier punned jump depends on), the modes read once every probe is attached,
 /// the workload's results identical to unprobed runs, and everything
 /// detached one by one (each detach changing the bytes a neighbour's jump
 /// ends in).
 #[test]
 fn every_instruction_of_libz_at_once() {
-    let _one = LIBZ
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let Some((handle, path)) = open_libz() else {
+    let Some((_alone, handle, path)) = open_libz() else {
         return;
     };
     let plain = workload(handle);
