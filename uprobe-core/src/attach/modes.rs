@@ -12,7 +12,9 @@
 //! back, a detach) takes back first every jump that covers it
 //! ([`take_back_covering_jump`]), and the jumps taken back are planned
 //! again once the change is made ([`reoptimize`]): punned over the new
-//! bytes where a window has room. The attach lock is held.
+//! bytes where a window has room, and where none has, over the next
+//! site's jump with that jump's stub moved to where one does
+//! (`make_room_before`). The attach lock is held.
 
 use std::collections::HashSet;
 
