@@ -35,7 +35,7 @@ use crate::site::consumer::Consumer;
 use crate::site::{Site, SiteMode};
 use crate::table::lookup::{WriteSide, write_side};
 use crate::table::{self, DOMAIN};
-use modes::{choose_modes, reoptimize, take_back_covering_jump, to_traps};
+use modes::{choose_modes, reoptimize, take_back_covering_jumps, to_traps};
 use writer::writer;
 
 /// Makes the engine ready, once: the table's domain usable from a signal
@@ -321,7 +321,7 @@ unsafe fn attach_one(
         return Err(blocked.clone());
     }
     refuse_inside_direct_jump(addr)?;
-    batch.retry.extend(take_back_covering_jump(addr));
+    batch.retry.extend(take_back_covering_jumps(&[addr]));
     let site = Box::into_raw(Box::new(Site {
         addr,
         original: core::array::from_fn(|i| bytes[i]),
@@ -533,11 +533,12 @@ fn check_trap_handler() -> Result<(), AttachError> {
     let sites = table::sites();
     // A jump punned over a breakpoint that goes would land elsewhere: such
     // jumps go back to their breakpoints first, and out with the others.
-    for site in &sites {
-        if site.armed.load(Ordering::Relaxed) && !site.is_jump() {
-            let _ = take_back_covering_jump(site.addr);
-        }
-    }
+    let breakpoints: Vec<usize> = sites
+        .iter()
+        .filter(|s| s.armed.load(Ordering::Relaxed) && !s.is_jump())
+        .map(|s| s.addr)
+        .collect();
+    let _ = take_back_covering_jumps(&breakpoints);
     let was_armed = sites
         .iter()
         .filter(|s| s.armed.load(Ordering::Relaxed) && !s.is_jump())

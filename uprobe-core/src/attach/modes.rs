@@ -10,7 +10,7 @@
 //! holds. Such a jump depends on its neighbour's bytes, so any change of
 //! bytes at a site (a new site's breakpoint, a jump written or taken
 //! back, a detach) takes back first every jump that covers it
-//! ([`take_back_covering_jump`]), and the jumps taken back are planned
+//! ([`take_back_covering_jumps`]), and the jumps taken back are planned
 //! again once the change is made ([`reoptimize`]): punned over the new
 //! bytes where a window has room, and where none has, over the next
 //! site's jump with that jump's stub moved to where one does
@@ -57,11 +57,8 @@ pub(crate) fn choose_modes(made: &[usize], to_trap: &[usize]) -> Vec<usize> {
 /// breakpoints go back to their own first. Returns those, for
 /// [`reoptimize`]. `WRITER` is held.
 fn write_jumps(ready: Vec<(&Site, Jump)>) -> Vec<usize> {
-    let mut taken = Vec::new();
-    for (site, _) in &ready {
-        taken.extend(take_back_covering_jump(site.addr));
-    }
-    taken.retain(|a| !ready.iter().any(|(s, _)| s.addr == *a));
+    let addrs: Vec<usize> = ready.iter().map(|(s, _)| s.addr).collect();
+    let taken = take_back_covering_jumps(&addrs);
     let sites: Vec<(&Site, bool)> = ready.iter().map(|(s, j)| (*s, j.direct)).collect();
     for ((site, direct), result) in sites.into_iter().zip(jump::optimize(ready)) {
         *site.mode() = match result {
@@ -80,29 +77,34 @@ fn write_jumps(ready: Vec<(&Site, Jump)>) -> Vec<usize> {
     taken
 }
 
-/// Takes back to its breakpoint every jump (ready or written) whose
-/// bytes, fixed bytes or copied tail cover `addr`, where bytes are about
-/// to change (a new site's breakpoint, or a site's jump written or taken
-/// back); and with them the jumps that cover those in turn. Each goes
-/// back to [`NotOptimized::OtherProbeInRange`] and sends its trap hits
-/// through the emulation again (its relocated copy would skip a new
-/// breakpoint). Returns their addresses, for [`reoptimize`] once the
-/// change is made. `WRITER` is held.
-pub(crate) fn take_back_covering_jump(addr: usize) -> Vec<usize> {
-    let found = covering(&[addr]);
-    back_to_breakpoints(&[], &NotOptimized::TrapOnly, &found);
-    found.iter().map(|(s, _)| s.addr).collect()
+/// Takes back to its breakpoint every jump (ready or written), but those
+/// of `addrs`' own sites, whose bytes, fixed bytes or copied tail cover
+/// one of `addrs`, where bytes are about to change (a new site's
+/// breakpoint, or a site's jump written or taken back); and with them the
+/// jumps that cover those in turn. Each goes back to
+/// [`NotOptimized::OtherProbeInRange`] and sends its trap hits through the
+/// emulation again (its relocated copy would skip a new breakpoint).
+/// Returns their addresses, for [`reoptimize`] once the change is made.
+/// `WRITER` is held.
+pub(crate) fn take_back_covering_jumps(addrs: &[usize]) -> Vec<usize> {
+    back_with_covering(&[], &NotOptimized::TrapOnly, addrs)
 }
 
 /// Off jumps and back to breakpoints, with `why` as the new mode; with
 /// them, the jumps of other sites that cover theirs (the caller may go
 /// on to take these sites' breakpoints out), as
-/// [`take_back_covering_jump`] does. Returns those others' addresses,
+/// [`take_back_covering_jumps`] does. Returns those others' addresses,
 /// for [`reoptimize`] once the caller has made its change. `WRITER` is
 /// held.
 pub(crate) fn to_traps(sites: &[&Site], why: &NotOptimized) -> Vec<usize> {
     let addrs: Vec<usize> = sites.iter().map(|s| s.addr).collect();
-    let found = covering(&addrs);
+    back_with_covering(sites, why, &addrs)
+}
+
+/// `sites` back to their breakpoints (`why`) with the jumps covering
+/// `addrs`, in one batch of patches; the covering sites' addresses.
+fn back_with_covering(sites: &[&Site], why: &NotOptimized, addrs: &[usize]) -> Vec<usize> {
+    let found = covering(addrs);
     back_to_breakpoints(sites, why, &found);
     found.iter().map(|(s, _)| s.addr).collect()
 }
@@ -184,7 +186,7 @@ fn back_to_breakpoints(sites: &[&Site], why: &NotOptimized, covering: &[(&Site, 
 }
 
 /// Plans and writes again the jumps of sites taken back for a neighbour
-/// (`addrs`, from [`take_back_covering_jump`] and [`to_traps`]) or
+/// (`addrs`, from [`take_back_covering_jumps`] and [`to_traps`]) or
 /// refused for one in the same batch, now that the neighbours' bytes are
 /// what they stay. One sweep, highest address first, writing the jumps
 /// planned so far in one group before planning a site within a pun's

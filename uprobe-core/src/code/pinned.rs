@@ -55,6 +55,14 @@ fn lock() -> std::sync::MutexGuard<'static, BTreeMap<usize, Vec<u64>>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The part of `[lo, lo + size)` where a stub may go (above the lowest
+/// address mapped, below the end of user space), if any.
+fn window(lo: usize, size: usize) -> Option<(usize, usize)> {
+    let lo_ok = lo.max(LOWEST);
+    let hi = lo.saturating_add(size).min(USER_END);
+    (lo_ok < hi).then_some((lo_ok, hi))
+}
+
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
@@ -82,11 +90,7 @@ pub(crate) fn place(
     accept: &dyn Fn(usize) -> bool,
 ) -> Option<usize> {
     let page = page_size();
-    let lo_ok = lo.max(LOWEST);
-    let hi = lo.saturating_add(size).min(USER_END);
-    if lo_ok >= hi {
-        return None;
-    }
+    let (lo_ok, hi) = window(lo, size)?;
     // `accept` may look at the pages itself (`could_place`): it runs with
     // the lock released (the caller holds the attach lock, so no one else
     // places a stub meanwhile); after `REFUSALS` refusals the window is
@@ -127,7 +131,6 @@ pub(crate) fn place(
         }
     }
     // Then a new page: the first one in the window that nothing takes.
-
     let mut tries = 0;
     let mut p = lo_ok & !(page - 1);
     while p < hi && tries < MAP_TRIES {
@@ -233,11 +236,9 @@ pub(crate) fn could_place(
     free: &dyn Fn(usize, usize) -> Result<(), usize>,
 ) -> bool {
     let page = page_size();
-    let lo_ok = lo.max(LOWEST);
-    let hi = lo.saturating_add(size).min(USER_END);
-    if lo_ok >= hi {
+    let Some((lo_ok, hi)) = window(lo, size) else {
         return false;
-    }
+    };
     let pages = lock();
     let len = crate::arch::JUMP_LEN;
     let mut p = lo_ok & !(page - 1);

@@ -180,12 +180,19 @@ pub(crate) fn prepare(
             trampoline,
         });
     };
-    // The fixed bytes as they stay: a written neighbour's jump among them
-    // stays (`pun::choose`), its bytes what the displacement ends in.
+    // The fixed bytes as they stay: a neighbour's breakpoint or written
+    // jump among them stays (`pun::choose`), its bytes what the
+    // displacement ends in. What the patch replaces is the original code.
     let stays = code_as_it_stays(addr, here.len());
-    let after = &stays[plan.start - addr..];
-    let (pun, bytes) = pun::choose(&plan, after, trampoline, maps, direct, accept)
-        .map_err(|e| e.unwrap_or(instead_of(plan.len, instead)))?;
+    let (pun, bytes) = pun::choose(
+        &plan,
+        &stays[plan.start - addr..],
+        trampoline,
+        maps,
+        direct,
+        accept,
+    )
+    .map_err(|e| e.unwrap_or(instead_of(plan.len, instead)))?;
     let after = &here[plan.start - addr..];
     Ok(Jump {
         site: addr,
@@ -497,6 +504,9 @@ fn patch_step(
 /// first byte restored last). Jumps no longer in the code (unloaded) are
 /// skipped. `WRITER` is held.
 pub(crate) fn unoptimize(jumps: &[(&Jump, Mapping)]) {
+    if jumps.is_empty() {
+        return;
+    }
     // Only jumps whose code is still mapped can be read (and restored).
     let maps = Snapshot::read();
     let live: Vec<&(&Jump, Mapping)> = jumps

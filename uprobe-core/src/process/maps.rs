@@ -93,9 +93,8 @@ fn name_field(line: &str) -> Option<String> {
 
 /// The memory map for a batch of look-ups. Where the kernel answers
 /// `PROCMAP_QUERY` ([`super::vma`]), each look-up asks it for the one
-/// mapping it needs (the map as it is then); elsewhere, and for
-/// [`taken`](Self::taken), which needs every mapping, the whole map is
-/// read once, at the first such need, and kept for the batch.
+/// mapping it needs (the map as it is then); elsewhere the whole map is
+/// read once, at the first need, and kept for the batch.
 pub(crate) struct Snapshot {
     all: std::cell::OnceCell<Vec<Entry>>,
     /// `/proc/self/maps` open for queries, if the kernel answers them.
@@ -115,13 +114,26 @@ impl Snapshot {
         self.all.get_or_init(entries)
     }
 
+    /// The kernel's answer for `addr` (`which` mapping, its name too if
+    /// `name`); an error where it gives none (or the whole map was read
+    /// already), and the map is to be used instead.
+    fn ask(
+        &self,
+        addr: usize,
+        which: vma::Which,
+        name: bool,
+    ) -> Result<Option<vma::Vma>, vma::Unsupported> {
+        if self.all.get().is_some() {
+            return Err(vma::Unsupported);
+        }
+        let maps = self.queries.get_or_init(|| vma::open().ok());
+        vma::query(maps.as_ref().ok_or(vma::Unsupported)?, addr, which, name)
+    }
+
     /// The mapping that contains `addr` (its name too if `name`), or the
     /// first above it (`which`).
     fn entry(&self, addr: usize, which: vma::Which, name: bool) -> Option<Entry> {
-        if self.all.get().is_none()
-            && let Some(maps) = self.queries.get_or_init(|| vma::open().ok())
-            && let Ok(found) = vma::query(maps, addr, which, name)
-        {
+        if let Ok(found) = self.ask(addr, which, name) {
             return found.map(|v| Entry {
                 start: v.start,
                 end: v.end,
@@ -251,10 +263,12 @@ pub(crate) fn code_writes() -> u64 {
 pub(crate) unsafe fn write_patches(
     patches: &[Patch<'_>],
 ) -> Result<(), Vec<(usize, crate::AttachError)>> {
-    if !patches.is_empty() {
-        // Before any byte changes (see `code_writes`).
-        WRITES.fetch_add(1, Ordering::SeqCst);
+    if patches.is_empty() {
+        // Nothing written: no thread has anything to resynchronise.
+        return Ok(());
     }
+    // Before any byte changes (see `code_writes`).
+    WRITES.fetch_add(1, Ordering::SeqCst);
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
     let mut order: Vec<usize> = (0..patches.len()).collect();
@@ -343,36 +357,32 @@ impl Snapshot {
                 .max()
                 .map_or(Ok(()), Err)
         };
-        if self.all.get().is_none()
-            && let Some(maps) = self.queries.get_or_init(|| vma::open().ok())
-            && let Ok(found) = vma::query(maps, start, vma::Which::CoveringOrNext, false)
-        {
-            if let Some(v) = found.filter(|v| v.start < end) {
-                return Err(v.end);
-            }
-            return taken_to(growth_rooms(maps, heap_room));
+        match self.ask(start, vma::Which::CoveringOrNext, false) {
+            Ok(Some(v)) if v.start < end => Err(v.end),
+            Ok(_) => taken_to(self.growth_rooms(heap_room)),
+            Err(vma::Unsupported) => taken_to(taken_of(self.all(), heap_room)),
         }
-        taken_to(taken_of(self.all(), heap_room))
     }
-}
 
-/// The rooms the `brk` heap (`heap_room` above its end, `sbrk(0)`) and
-/// the main thread's stack (below its lowest page, which the kernel's
-/// query gives for the stack's start from `/proc/self/stat`) keep to
-/// grow into, as they are now: what [`taken_of`] adds to the mappings.
-fn growth_rooms(maps: &std::fs::File, heap_room: usize) -> Vec<(usize, usize)> {
-    let mut rooms = Vec::new();
-    // SAFETY: sbrk(0) moves nothing; it returns the current break.
-    let brk = unsafe { libc::sbrk(0) } as usize;
-    if brk != usize::MAX {
-        rooms.push((brk, brk.saturating_add(heap_room)));
+    /// The rooms the `brk` heap (`heap_room` above its end, `sbrk(0)`)
+    /// and the main thread's stack (below its lowest page, which the
+    /// kernel's query gives for the stack's start from `/proc/self/stat`)
+    /// keep to grow into, as they are now: what [`taken_of`] adds to the
+    /// mappings.
+    fn growth_rooms(&self, heap_room: usize) -> Vec<(usize, usize)> {
+        let mut rooms = Vec::new();
+        // SAFETY: sbrk(0) moves nothing; it returns the current break.
+        let brk = unsafe { libc::sbrk(0) } as usize;
+        if brk != usize::MAX {
+            rooms.push((brk, brk.saturating_add(heap_room)));
+        }
+        if let Some(stack) = main_stack()
+            && let Ok(Some(v)) = self.ask(stack, vma::Which::Covering, false)
+        {
+            rooms.push((v.start.saturating_sub(stack_room()), v.start));
+        }
+        rooms
     }
-    if let Some(stack) = main_stack()
-        && let Ok(Some(v)) = vma::query(maps, stack, vma::Which::Covering, false)
-    {
-        rooms.push((v.start.saturating_sub(stack_room()), v.start));
-    }
-    rooms
 }
 
 /// An address in the main thread's stack: `startstack`, field 28 of
