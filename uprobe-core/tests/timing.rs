@@ -371,8 +371,9 @@ fn timing_probes_attach_and_detach_under_callers() {
 }
 
 /// Every general register and status flag comes back from a timed call
-/// as the callee left it: the timed entry and return routines, and the
-/// engine's routines they hand over to, save what they use.
+/// (and from a call a return probe tracks) as the callee left it: the
+/// timed entry, return entry and return routines, and the engine's
+/// routines they hand over to, save what they use.
 #[cfg(target_arch = "x86_64")]
 mod registers {
     use super::{cells, serial, timing_probe};
@@ -473,6 +474,33 @@ mod registers {
         assert_eq!(engine, plain);
         drop(other);
         assert_eq!(probe.hits(), 3 * FLAGS.len() as u64);
+        drop(probe);
+    }
+
+    /// The same through a return probe with no entry handler: the return
+    /// entry routine, then the stub's return routine and the engine's
+    /// return trampoline, which runs the handler.
+    #[test]
+    fn return_probe_calls_preserve_every_register_and_flag() {
+        let _s = serial();
+        let plain: Vec<Regs> = FLAGS.iter().map(|&f| run(f)).collect();
+        let probe = probe_at(fn_addr(preserving_fn))
+            .on_return(|_| {})
+            .attach()
+            .unwrap();
+        assert!(probe.mode().is_jump(), "{:?}", probe.mode());
+        assert_eq!(
+            uprobe_core::testing::entry_route(fn_addr(preserving_fn)),
+            Some(uprobe_core::testing::EntryRoute::Returns)
+        );
+        for _ in 0..2 {
+            let tracked: Vec<Regs> = FLAGS.iter().map(|&f| run(f)).collect();
+            assert_eq!(tracked, plain);
+        }
+        assert_eq!(
+            (probe.hits(), probe.returns()),
+            (2 * FLAGS.len() as u64, 2 * FLAGS.len() as u64)
+        );
         drop(probe);
     }
 }

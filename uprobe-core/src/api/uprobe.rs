@@ -500,11 +500,22 @@ impl Uprobe {
                 let counting = no_handler && p.timed.is_none();
                 let returns = p.ret_handler.is_some() || p.timed.is_some();
                 let only_times = no_handler && p.timed.is_some();
+                let ret = p
+                    .ret_handler
+                    .map(|h| ReturnProbe::new(h, p.max_active, p.after_detach));
+                // A return probe with nothing to run at the entry: the
+                // return entry routine may track its calls (counting its
+                // hits where trampolines count).
+                let lean_return = ret.as_ref().and_then(ReturnProbe::switch).filter(|_| {
+                    p.handler.is_none()
+                        && p.only_thread.is_none()
+                        && p.timed.is_none()
+                        && p.cells.is_none()
+                        && crate::site::count::enabled()
+                });
                 let consumer = Arc::new(Consumer {
                     handler: p.handler.unwrap_or_else(Handler::none),
-                    ret: p
-                        .ret_handler
-                        .map(|h| ReturnProbe::new(h, p.max_active, p.after_detach)),
+                    ret,
                     only_thread: p.only_thread.and_then(NonZeroI32::new),
                     hits: pcpu::PerCpuCounter::new(),
                     removed: AtomicBool::new(false),
@@ -521,10 +532,12 @@ impl Uprobe {
                         (None, Some(cells)) => {
                             Some(crate::site::count::TrampolineCounter::latency(cells))
                         }
-                        (None, None) => (counting && crate::site::count::enabled())
-                            .then(crate::site::count::TrampolineCounter::new),
+                        (None, None) => ((counting || lean_return.is_some())
+                            && crate::site::count::enabled())
+                        .then(crate::site::count::TrampolineCounter::new),
                     },
                     returns,
+                    lean_return,
                     only_times,
                     switch: p.timed.map(crate::site::timing::Switch::timing),
                 });

@@ -30,8 +30,9 @@
 //!   [`TRAMPOLINE_COUNTING`], the common entry routine
 //!   ([`jump_entry`]).
 //! - **Returns**: the return trampoline's stubs and unwind rules
-//!   ([`trampoline`]), its routine ([`return_entry`]), and a timing
-//!   probe's own routines ([`TIMED_ROUTINES`]).
+//!   ([`trampoline`]), its routine ([`return_entry`]), and the routines
+//!   that time a timing probe's calls and track a return probe's by
+//!   themselves ([`TIMED_ROUTINES`]).
 //! - **USDT**: an argument's location as `<sys/sdt.h>` writes it
 //!   ([`usdt`]).
 
@@ -306,18 +307,29 @@ pub(crate) mod return_entry {
     pub(crate) use super::imp::return_entry::routine;
 }
 
-/// What an architecture whose timing probes are timed by assembly
-/// routines alone (no register frame, no call into Rust) provides.
+/// What an architecture whose timing probes are timed, and whose return
+/// probes without an entry handler are tracked, by assembly routines
+/// alone (no register frame, no call into Rust) provides.
 pub(crate) struct TimedRoutines {
     /// Turns the routines on, given the first return stub's address;
-    /// returns the timed entry a trampoline's header may name, or `None`
-    /// if this process and processor do not allow them. Not
+    /// returns the entries a trampoline's header may name, or `None` if
+    /// this process and processor do not allow them. Not
     /// async-signal-safe the first time.
-    pub(crate) enable: fn(first_stub: usize) -> Option<usize>,
+    pub(crate) enable: fn(first_stub: usize) -> Option<OwnEntries>,
 }
 
-/// How timing probes are timed without the engine: on x86-64; on
-/// aarch64 the engine's path times them (`None`).
+/// The entry routines of [`TimedRoutines`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OwnEntries {
+    /// Times a timing probe's call (the cell's `timed` switch).
+    pub(crate) timed: usize,
+    /// Tracks a return probe's call (the cell's `returns` switch).
+    pub(crate) returns: usize,
+}
+
+/// How timing probes are timed, and return probes without an entry
+/// handler tracked, without the engine: on x86-64; on aarch64 the
+/// engine's path does both (`None`).
 pub(crate) const TIMED_ROUTINES: Option<TimedRoutines> = imp::TIMED_ROUTINES;
 
 /// Binds a symbol an architecture's assembly routine calls

@@ -110,7 +110,12 @@ pub(crate) unsafe fn attach_many(
     // for the items that do not end up attached.
     let with_returns =
         |items: &[(usize, Arc<Consumer>)]| items.iter().filter(|(_, c)| c.returns).count();
-    if items.iter().any(|(_, c)| c.switch.is_some()) {
+    // The clock: timing probes read it, and the routines below start
+    // with it.
+    if items
+        .iter()
+        .any(|(_, c)| c.switch.is_some() || c.lean_return.is_some())
+    {
         crate::base::clock::init();
     }
     returns::consumers_attached(with_returns(items));
@@ -120,11 +125,15 @@ pub(crate) unsafe fn attach_many(
         returns::consumers_detached(with_returns(items));
         return Err((0, e));
     }
-    // Timing probes' own routines, where the architecture has them (on
-    // from the first timing probe's attach, once the clock and the stubs
-    // are ready; off where the process or processor does not allow them).
-    if items.iter().any(|(_, c)| c.only_times) {
-        crate::site::jump::enable_timed_routes();
+    // The architecture's own entry routines for timing and return
+    // probes, where it has them (on from the first such probe's attach,
+    // once the clock and the stubs are ready; off where the process or
+    // processor does not allow them).
+    if items
+        .iter()
+        .any(|(_, c)| c.only_times || c.lean_return.is_some())
+    {
+        crate::site::jump::enable_routines();
     }
     let result = attach_batch(items);
     let attached = match &result {
@@ -430,7 +439,12 @@ pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), Detach
     let mut retry = Vec::new();
     let result = unpublish(&last, &Snapshot::read(), &mut garbage, &mut retry);
     reoptimize(retry);
-    if items.iter().any(|(_, c)| c.switch.is_some()) {
+    // The clock: timing probes read it, and the routines below start
+    // with it.
+    if items
+        .iter()
+        .any(|(_, c)| c.switch.is_some() || c.lean_return.is_some())
+    {
         // Timing probes' switches are off: restart every sequence that may
         // have read one on.
         pcpu::rseq::fence_all();

@@ -35,6 +35,17 @@ pub(crate) fn mode(addr: usize) -> Option<Mode> {
     })
 }
 
+/// Which routine the trampoline of the jump at `addr` calls (`None`: not
+/// a jump, or no routines of the architecture's own). For tests.
+#[cfg(feature = "test-hooks")]
+pub(crate) fn route(addr: usize) -> Option<crate::site::jump::Route> {
+    let _w = writer();
+    site_at(addr).and_then(|s| match &*s.mode() {
+        SiteMode::Jump(j) => crate::site::jump::route_of(j.trampoline.cell),
+        SiteMode::Trap(_) | SiteMode::Ready(_) => None,
+    })
+}
+
 /// Hits that ran no handler at `addr` (0 if nothing is attached there).
 pub(crate) fn missed(addr: usize) -> u64 {
     with_read_side(|| site_at(addr).map_or(0, |s| s.missed.sum()))

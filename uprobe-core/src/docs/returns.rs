@@ -15,6 +15,21 @@
 //! returns past [`Uprobe::max_active`]); a tail call or a second consumer
 //! finds the stub already in place and chains onto the same return.
 //!
+//! - **Cost**: a return probe with no entry handler and no thread filter
+//!   (the common case: `on_return` alone, whose returns hold nothing) on
+//!   a site that runs through a jump costs what a timing probe
+//!   ([`Uprobe::time_into`]) costs at its entry, plus its handler: on
+//!   x86-64 the trampoline calls a routine of its own that counts the hit
+//!   and pushes the pending return with no register frame and no call
+//!   into Rust; only the return runs the engine's trampoline (the
+//!   handler sees the full [`ReturnContext`] and may change the return
+//!   value). Whatever that routine cannot handle (a tail call's chained
+//!   return, frames left by `longjmp`, a thread inside the engine or
+//!   without a restartable sequence, a call site without a stub yet)
+//!   goes to the engine's entry, which does the same work the slow way.
+//!   A probe with an entry handler, a thread filter, a lease (see below),
+//!   or another probe on its site, runs the engine's entry; so does every
+//!   probe on aarch64 and on a breakpoint.
 //! - **Lifetime**: by default a pending return holds nothing of its
 //!   probe. It names the probe's switch (a word the engine never frees)
 //!   and the switch's generation, and the return looks the handler up

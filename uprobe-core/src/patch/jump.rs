@@ -263,6 +263,8 @@ fn trampoline_for(
         counter: AtomicPtr::new(core::ptr::null_mut()),
         timed: AtomicPtr::new(core::ptr::null_mut()),
         trampoline: AtomicUsize::new(0),
+        returns: AtomicPtr::new(core::ptr::null_mut()),
+        return_hits: AtomicPtr::new(core::ptr::null_mut()),
     });
     let cell_addr = core::ptr::from_ref(&*cell) as usize;
     let (base, moves) =

@@ -43,7 +43,8 @@ pub(crate) struct Consumer {
     /// in the engine).
     pub(crate) counting: bool,
     /// Where trampolines count a counting probe's hits (see
-    /// [`super::count`]), and where every hit of a probe made with
+    /// [`super::count`]) or a lean return probe's entries, and where
+    /// every hit of a probe made with
     /// [`Uprobe::count_into`](crate::Uprobe::count_into) is counted;
     /// `None` for a probe with a handler and the engine's counters, or
     /// where trampolines do not count.
@@ -56,6 +57,11 @@ pub(crate) struct Consumer {
     /// A return probe or a timing probe: hits track the function's
     /// return (one flag for the hit path to test).
     pub(crate) returns: bool,
+    /// A return probe with no entry handler and no thread filter whose
+    /// returns hold nothing: its switch. Its entries may be taken by the
+    /// architecture's return entry routine (see [`super::returns`]),
+    /// which counts them in `counter`.
+    pub(crate) lean_return: Option<&'static super::switch::Switch>,
 }
 
 impl Drop for Consumer {

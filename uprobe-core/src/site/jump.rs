@@ -37,12 +37,24 @@ pub(crate) struct JumpCell {
     pub(crate) timed: AtomicPtr<super::timing::Switch>,
     /// The trampoline's address, once it is placed (0 before).
     pub(crate) trampoline: AtomicUsize,
+    /// The switch of the site's only consumer when that is a return
+    /// probe whose entries the return entry routine takes (no entry
+    /// handler, no thread filter, returns that hold nothing); null: every
+    /// hit runs the engine. See [`super::returns`].
+    pub(crate) returns: AtomicPtr<super::switch::Switch>,
+    /// That consumer's per-CPU hit counters (slot 0), which the routine
+    /// counts its entries in; set and cleared with `returns`.
+    pub(crate) return_hits: AtomicPtr<AtomicU64>,
 }
 
 // The layout the architectures' routines read (`crate::base::abi`).
 const _: () = assert!(
-    core::mem::offset_of!(JumpCell, counter) == crate::base::abi::JUMP_CELL_COUNTER_AT
+    core::mem::offset_of!(JumpCell, addr) == 0
+        && core::mem::offset_of!(JumpCell, counter) == crate::base::abi::JUMP_CELL_COUNTER_AT
         && core::mem::offset_of!(JumpCell, timed) == crate::base::abi::JUMP_CELL_TIMED_AT
+        && core::mem::offset_of!(JumpCell, returns) == crate::base::abi::JUMP_CELL_RETURNS_AT
+        && core::mem::offset_of!(JumpCell, return_hits)
+            == crate::base::abi::JUMP_CELL_RETURN_HITS_AT
 );
 
 /// A trampoline: where it is, its cell, and where each instruction it
@@ -144,18 +156,20 @@ pub(crate) unsafe fn read_code(addr: usize) -> [u8; JUMP_LEN] {
 
 pub(crate) use crate::arch::{Function, Pun};
 
-/// The routines a trampoline's header may name: the engine's entry, and
-/// the timed entry that times a timing probe's calls itself (0: the
-/// architecture has none, or it is off). Set by the architecture's
-/// timing routines when they turn on ([`enable_timed_routes`]).
+/// The routines a trampoline's header may name: the engine's entry, the
+/// timed entry that times a timing probe's calls itself, and the return
+/// entry that tracks a return probe's calls itself (0: the architecture
+/// has none, or they are off). Set by the architecture's routines when
+/// they turn on ([`enable_routines`]).
 static ENGINE_ENTRY: AtomicUsize = AtomicUsize::new(0);
 static TIMED_ENTRY: AtomicUsize = AtomicUsize::new(0);
+static RETURN_ENTRY: AtomicUsize = AtomicUsize::new(0);
 
-/// Turns on the architecture's timing routines, where it has them and
+/// Turns on the architecture's own entry routines, where it has them and
 /// this process and processor allow them (once the clock and the return
-/// stubs are ready), and names the two routines [`route`] chooses
-/// between. Not async-signal-safe.
-pub(crate) fn enable_timed_routes() {
+/// stubs are ready), and names the routines [`route`] chooses between.
+/// Not async-signal-safe.
+pub(crate) fn enable_routines() {
     let Some(routines) = crate::arch::TIMED_ROUTINES else {
         return;
     };
@@ -166,30 +180,44 @@ pub(crate) fn enable_timed_routes() {
     if first_stub == 0 {
         return;
     }
-    if let Some(timed) = (routines.enable)(first_stub) {
+    if let Some(entries) = (routines.enable)(first_stub) {
         ENGINE_ENTRY.store(crate::arch::jump_entry::routine(), Ordering::Relaxed);
-        TIMED_ENTRY.store(timed, Ordering::Release);
+        RETURN_ENTRY.store(entries.returns, Ordering::Relaxed);
+        TIMED_ENTRY.store(entries.timed, Ordering::Release);
     }
 }
 
-/// Whether trampolines may time calls themselves in this process.
+/// Whether trampolines may time calls and track returns themselves in
+/// this process.
 pub(crate) fn trampolines_time() -> bool {
     TIMED_ENTRY.load(Ordering::Acquire) != 0
 }
 
-/// Points the trampoline of `cell` at the timed entry (`timed`) or at the
-/// engine's: one aligned store to its header's entry pointer, which its
-/// full path calls through, written only if it changes. Either routine
-/// handles every hit (the timed one sends to the engine what it does not
-/// time), so a thread that read the old pointer is right too. The
-/// attach lock is held; not async-signal-safe.
-pub(crate) fn route(cell: &JumpCell, timed: bool) {
+/// Which routine a trampoline's full path calls.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Route {
+    /// The engine's (every hit).
+    Engine,
+    /// The timed entry (a timing probe's calls).
+    Timed,
+    /// The return entry (a return probe's calls).
+    Returns,
+}
+
+/// Points the trampoline of `cell` at the routine `to`: one aligned
+/// store to its header's entry pointer, which its full path calls
+/// through, written only if it changes. Every routine handles every hit
+/// (the others send to the engine what they do not handle), so a thread
+/// that read the old pointer is right too. The attach lock is held; not
+/// async-signal-safe.
+pub(crate) fn route(cell: &JumpCell, to: Route) {
     let base = cell.trampoline.load(Ordering::Acquire);
-    let entry = if timed {
-        TIMED_ENTRY.load(Ordering::Acquire)
-    } else {
-        ENGINE_ENTRY.load(Ordering::Acquire)
-    };
+    let entry = match to {
+        Route::Engine => &ENGINE_ENTRY,
+        Route::Timed => &TIMED_ENTRY,
+        Route::Returns => &RETURN_ENTRY,
+    }
+    .load(Ordering::Acquire);
     if base == 0 || entry == 0 {
         return;
     }
@@ -201,4 +229,25 @@ pub(crate) fn route(cell: &JumpCell, timed: bool) {
         // A failed write leaves the old routine, which handles every hit.
         let _ = crate::code::write_word(at, entry as u64);
     }
+}
+
+/// Which routine the trampoline of `cell` calls now (for tests):
+/// `None` before its trampoline is placed, or where the architecture
+/// has no routines of its own.
+#[cfg(feature = "test-hooks")]
+pub(crate) fn route_of(cell: &JumpCell) -> Option<Route> {
+    let base = cell.trampoline.load(Ordering::Acquire);
+    if base == 0 || !trampolines_time() {
+        return None;
+    }
+    // SAFETY: as in `route`.
+    let now = unsafe { (*((base + ENTRY_PTR_AT) as *const AtomicU64)).load(Ordering::Relaxed) };
+    [
+        (&ENGINE_ENTRY, Route::Engine),
+        (&TIMED_ENTRY, Route::Timed),
+        (&RETURN_ENTRY, Route::Returns),
+    ]
+    .into_iter()
+    .find(|(entry, _)| entry.load(Ordering::Acquire) as u64 == now)
+    .map(|(_, route)| route)
 }

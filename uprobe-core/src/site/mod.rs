@@ -220,29 +220,54 @@ fn sync_cell(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
     if !old.is_null() && old != want {
         pcpu::rseq::fence_all();
     }
-    sync_timed(cell, list);
+    sync_routes(cell, list);
 }
 
-/// Points `cell`'s timed path at the switch of its only consumer if that
-/// is a timing probe with nothing else to run (see [`timing`]), routing
-/// its trampoline to the timed entry; else at nothing, routing it back
-/// to the engine. After taking a switch away, waits until no thread can
-/// still count a call through it. The attach lock is held.
-fn sync_timed(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
-    let want = match list {
-        [only] if only.only_times && jump::trampolines_time() => only
-            .switch
-            .map_or(core::ptr::null_mut(), |s| core::ptr::from_ref(s).cast_mut()),
-        _ => core::ptr::null_mut(),
+/// Points `cell`'s own entry paths at what its only consumer lets the
+/// architecture's routines do by themselves: time a timing probe's calls
+/// (its switch, see [`timing`]) or track a return probe's calls (its
+/// switch and hit counters, see [`returns`]), routing its trampoline to
+/// that routine; else at nothing, routing it back to the engine. After
+/// taking a pointer away, waits until no thread can still count a call
+/// through it. The attach lock is held.
+fn sync_routes(cell: &jump::JumpCell, list: &[Arc<Consumer>]) {
+    let alone = match list {
+        [only] if jump::trampolines_time() => Some(only),
+        _ => None,
     };
-    if want.is_null() {
-        jump::route(cell, false);
+    let timed = alone.filter(|c| c.only_times).and_then(|c| c.switch);
+    let lean = alone.and_then(|c| Some((c.lean_return?, c.counter.as_ref()?.base())));
+    let route = match (timed, lean) {
+        (Some(_), _) => jump::Route::Timed,
+        (None, Some(_)) => jump::Route::Returns,
+        (None, None) => jump::Route::Engine,
+    };
+    let ptr = |s: Option<&'static switch::Switch>| {
+        s.map_or(core::ptr::null_mut(), |s| core::ptr::from_ref(s).cast_mut())
+    };
+    let (timed, returns) = (ptr(timed), ptr(lean.map(|(s, _)| s)));
+    let hits = lean.map_or(core::ptr::null_mut(), |(_, hits)| hits);
+    if route == jump::Route::Engine {
+        jump::route(cell, route);
     }
-    let old = cell.timed.swap(want, Ordering::AcqRel);
-    if !want.is_null() {
-        jump::route(cell, true);
+    let taken = [
+        (
+            cell.timed.swap(timed, Ordering::AcqRel).cast::<()>(),
+            timed.cast::<()>(),
+        ),
+        (
+            cell.returns.swap(returns, Ordering::AcqRel).cast(),
+            returns.cast(),
+        ),
+        (
+            cell.return_hits.swap(hits, Ordering::AcqRel).cast(),
+            hits.cast(),
+        ),
+    ];
+    if route != jump::Route::Engine {
+        jump::route(cell, route);
     }
-    if !old.is_null() && old != want {
+    if taken.iter().any(|&(old, new)| !old.is_null() && old != new) {
         pcpu::rseq::fence_all();
     }
 }

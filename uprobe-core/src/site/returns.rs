@@ -107,6 +107,14 @@ impl ReturnProbe {
         }
     }
 
+    /// The switch its pending returns name, if they hold nothing.
+    pub(crate) fn switch(&self) -> Option<&'static Switch> {
+        match self.reach {
+            Reach::Switched { switch, .. } => Some(switch),
+            Reach::Leased(_) => None,
+        }
+    }
+
     /// Detaches the return handler: no return reaches it once the
     /// caller's grace period of the table domain is over (unless it runs
     /// after detach); a leased part is let go of, and freed once no

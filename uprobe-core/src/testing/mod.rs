@@ -108,3 +108,29 @@ pub fn no_trampoline_room(on: bool) {
 pub fn in_xol_slot(ip: usize) -> bool {
     crate::code::slots::origin_of(ip).is_some()
 }
+
+/// Which routine an optimized probe's trampoline calls on its way to the
+/// probed code (for tests that check which path hits take).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryRoute {
+    /// The engine's: registers saved, handlers run in Rust.
+    Engine,
+    /// The timed entry: a timing probe's calls timed by the routine alone.
+    Timed,
+    /// The return entry: a return probe's calls tracked by the routine
+    /// alone (no entry handler).
+    Returns,
+}
+
+/// The routine the trampoline of the jump at `addr` calls: `None` if the
+/// address does not run through a jump, or the architecture (aarch64)
+/// or this process has no routines of its own. Not async-signal-safe.
+#[must_use]
+pub fn entry_route(addr: usize) -> Option<EntryRoute> {
+    use crate::site::jump::Route;
+    crate::attach::queries::route(addr).map(|r| match r {
+        Route::Engine => EntryRoute::Engine,
+        Route::Timed => EntryRoute::Timed,
+        Route::Returns => EntryRoute::Returns,
+    })
+}

@@ -11,6 +11,7 @@ mod emulate;
 mod insn;
 pub(super) mod jump;
 pub(super) mod jump_entry;
+mod lean_return;
 mod pun;
 mod relocate;
 pub(super) mod return_entry;

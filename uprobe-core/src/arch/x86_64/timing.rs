@@ -62,25 +62,26 @@ use crate::base::abi::{
 };
 
 /// What the routines need of the process, filled in once by [`enable`].
-/// `stack` is written last: 0 means off.
+/// `stack` is written last: 0 means off. The return entry
+/// (`super::lean_return`) reads it too.
 #[repr(C)]
-struct Params {
+pub(super) struct Params {
     /// The thread's pointer to its pending returns, from the thread
     /// pointer (0: the routines are off).
-    stack: AtomicI64,
+    pub(super) stack: AtomicI64,
     /// The engine's per-thread flags word, from the thread pointer.
-    flags: AtomicI64,
+    pub(super) flags: AtomicI64,
     /// The rseq area, from the thread pointer.
-    area: AtomicI64,
+    pub(super) area: AtomicI64,
     /// Possible CPUs (the last cell's index).
-    cpus: AtomicU64,
+    pub(super) cpus: AtomicU64,
     /// The TSC's scale (`crate::base::clock::Scale::mult`).
-    mult: AtomicU64,
+    pub(super) mult: AtomicU64,
     /// The first stub's address.
-    first_stub: AtomicU64,
+    pub(super) first_stub: AtomicU64,
 }
 
-static PARAMS: Params = Params {
+pub(super) static PARAMS: Params = Params {
     stack: AtomicI64::new(0),
     flags: AtomicI64::new(0),
     area: AtomicI64::new(0),
@@ -91,11 +92,15 @@ static PARAMS: Params = Params {
 
 /// Turns the routines on if this process and processor allow them (after
 /// `crate::base::clock::init` and the stubs' region, whose first stub is
-/// at `first_stub`). Returns the timed entry a trampoline's header may
-/// name, if they are on. Not async-signal-safe (the first time).
-pub(crate) fn enable(first_stub: usize) -> Option<usize> {
+/// at `first_stub`). Returns the entries a trampoline's header may name,
+/// if they are on. Not async-signal-safe (the first time).
+pub(crate) fn enable(first_stub: usize) -> Option<crate::arch::OwnEntries> {
+    let entries = crate::arch::OwnEntries {
+        timed: uprobe_core_timed_entry as *const () as usize,
+        returns: super::lean_return::routine(),
+    };
     if PARAMS.stack.load(Ordering::Acquire) != 0 {
-        return Some(uprobe_core_timed_entry as *const () as usize);
+        return Some(entries);
     }
     // `lzcnt`: CPUID 0x8000_0001, ECX bit 5.
     let lzcnt = core::arch::x86_64::__cpuid(0x8000_0000).eax >= 0x8000_0001
@@ -125,7 +130,7 @@ pub(crate) fn enable(first_stub: usize) -> Option<usize> {
         crate::base::thread::return_stack_offset() as i64,
         Ordering::Release,
     );
-    Some(uprobe_core_timed_entry as *const () as usize)
+    Some(entries)
 }
 
 /// The address every stub calls.
@@ -138,9 +143,10 @@ unsafe extern "C" {
     fn uprobe_core_timed_return();
 }
 
-/// The timed entry's way out: the flags image back into the status
-/// flags (`OF` through an `add` that overflows exactly when it was set,
-/// then `sahf`), then the registers it saved.
+/// The way out of an entry routine (the timed entry, the return entry):
+/// the flags image back into the status flags (`OF` through an `add`
+/// that overflows exactly when it was set, then `sahf`), then the
+/// registers it saved.
 macro_rules! restore_for_entry {
     () => {
         concat!(
@@ -149,6 +155,60 @@ macro_rules! restore_for_entry {
         )
     };
 }
+pub(super) use restore_for_entry;
+
+/// The start of an entry routine, up to where it knows its call can be
+/// tracked without the engine: saves rcx rax rdx rsi rdi r8 and the flags
+/// image (ah: SF ZF AF PF CF, al: OF), so that the probed stack pointer
+/// is rsp + 7 * 8 + 8 + 128; goes to `9f` (the engine's) if the thread is
+/// inside the engine or not observed, has no stack of pending returns
+/// yet (rsi once it has), or the call's return address (at r8) has no
+/// stub yet in the slot its hash picks first (the engine makes one);
+/// else leaves that stub's address in rdi. Operands: `params`,
+/// `p_flags`, `p_first_stub`, `targets`, `hash`, `stubs_mask`, `probed`.
+macro_rules! entry_prologue {
+    () => {
+        concat!(
+            "push rcx\n push rax\n push rdx\n push rsi\n push rdi\n push r8\n",
+            "lahf\n seto al\n push rax\n",
+            // Inside the engine, or not observed: the engine's.
+            "mov rax, [rip + {params} + {p_flags}]\n",
+            "mov eax, fs:[rax]\n",
+            "test eax, eax\n",
+            "jnz 9f\n",
+            // The thread's pending returns (rsi), none yet: the engine's.
+            "mov rsi, [rip + {params}]\n",
+            "test rsi, rsi\n",
+            "jz 9f\n",
+            "mov rsi, fs:[rsi]\n",
+            "test rsi, rsi\n",
+            "jz 9f\n",
+            // The return address (rdi) and the stub its hash picks first:
+            // if that one is not its, the engine's (which finds or makes one).
+            "lea r8, [rsp + {probed}]\n",
+            "mov rdi, [r8]\n",
+            "movabs rax, {hash}\n",
+            "imul rax, rdi\n",
+            "shr rax, 40\n",
+            "and eax, {stubs_mask}\n",
+            "lea rdx, [rip + {targets}]\n",
+            "cmp [rdx + rax * 8], rdi\n",
+            "jne 9f\n",
+            "shl rax, 4\n",
+            "add rax, [rip + {params} + {p_first_stub}]\n",
+            "mov rdi, rax\n",
+        )
+    };
+}
+pub(super) use entry_prologue;
+
+/// Where the probed stack pointer (the slot of the call's return
+/// address) is, from an entry routine's stack pointer once
+/// [`entry_prologue`] saved its registers.
+pub(super) const PROBED_AT: usize = 7 * 8 + 8 + 128;
+/// Where the routine's own return address is, from there: the
+/// trampoline's resume point, a fixed distance after its cell pointer.
+pub(super) const RESUME_SLOT_AT: usize = 7 * 8;
 
 /// The timed return's way out, as [`restore_for_entry`], with its frame
 /// description kept up to date.
@@ -174,41 +234,7 @@ core::arch::global_asm!(
     ".globl uprobe_core_timed_entry",
     ".hidden uprobe_core_timed_entry",
     "uprobe_core_timed_entry:",
-    "push rcx",
-    "push rax",
-    "push rdx",
-    "push rsi",
-    "push rdi",
-    "push r8",
-    "lahf",
-    "seto al",
-    "push rax",
-    // Inside the engine, or not observed: the engine's.
-    "mov rax, [rip + {params} + {p_flags}]",
-    "mov eax, fs:[rax]",
-    "test eax, eax",
-    "jnz 9f",
-    // The thread's pending returns (rsi), none yet: the engine's.
-    "mov rsi, [rip + {params}]",
-    "test rsi, rsi",
-    "jz 9f",
-    "mov rsi, fs:[rsi]",
-    "test rsi, rsi",
-    "jz 9f",
-    // The return address (rdi) and the stub its hash picks first: if
-    // that one is not its, the engine's (which finds or makes one).
-    "lea r8, [rsp + {probed}]",
-    "mov rdi, [r8]",
-    "movabs rax, {hash}",
-    "imul rax, rdi",
-    "shr rax, 40",
-    "and eax, {stubs_mask}",
-    "lea rdx, [rip + {targets}]",
-    "cmp [rdx + rax * 8], rdi",
-    "jne 9f",
-    "shl rax, 4",
-    "add rax, [rip + {params} + {p_first_stub}]",
-    "mov rdi, rax",
+    entry_prologue!(),
     // The timed calls: full, or a top that is not a frame below this
     // one: the engine's.
     "mov rdx, [rsi + {timed} + {depth}]",
@@ -309,8 +335,8 @@ core::arch::global_asm!(
     targets = sym TARGETS,
     hash = const STUB_HASH,
     stubs_mask = const MAX_STUBS - 1,
-    probed = const 7 * 8 + 8 + 128,
-    resume_slot = const 7 * 8,
+    probed = const PROBED_AT,
+    resume_slot = const RESUME_SLOT_AT,
     resume = const RESUME_AT,
     cell = const CELL_AT,
     cell_timed = const TIMED_AT,

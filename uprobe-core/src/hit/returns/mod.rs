@@ -15,7 +15,11 @@
 //! generation (`crate::site::switch`), and its return reaches the part
 //! inside a read section of the table's domain, or not at all once the
 //! consumer is detached, as the kernel's `handle_uretprobe_chain` walks
-//! only the consumers live at the return. One that charged an in-flight
+//! only the consumers live at the return. Where such a consumer has no entry
+//! handler and its site runs through a jump, the architecture's return
+//! entry routine pushes the instance itself, with no register frame and
+//! no call into Rust (`crate::arch::timing`): the instance's layout is
+//! `#[repr(C)]` for it (`crate::base::abi`). One that charged an in-flight
 //! account (it must uncharge it), or whose handler runs after detach,
 //! holds an `srcu` **lease** on the part (as the kernel's uretprobes since
 //! 2024: an SRCU read section that the lease set's expiry thread turns
@@ -61,23 +65,17 @@ use crate::site::returns::{
 };
 use crate::site::switch::Switch;
 
-/// Pending returns a thread may have (the kernel's `max_uretprobe_depth`);
-/// a return probe hit past it is not tracked and counts as missed.
-pub(crate) const MAX_RETURN_DEPTH: usize = 64;
-/// How a pending return reaches its consumer's return part.
+pub(crate) use crate::base::abi::MAX_RETURN_DEPTH;
+/// What a pending return that keeps its consumer's return part alive
+/// holds (one that names its switch holds nothing).
 enum KeepAlive {
-    /// Holding nothing: the part's switch, while on for this generation.
-    Named {
-        switch: &'static Switch,
-        generation: u64,
-    },
     Lease(RawLease),
     Reference(Strong<ReturnPart>),
 }
 
-/// One pending return. `#[repr(C)]`, its slot first: the architecture's
-/// timing routines read it (`crate::base::abi`).
-#[derive(Default)]
+/// One pending return. `#[repr(C)]`: the architecture's routines read
+/// its slot, and its return entry routine writes every field but `hold`
+/// (`crate::base::abi`).
 #[repr(C)]
 struct PendingReturn {
     /// Where the return address lives (x86-64: the stack slot; a frame is
@@ -88,10 +86,34 @@ struct PendingReturn {
     /// The original return address.
     ret: Cell<usize>,
     cookie: Cell<u64>,
-    hold: Cell<Option<KeepAlive>>,
+    /// The consumer's switch, for a pending return that holds nothing
+    /// (null otherwise): its return reaches the part while the switch is
+    /// on for `generation`.
+    switch: Cell<*const Switch>,
+    generation: Cell<u64>,
     charged: Cell<bool>,
     /// The charge took a reference on the counters (`Pinning::PerReturn`).
     pinned: Cell<bool>,
+    /// A lease or reference, for one that keeps the part alive. `None`
+    /// above the depth (`finish` takes it): the return entry routine,
+    /// which never writes it, relies on that.
+    hold: Cell<Option<KeepAlive>>,
+}
+
+impl Default for PendingReturn {
+    fn default() -> Self {
+        Self {
+            slot: Cell::new(0),
+            func: Cell::new(0),
+            ret: Cell::new(0),
+            cookie: Cell::new(0),
+            switch: Cell::new(core::ptr::null()),
+            generation: Cell::new(0),
+            charged: Cell::new(false),
+            pinned: Cell::new(false),
+            hold: Cell::new(None),
+        }
+    }
 }
 
 /// One thread's pending returns. `#[repr(C)]`: the architecture's timing
@@ -120,6 +142,13 @@ const _: () = {
             && offset_of!(ThreadReturns, instances) == abi::RETURNS_AT
             && size_of::<PendingReturn>() == abi::RETURN_SIZE
             && offset_of!(PendingReturn, slot) == abi::RETURN_SLOT_AT
+            && offset_of!(PendingReturn, func) == abi::RETURN_FUNC_AT
+            && offset_of!(PendingReturn, ret) == abi::RETURN_RET_AT
+            && offset_of!(PendingReturn, cookie) == abi::RETURN_COOKIE_AT
+            && offset_of!(PendingReturn, switch) == abi::RETURN_SWITCH_AT
+            && offset_of!(PendingReturn, generation) == abi::RETURN_GENERATION_AT
+            && offset_of!(PendingReturn, charged) == abi::RETURN_CHARGED_AT
+            && offset_of!(PendingReturn, pinned) == abi::RETURN_CHARGED_AT + 1
     );
 };
 
@@ -235,11 +264,11 @@ pub(crate) unsafe fn prepare(
     // overwritten; the thread's own stack, not shared, and no other hit
     // of the thread gets here meanwhile (it is inside the engine).
     debug_assert!(unsafe { &*slot }.is_none());
+    inst.switch.set(core::ptr::null());
     let held = match &probe.reach {
         Reach::Switched { switch, .. } => {
-            let generation = switch.generation();
-            // SAFETY: as above.
-            unsafe { slot.write(Some(KeepAlive::Named { switch, generation })) };
+            inst.switch.set(*switch);
+            inst.generation.set(switch.generation());
             true
         }
         Reach::Leased(cell) if hold_mode() == ReturnHold::Refcount => cell
@@ -338,6 +367,15 @@ impl ThreadReturns {
     /// return that holds nothing reaches its part in).
     fn finish(&self, inst: &PendingReturn, with: impl FnOnce(&ReturnPart, &PendingReturn)) {
         self.depth.set(self.depth.get() - 1);
+        // SAFETY: switches are never freed.
+        if let Some(switch) = unsafe { inst.switch.get().as_ref() } {
+            // Named only where nothing was charged: nothing to undo.
+            // SAFETY: the caller's read section; a return probe's switch.
+            if let Some(part) = unsafe { switch.part_of(inst.generation.get()) } {
+                with(part, inst);
+            }
+            return;
+        }
         let Some(hold) = inst.hold.take() else {
             return;
         };
@@ -350,13 +388,6 @@ impl ThreadReturns {
             );
         };
         match hold {
-            KeepAlive::Named { switch, generation } => {
-                // Named only where nothing was charged: nothing to undo.
-                // SAFETY: the caller's read section; a return probe's switch.
-                if let Some(part) = unsafe { switch.part_of(generation) } {
-                    with(part, inst);
-                }
-            }
             KeepAlive::Lease(raw) => {
                 let Some(leases) = LEASES.get() else { return };
                 // SAFETY: `raw` came from this block in `prepare`, once.

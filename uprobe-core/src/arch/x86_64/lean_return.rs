@@ -1,0 +1,177 @@
+//! Return probes without the engine at their entry: the entry routine a
+//! trampoline calls when its site's only consumer is a return probe with
+//! no entry handler, no thread filter, and returns that hold nothing
+//! (`JumpCell::returns`, see `crate::hit::returns`). Where the engine's
+//! entry saves every register, enters Rust and runs the hit, this one
+//! saves six registers and the status flags (as the timed entry,
+//! `super::timing`, whose start it shares), then:
+//! - goes to the engine wherever the timed entry does (inside the
+//!   engine, not observed, no stack of pending returns, no stub yet for
+//!   the return address), and where the thread's pending returns are
+//!   full or their top is not a frame below this one (abandoned or
+//!   chained frames: the engine sorts those out);
+//! - counts the hit in the probe's per-CPU counters (`return_hits`)
+//!   inside a restartable sequence that reads that pointer again, so
+//!   that once a detach has cleared it and fenced, no hit is counted (a
+//!   thread without a sequence goes to the engine);
+//! - pushes the pending return as the engine's `prepare` would: its
+//!   slot, then the depth, then the slot again (a signal handler's push
+//!   in between cannot leave its slot there), then the probed function,
+//!   the original return address, a zero cookie, the probe's switch and
+//!   its generation (the switch read again after the generation: if the
+//!   cell no longer names it, it may have been given back and turned on
+//!   for another probe meanwhile, and the return names nothing), nothing
+//!   charged;
+//! - replaces the return address with the stub, restores, and returns
+//!   into the trampoline, which runs the relocated code.
+//!
+//! A detach between the count and the push leaves the cell's switch null:
+//! the hit is counted, no return is tracked (as a detach during the call
+//! does). The return goes through the stub to the engine's return
+//! trampoline (`super::timing`'s return routine sends it there: the
+//! pending return is the engine's), which runs the handler with the
+//! full `ReturnContext`.
+
+use super::count::RESUME_AT;
+use super::timing::{PARAMS, PROBED_AT, Params, RESUME_SLOT_AT, entry_prologue, restore_for_entry};
+use crate::arch::CELL_AT;
+use crate::base::abi::{
+    JUMP_CELL_RETURN_HITS_AT as RETURN_HITS_AT, JUMP_CELL_RETURNS_AT as RETURNS_CELL_AT,
+    MAX_RETURN_DEPTH, MAX_STUBS, RETURN_CHARGED_AT, RETURN_COOKIE_AT, RETURN_FUNC_AT,
+    RETURN_GENERATION_AT, RETURN_RET_AT, RETURN_SIZE, RETURN_SLOT_AT, RETURN_SWITCH_AT, RETURNS_AT,
+    RETURNS_DEPTH_AT, STUB_HASH, STUB_TARGETS as TARGETS,
+};
+
+/// The routine's address (what a trampoline's header names while its
+/// cell has a return probe's switch).
+pub(super) fn routine() -> usize {
+    uprobe_core_return_probe_entry as *const () as usize
+}
+
+unsafe extern "C" {
+    fn uprobe_core_return_probe_entry();
+}
+
+// On entry: [rsp] = the trampoline's resume address, the red zone below
+// the probed stack pointer stepped over. After the prologue: rsi = the
+// thread's pending returns, r8 = the slot of the return address, rdi =
+// its stub.
+core::arch::global_asm!(
+    ".pushsection .text.uprobe_core_return_probe_entry,\"ax\",@progbits",
+    ".p2align 4",
+    ".globl uprobe_core_return_probe_entry",
+    ".hidden uprobe_core_return_probe_entry",
+    "uprobe_core_return_probe_entry:",
+    entry_prologue!(),
+    // Full, or a top that is not a frame below this one: the engine's.
+    "mov rdx, [rsi + {r_depth}]",
+    "cmp rdx, {max_depth}",
+    "jae 9f",
+    "test rdx, rdx",
+    "jz 2f",
+    "imul rax, rdx, {size}",
+    "cmp [rsi + {instances} - {size} + {slot} + rax], r8",
+    "jbe 9f",
+    "2:",
+    // Count the hit (rcx: slot 0 of the counters, 128 bytes apart), in
+    // a restartable sequence.
+    "3:",
+    "lea rax, [rip + 8f]",
+    "mov rdx, [rip + {params} + {p_area}]",
+    "mov fs:[rdx + 8], rax",
+    "4:",
+    "mov rdx, [rip + {params} + {p_area}]",
+    "mov edx, fs:[rdx + 4]",
+    "cmp rdx, [rip + {params} + {p_cpus}]",
+    "jae 9f",
+    "mov rcx, [rsp + {resume_slot}]",
+    "mov rcx, [rcx - {resume} + {cell}]",
+    "mov rcx, [rcx + {cell_hits}]",
+    "test rcx, rcx",
+    "jz 9f",
+    "shl rdx, 7",
+    "mov rax, [rcx + rdx]",
+    "lea rax, [rax + 1]",
+    "mov [rcx + rdx], rax",
+    "5:",
+    // The probe's switch (rcx), gone since: nothing to track.
+    "mov rdx, [rsp + {resume_slot}]",
+    "mov rdx, [rdx - {resume} + {cell}]",
+    "mov rcx, [rdx + {cell_returns}]",
+    "test rcx, rcx",
+    "jz 7f",
+    // Push: the slot, the depth, the slot again, then the rest.
+    "mov rax, [rsi + {r_depth}]",
+    "imul rax, rax, {size}",
+    "lea rax, [rsi + {instances} + rax]",
+    "mov [rax + {slot}], r8",
+    "add qword ptr [rsi + {r_depth}], 1",
+    "mov [rax + {slot}], r8",
+    "mov rdx, [rdx]",
+    "mov [rax + {func}], rdx",
+    "mov rdx, [r8]",
+    "mov [rax + {ret}], rdx",
+    "mov qword ptr [rax + {cookie}], 0",
+    "mov word ptr [rax + {charged}], 0",
+    "mov [rax + {switch}], rcx",
+    "mov rdx, [rcx + 8]",
+    "mov [rax + {generation}], rdx",
+    // Still the cell's switch after its generation was read: else the
+    // return names nothing.
+    "mov rdx, [rsp + {resume_slot}]",
+    "mov rdx, [rdx - {resume} + {cell}]",
+    "cmp rcx, [rdx + {cell_returns}]",
+    "je 1f",
+    "mov qword ptr [rax + {switch}], 0",
+    "1:",
+    // Return through the stub from now on.
+    "mov [r8], rdi",
+    "7:",
+    restore_for_entry!(),
+    "ret",
+    // The engine's: everything back as it was, then its routine.
+    "9:",
+    restore_for_entry!(),
+    "jmp uprobe_core_jump_entry",
+    // The sequence's abort handler: the signature glibc registered, as
+    // the tail of a `ud1`, then a restart.
+    ".byte 0x0f, 0xb9, 0x3d",
+    ".long 0x53053053",
+    "6:",
+    "jmp 3b",
+    ".popsection",
+    // The sequence's descriptor (struct rseq_cs).
+    ".pushsection .data.rel.ro.uprobe_core_return_probe_entry,\"aw\",@progbits",
+    ".p2align 5",
+    "8:",
+    ".long 0, 0",
+    ".quad 4b",
+    ".quad 5b - 4b",
+    ".quad 6b",
+    ".popsection",
+    params = sym PARAMS,
+    p_flags = const core::mem::offset_of!(Params, flags),
+    p_area = const core::mem::offset_of!(Params, area),
+    p_cpus = const core::mem::offset_of!(Params, cpus),
+    p_first_stub = const core::mem::offset_of!(Params, first_stub),
+    targets = sym TARGETS,
+    hash = const STUB_HASH,
+    stubs_mask = const MAX_STUBS - 1,
+    probed = const PROBED_AT,
+    resume_slot = const RESUME_SLOT_AT,
+    resume = const RESUME_AT,
+    cell = const CELL_AT,
+    cell_returns = const RETURNS_CELL_AT,
+    cell_hits = const RETURN_HITS_AT,
+    r_depth = const RETURNS_DEPTH_AT,
+    instances = const RETURNS_AT,
+    size = const RETURN_SIZE,
+    max_depth = const MAX_RETURN_DEPTH,
+    slot = const RETURN_SLOT_AT,
+    func = const RETURN_FUNC_AT,
+    ret = const RETURN_RET_AT,
+    cookie = const RETURN_COOKIE_AT,
+    charged = const RETURN_CHARGED_AT,
+    switch = const RETURN_SWITCH_AT,
+    generation = const RETURN_GENERATION_AT,
+);
