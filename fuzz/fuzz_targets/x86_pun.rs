@@ -1,7 +1,7 @@
-//! x86-64: the ways to pun a jump over a short instruction (E9Patch's
-//! tactic), each checked by decoding what it writes, with the bytes it
-//! leaves, as a `jmp rel32` to the targets of its window; and the stub a
-//! punned jump lands on.
+//! x86-64: the ways to pun a jump over an instruction (E9Patch's tactic:
+//! over a short one, or its whole jump over a long one), each checked by
+//! decoding what it writes, with the bytes it leaves, as a `jmp rel32` to
+//! the targets of its window; and the stub a punned jump lands on.
 //!
 //! Input: the instruction's address (8 bytes), a flag (1: the one-byte
 //! form), the stub's address (8), the code from the instruction on (up

@@ -282,7 +282,8 @@ pub fn check_trampoline(
 /// # Panics
 /// On a pun that does not jump where it says.
 pub fn check_puns(start: usize, len: usize, code: &[u8], one_byte: bool, windows: &[PunWindow]) {
-    let written_len = if one_byte { 1 } else { len };
+    // Over an instruction of a jump's length or more, the whole jump.
+    let written_len = if one_byte { 1 } else { len.min(5) };
     for w in windows {
         assert_eq!(w.written, written_len, "{w:?}");
         assert!(w.prefixes < w.written, "{w:?}");

@@ -246,6 +246,23 @@ core::arch::global_asm!(
     "cld",
     "ret",
     ".size j_direction, . - j_direction",
+    // A one-byte instruction whose pun lands in the code itself: its
+    // displacement is `push rbx`'s E9 and the next instruction's first
+    // four bytes (`add eax, 0`: 05 00 00 00), 5 bytes on from its end.
+    ".globl j_stuck",
+    ".type j_stuck, @function",
+    "j_stuck:",
+    "mov rax, rdi",
+    ".globl j_stuck_push",
+    "j_stuck_push:",
+    "push rbx",
+    ".globl j_stuck_add",
+    "j_stuck_add:",
+    ".byte 0x05, 0x00, 0x00, 0x00, 0x00",
+    "pop rbx",
+    "lea rax, [rax + 1]",
+    "ret",
+    ".size j_stuck, . - j_stuck",
     // Where a redirected hit goes.
     ".globl j_elsewhere",
     ".type j_elsewhere, @function",
@@ -284,6 +301,9 @@ unsafe extern "C" {
     fn j_carry(x: u64) -> u64;
     fn j_overflow(x: u64) -> u64;
     fn j_direction(x: u64) -> u64;
+    fn j_stuck(x: u64) -> u64;
+    static j_stuck_push: u8;
+    static j_stuck_add: u8;
 }
 
 /// A probe on `f`'s entry, found through the symbol table (so the
@@ -1154,6 +1174,56 @@ fn a_probe_in_a_punned_jumps_tail_takes_the_jump_back_and_again() {
             );
             assert_eq!(call(j_tail_wide, 4), 7);
             assert_eq!((outer.hits(), inner.hits()), (2, 1));
+        },
+    );
+}
+
+/// A site with no pun target over the original code (its window is the
+/// code itself) is planned again when the bytes its pun ends in change:
+/// once the next instruction takes a jump, it is punned over that jump
+/// (whose stub moves, if need be, to where the pun has room), and when
+/// that one is detached it goes back to its breakpoint.
+#[test]
+fn a_site_without_a_pun_target_is_planned_again_when_the_next_one_changes() {
+    test_support::in_own_process(
+        "a_site_without_a_pun_target_is_planned_again_when_the_next_one_changes",
+        || {
+            let (push, add) = (
+                &raw const j_stuck_push as usize,
+                &raw const j_stuck_add as usize,
+            );
+            let first = Uprobe::at(push).unwrap().attach().unwrap();
+            assert!(
+                matches!(first.mode(), Mode::Trap(NotOptimized::NoPunTarget { .. })),
+                "{:?}",
+                first.mode()
+            );
+            assert_eq!(call(j_stuck, 41), 42);
+            let next = Uprobe::at(add).unwrap().attach().unwrap();
+            assert!(next.mode().is_jump(), "{:?}", next.mode());
+            assert_eq!(
+                first.mode(),
+                Mode::Jump(Tactic::Pun {
+                    written: 1,
+                    prefixes: 0
+                })
+            );
+            assert_eq!((byte_at(push), byte_at(add)), (0xe9, 0xe9));
+            for x in 0..100 {
+                assert_eq!(call(j_stuck, x), x + 1);
+            }
+            assert_eq!((first.hits(), next.hits()), (101, 100));
+            drop(next);
+            assert!(
+                matches!(first.mode(), Mode::Trap(NotOptimized::NoPunTarget { .. })),
+                "{:?}",
+                first.mode()
+            );
+            assert_eq!(byte_at(add), 0x05, "add eax, 0 back");
+            assert_eq!(call(j_stuck, 1), 2);
+            assert_eq!(first.hits(), 102);
+            drop(first);
+            assert_eq!(byte_at(push), 0x53, "push rbx back");
         },
     );
 }

@@ -212,7 +212,9 @@ pub(crate) mod jump {
 /// opcode, and the displacement's low bytes are written (`written` bytes
 /// in all, no more than the instruction's); the displacement's high
 /// bytes are `fixed`, the bytes already in the code after the written
-/// ones. So the jump can only land in `[lo, lo + size)`.
+/// ones. So the jump can only land in `[lo, lo + size)`. Over an
+/// instruction at least as long as the jump, the whole jump may be
+/// written: nothing fixed, a window as wide as the jump reaches.
 pub(crate) struct Pun {
     pub(crate) start: usize,
     pub(crate) prefixes: usize,

@@ -14,9 +14,13 @@
 //! again once the change is made ([`reoptimize`]): punned over the new
 //! bytes where a window has room, and where none has, over the next
 //! site's jump with that jump's stub moved to where one does
-//! (`make_room_before`). The attach lock is held.
+//! (`make_room_before`; a jump that went straight to its trampoline over
+//! a long instruction is written whole through a stub for it). The sites
+//! before a change that are on their breakpoints for want of a pun
+//! target are planned again with it: the new bytes may give their
+//! windows room. The attach lock is held.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::arch::JUMP_LEN;
 use crate::arch::MAX_INSN_LEN;
@@ -102,11 +106,30 @@ pub(crate) fn to_traps(sites: &[&Site], why: &NotOptimized) -> Vec<usize> {
 }
 
 /// `sites` back to their breakpoints (`why`) with the jumps covering
-/// `addrs`, in one batch of patches; the covering sites' addresses.
+/// `addrs`, in one batch of patches; the covering sites' addresses, and
+/// the sites before `addrs` that are on their breakpoints for want of a
+/// pun target (their windows lay in the bytes about to change: the new
+/// ones may give them room).
 fn back_with_covering(sites: &[&Site], why: &NotOptimized, addrs: &[usize]) -> Vec<usize> {
     let found = covering(addrs);
     back_to_breakpoints(sites, why, &found);
-    found.iter().map(|(s, _)| s.addr).collect()
+    let mut again: Vec<usize> = found.iter().map(|(s, _)| s.addr).collect();
+    again.extend(without_pun_target_before(addrs));
+    again
+}
+
+/// The sites within a pun's reach below `addrs` that are on their
+/// breakpoints for want of a pun target. `WRITER` is held.
+fn without_pun_target_before(addrs: &[usize]) -> Vec<usize> {
+    addrs
+        .iter()
+        .flat_map(|&addr| (1..PUN_REACH).filter_map(move |k| addr.checked_sub(k)))
+        .filter(|&at| {
+            site_at(at).is_some_and(|s| {
+                matches!(*s.mode(), SiteMode::Trap(NotOptimized::NoPunTarget { .. }))
+            })
+        })
+        .collect()
 }
 
 /// How far below an address a site whose jump covers it may lie: a range
@@ -202,6 +225,10 @@ pub(crate) fn reoptimize(mut addrs: Vec<usize>) {
     let maps = Snapshot::read();
     // Sites whose next site's stub moved for them (once each).
     let mut moved_for = HashSet::new();
+    // Sites planned so far, and how often: a site that still finds no
+    // pun target is sent back each time a jump after it is written, and
+    // planned again at most `PLANS` times.
+    let mut planned: HashMap<usize, usize> = HashMap::new();
     while !addrs.is_empty() {
         addrs.sort_unstable_by(|a, b| b.cmp(a));
         addrs.dedup();
@@ -216,7 +243,9 @@ pub(crate) fn reoptimize(mut addrs: Vec<usize>) {
                     .iter()
                     .all(|c| !c.trap_only && c.blocked.is_none())
                 && matches!(*site.mode(), SiteMode::Trap(_));
-            if !wants_jump {
+            let plans = planned.entry(addr).or_default();
+            *plans += 1;
+            if !wants_jump || *plans > PLANS {
                 continue;
             }
             // The group's lowest site is its last.
@@ -242,16 +271,19 @@ pub(crate) fn reoptimize(mut addrs: Vec<usize>) {
 }
 
 /// For `site`, whose pun found no room where its displacement ends in
-/// the punned jump of the next site: that jump planned again with its
-/// stub where the bytes it writes give `site` a window with room (as
-/// `E9Patch` chooses a jump's target for the pun of the instruction
-/// before it). Whether it moved; the sites taken back on the way go to
-/// `taken`. `WRITER` is held.
+/// the jump of the next site: that jump planned again with its stub where
+/// the bytes it writes give `site` a window with room (as `E9Patch`
+/// chooses a jump's target for the pun of the instruction before it). A
+/// punned jump's stub moves within its window; a jump that replaces a
+/// long instruction alone, and went straight to its trampoline, is
+/// written whole through a stub placed anywhere it reaches. Whether it
+/// moved; the sites taken back on the way go to `taken`. `WRITER` is
+/// held.
 fn make_room_before(site: &Site, maps: &Snapshot, taken: &mut Vec<usize>) -> bool {
     let Some((next, next_start)) = (1..JUMP_LEN)
         .filter_map(|k| site_at(site.addr + k))
         .find_map(|n| match &*n.mode() {
-            SiteMode::Jump(j) if !j.direct && j.tactic.free_bytes() > 0 => Some((n, j.start)),
+            SiteMode::Jump(j) if j.stub_could_move() => Some((n, j.start)),
             _ => None,
         })
     else {
@@ -289,6 +321,9 @@ fn make_room_before(site: &Site, maps: &Snapshot, taken: &mut Vec<usize>) -> boo
     }
     moved && next.is_jump()
 }
+
+/// How many times one `reoptimize` plans a site at most.
+const PLANS: usize = 3;
 
 /// How far past a site a punned jump's bytes may reach: the jump, after
 /// as many prefixes as the instruction has bytes.

@@ -49,9 +49,14 @@ pub enum Tactic {
     /// addresses) where the jump lands, so a small stub that jumps on to
     /// the probe's trampoline is placed there. Because no other
     /// instruction changes, a branch or a jump table that lands after
-    /// the probed instruction still finds its original code.
+    /// the probed instruction still finds its original code. An
+    /// instruction of 5 bytes or more whose bytes the jump of the
+    /// instruction before it ends in gets its whole jump written this way
+    /// (5 bytes, nothing fixed): its stub is placed where those bytes
+    /// give that jump room, at the cost of one more `jmp` per hit.
     Pun {
-        /// Bytes the patch changes (the probed instruction's length, or 1
+        /// Bytes the patch changes (the probed instruction's length, 5
+        /// where the whole jump goes over a longer instruction, or 1
         /// where one byte suffices).
         written: u8,
         /// Redundant prefixes in front of the `jmp` (padding that moves

@@ -89,8 +89,10 @@ const BP: usize = BREAKPOINT.len();
 /// later cover. With `trap_only` and a single instruction nothing is
 /// made. `direct`: only a one-byte punned jump, to be written with no
 /// breakpoint before it (code that runs with signals blocked). `accept`:
-/// a punned jump's written bytes must pass it (see `pun::choose`).
-/// `WRITER` is held. Not async-signal-safe.
+/// a punned jump's written bytes must pass it (see `pun::choose`); a jump
+/// over the probed instruction alone is then written whole through a
+/// stub, so that its bytes can pass it too. `WRITER` is held. Not
+/// async-signal-safe.
 pub(crate) fn prepare(
     site: &Site,
     function: Option<Extent>,
@@ -108,47 +110,7 @@ pub(crate) fn prepare(
     let addr = site.addr();
     let code_end = maps.code_end(addr).unwrap_or(addr);
     let here = code_as_original(addr, (code_end - addr).min(64));
-    let function_code = function.and_then(|f| {
-        (f.size > 0 && f.start == addr).then(|| {
-            (
-                code_as_original(f.start, (f.start + f.size).min(code_end) - f.start),
-                f.sole_entry,
-            )
-        })
-    });
-    let whole = if direct {
-        Err(NotOptimized::TooShort {
-            len: 0,
-            why: "where signals are blocked only a one-byte patch may be written",
-        })
-    } else {
-        arch_jump::plan(
-            addr,
-            &here,
-            function_code.as_ref().map(|(code, sole_entry)| Function {
-                start: addr,
-                code,
-                sole_entry: *sole_entry,
-            }),
-        )
-    }
-    .and_then(
-        |plan| match (addr + 1..plan.start + plan.len).find(|&a| site_at(a).is_some()) {
-            Some(at) => Err(NotOptimized::OtherProbeInRange { at }),
-            None => Ok(plan),
-        },
-    );
-    // Where whole instructions cannot take the jump, the probed one alone
-    // may, punned over the bytes that follow it.
-    let (plan, instead) = match whole {
-        Ok(plan) => (plan, None),
-        // (If the probed instruction itself cannot run relocated, that is
-        // the reason.)
-        Err(why) if crate::arch::PUNNING.is_some() => {
-            (arch_jump::single(addr, &here, tail_limit(addr))?, Some(why))
-        }
-        Err(why) => return Err(why),
-    };
+    let (plan, instead) = choose_plan(addr, &here, code_end, function, direct, accept.is_some())?;
     if trap_only && !plan.has_interior() {
         return Err(NotOptimized::TrapOnly);
     }
@@ -209,6 +171,74 @@ pub(crate) fn prepare(
         direct,
         trampoline,
     })
+}
+
+/// The range a jump at `addr` covers (`here`: the original code from
+/// there, to at most `code_end`), and, for a jump punned over the probed
+/// instruction alone, why not over whole instructions (`None`: it goes
+/// over whole instructions, straight to its trampoline). `punned_only`:
+/// the bytes the jump writes must pass a test, so a jump over the probed
+/// instruction alone goes through a stub placed where they do (punned
+/// over nothing: `pun::choose` writes it whole). `WRITER` is held.
+fn choose_plan(
+    addr: usize,
+    here: &[u8],
+    code_end: usize,
+    function: Option<Extent>,
+    direct: bool,
+    punned_only: bool,
+) -> Result<(Plan, Option<NotOptimized>), NotOptimized> {
+    let function_code = function.and_then(|f| {
+        (f.size > 0 && f.start == addr).then(|| {
+            (
+                code_as_original(f.start, (f.start + f.size).min(code_end) - f.start),
+                f.sole_entry,
+            )
+        })
+    });
+    let whole = if direct {
+        Err(NotOptimized::TooShort {
+            len: 0,
+            why: "where signals are blocked only a one-byte patch may be written",
+        })
+    } else {
+        arch_jump::plan(
+            addr,
+            here,
+            function_code.as_ref().map(|(code, sole_entry)| Function {
+                start: addr,
+                code,
+                sole_entry: *sole_entry,
+            }),
+        )
+    }
+    .and_then(
+        |plan| match (addr + 1..plan.start + plan.len).find(|&a| site_at(a).is_some()) {
+            Some(at) => Err(NotOptimized::OtherProbeInRange { at }),
+            None => Ok(plan),
+        },
+    );
+    // Where whole instructions cannot take the jump, the probed one alone
+    // may, punned over the bytes that follow it.
+    match whole {
+        // Over the probed instruction alone, the whole jump through a
+        // stub: what fails then is room for the stub.
+        Ok(plan)
+            if punned_only
+                && crate::arch::PUNNING.is_some()
+                && plan.start == addr
+                && !plan.has_interior() =>
+        {
+            Ok((plan, Some(NotOptimized::NoTrampolineRoom)))
+        }
+        Ok(plan) => Ok((plan, None)),
+        // (If the probed instruction itself cannot run relocated, that is
+        // the reason.)
+        Err(why) if crate::arch::PUNNING.is_some() => {
+            Ok((arch_jump::single(addr, here, tail_limit(addr))?, Some(why)))
+        }
+        Err(why) => Err(why),
+    }
 }
 
 /// How far a punned jump's trampoline may copy the code after the probed

@@ -102,6 +102,24 @@ pub(crate) fn choose(
         }
         let free = |start, end| maps.free(start, end, pinned::HEAP_ROOM);
         let stub = |at| (punning.stub)(at, target);
+        if pun.fixed.is_empty()
+            && let Some(accept) = accept
+        {
+            // The whole jump written: any target it reaches, chosen for
+            // `accept` first, the stub then placed there exactly.
+            let end = pun.start + JUMP_LEN;
+            let found = (1..WHOLE_TRIES)
+                .filter_map(|i| end.checked_add_signed(spread(i) as isize))
+                .filter(|&at| at >= pun.lo && at - pun.lo < pun.size)
+                .filter(|&at| accept(&(punning.pun_bytes)(&pun, at)))
+                .find_map(|at| pinned::place(at, 1, &free, stub, &|_| true));
+            if let Some(at) = found {
+                stubs.insert(key, at);
+                let bytes = (punning.pun_bytes)(&pun, at);
+                return Ok((pun, bytes));
+            }
+            continue;
+        }
         if let Some(at) = pinned::place(pun.lo, pun.size, &free, stub, &takes) {
             stubs.insert(key, at);
             let bytes = (punning.pun_bytes)(&pun, at);
@@ -109,6 +127,18 @@ pub(crate) fn choose(
         }
     }
     Err(blocked)
+}
+
+/// Targets tried for a jump written whole (its window all it reaches)
+/// whose bytes must pass a test: the test looks at a few of its
+/// displacement's bytes (what the pun of the site before it ends in), so
+/// the targets tried spread over them.
+const WHOLE_TRIES: u32 = 256;
+
+/// The `i`th displacement tried for such a jump: Fibonacci hashing
+/// spreads every byte of it from one try to the next.
+fn spread(i: u32) -> i32 {
+    i.wrapping_mul(0x9e37_79b9).cast_signed()
 }
 
 /// For the site at `addr`, whose pun found no room: a test of the bytes

@@ -138,6 +138,20 @@ impl Jump {
         (self.start, &self.original[..self.written])
     }
 
+    /// Whether its bytes could change for a jump to the same trampoline
+    /// through a stub elsewhere: a punned jump's displacement has bytes
+    /// of its own choosing, and a jump over the probed instruction alone
+    /// (not after a landing pad) can be written whole through a stub.
+    /// Never a one-byte jump written with no breakpoint (`direct`).
+    pub(crate) fn stub_could_move(&self) -> bool {
+        !self.direct
+            && (self.tactic.free_bytes() > 0
+                || (self.tactic == Tactic::Replace
+                    && !self.after_landing_pad()
+                    && !self.has_interior()
+                    && crate::arch::PUNNING.is_some()))
+    }
+
     /// Whether the jump comes after a landing pad that stays in place
     /// (the probed address is the landing pad's).
     pub(crate) fn after_landing_pad(&self) -> bool {

@@ -34,11 +34,25 @@ const JMP: u8 = 0xe9;
 /// `start`, whose code (as it will stay around the written bytes) is
 /// `code`, from `start` on, most free bytes first. `one_byte`: only the
 /// opcode is written (instructions of 5 bytes or more); otherwise every
-/// byte of the instruction is. Not async-signal-safe.
+/// byte of the instruction is, and over an instruction of 5 bytes or
+/// more that is the whole jump: no byte is fixed, and its window is all
+/// a `rel32` reaches (a jump through a stub placed where its bytes suit
+/// the instruction before it). Not async-signal-safe.
 pub(crate) fn puns(start: usize, len: usize, code: &[u8], one_byte: bool) -> Vec<Pun> {
     let written = if one_byte { 1 } else { len };
-    if written == 0 || written >= JUMP_LEN && !one_byte {
+    if written == 0 {
         return Vec::new();
+    }
+    if written >= JUMP_LEN && !one_byte {
+        let reach = 1usize << 31;
+        return vec![Pun {
+            start,
+            prefixes: 0,
+            written: JUMP_LEN,
+            fixed: Vec::new(),
+            lo: (start + JUMP_LEN).saturating_sub(reach),
+            size: 2 * reach - (reach - (start + JUMP_LEN).min(reach)),
+        }];
     }
     let mut all = Vec::new();
     for prefixes in 0..written {
@@ -127,6 +141,19 @@ mod tests {
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].size, 1);
         assert_eq!(pun_bytes(&one[0], one[0].lo)[0], JMP);
+        // The whole jump written over a long instruction: anywhere a
+        // `rel32` reaches.
+        let whole = puns(start, 7, &code, false);
+        assert_eq!(
+            (whole.len(), whole[0].written, whole[0].fixed.len()),
+            (1, 5, 0)
+        );
+        let end = start + 5;
+        assert_eq!((whole[0].lo, whole[0].size), (end - (1 << 31), 1 << 32));
+        for target in [whole[0].lo, end, whole[0].lo + whole[0].size - 1] {
+            let b = pun_bytes(&whole[0], target);
+            assert!(decodes_to(&b, &[], start, target));
+        }
     }
 
     #[test]
