@@ -107,29 +107,14 @@ pub(crate) fn to_traps(sites: &[&Site], why: &NotOptimized) -> Vec<usize> {
 
 /// `sites` back to their breakpoints (`why`) with the jumps covering
 /// `addrs`, in one batch of patches; the covering sites' addresses, and
-/// the sites before `addrs` that are on their breakpoints for want of a
-/// pun target (their windows lay in the bytes about to change: the new
-/// ones may give them room).
+/// the sites before them on their breakpoints for want of a pun target
+/// (see [`Before`]).
 fn back_with_covering(sites: &[&Site], why: &NotOptimized, addrs: &[usize]) -> Vec<usize> {
-    let found = covering(addrs);
-    back_to_breakpoints(sites, why, &found);
-    let mut again: Vec<usize> = found.iter().map(|(s, _)| s.addr).collect();
-    again.extend(without_pun_target_before(addrs));
+    let before = look_before(addrs);
+    back_to_breakpoints(sites, why, &before.covering);
+    let mut again: Vec<usize> = before.covering.iter().map(|(s, _)| s.addr).collect();
+    again.extend(before.without_pun_target);
     again
-}
-
-/// The sites within a pun's reach below `addrs` that are on their
-/// breakpoints for want of a pun target. `WRITER` is held.
-fn without_pun_target_before(addrs: &[usize]) -> Vec<usize> {
-    addrs
-        .iter()
-        .flat_map(|&addr| (1..PUN_REACH).filter_map(move |k| addr.checked_sub(k)))
-        .filter(|&at| {
-            site_at(at).is_some_and(|s| {
-                matches!(*s.mode(), SiteMode::Trap(NotOptimized::NoPunTarget { .. }))
-            })
-        })
-        .collect()
 }
 
 /// How far below an address a site whose jump covers it may lie: a range
@@ -142,8 +127,28 @@ const COVER_REACH: usize = 4 + JUMP_LEN + MAX_INSN_LEN;
 /// written) cover one of `addrs` or, in turn, one of theirs; each with
 /// the address it covers. `WRITER` is held.
 fn covering(addrs: &[usize]) -> Vec<(&'static Site, usize)> {
+    look_before(addrs).covering
+}
+
+/// What lies before addresses whose bytes are about to change.
+struct Before {
+    /// The jumps that cover them, transitively ([`covering`]).
+    covering: Vec<(&'static Site, usize)>,
+    /// The sites within a pun's reach below them, or below a covering
+    /// jump, that are on their breakpoints for want of a pun target (their
+    /// windows lay in bytes about to change: the new ones may give them
+    /// room).
+    without_pun_target: Vec<usize>,
+}
+
+/// [`Before`] `addrs`, in one look at the sites below each. `WRITER` is
+/// held.
+fn look_before(addrs: &[usize]) -> Before {
     let mut seen: HashSet<usize> = addrs.iter().copied().collect();
-    let mut found = Vec::new();
+    let mut before = Before {
+        covering: Vec::new(),
+        without_pun_target: Vec::new(),
+    };
     let mut queue = addrs.to_vec();
     while let Some(addr) = queue.pop() {
         for k in 1..COVER_REACH {
@@ -155,16 +160,20 @@ fn covering(addrs: &[usize]) -> Vec<(&'static Site, usize)> {
             }
             let covers = match &*site.mode() {
                 SiteMode::Ready(j) | SiteMode::Jump(j) => j.covers(addr),
+                SiteMode::Trap(NotOptimized::NoPunTarget { .. }) if k < PUN_REACH => {
+                    before.without_pun_target.push(site.addr);
+                    false
+                }
                 SiteMode::Trap(_) => false,
             };
             if covers {
                 seen.insert(site.addr);
-                found.push((site, addr));
+                before.covering.push((site, addr));
                 queue.push(site.addr);
             }
         }
     }
-    found
+    before
 }
 
 /// `sites` off their jumps, to `why`, and the `covering` sites (each with
