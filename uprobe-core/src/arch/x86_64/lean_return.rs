@@ -32,14 +32,11 @@
 //! pending return is the engine's), which runs the handler with the
 //! full `ReturnContext`.
 
-use super::count::RESUME_AT;
-use super::timing::{PARAMS, PROBED_AT, Params, RESUME_SLOT_AT, entry_prologue, restore_for_entry};
-use crate::arch::CELL_AT;
+use super::timing::{entry_routine, restore_for_entry};
 use crate::base::abi::{
     JUMP_CELL_RETURN_HITS_AT as RETURN_HITS_AT, JUMP_CELL_RETURNS_AT as RETURNS_CELL_AT,
-    MAX_RETURN_DEPTH, MAX_STUBS, RETURN_CHARGED_AT, RETURN_COOKIE_AT, RETURN_FUNC_AT,
-    RETURN_GENERATION_AT, RETURN_RET_AT, RETURN_SIZE, RETURN_SLOT_AT, RETURN_SWITCH_AT, RETURNS_AT,
-    RETURNS_DEPTH_AT, STUB_HASH, STUB_TARGETS as TARGETS,
+    MAX_RETURN_DEPTH, RETURN_CHARGED_AT, RETURN_COOKIE_AT, RETURN_FUNC_AT, RETURN_GENERATION_AT,
+    RETURN_RET_AT, RETURN_SIZE, RETURN_SLOT_AT, RETURN_SWITCH_AT, RETURNS_AT, RETURNS_DEPTH_AT,
 };
 
 /// The routine's address (what a trampoline's header names while its
@@ -53,114 +50,79 @@ unsafe extern "C" {
 }
 
 // On entry: [rsp] = the trampoline's resume address, the red zone below
-// the probed stack pointer stepped over. After the prologue: rsi = the
-// thread's pending returns, r8 = the slot of the return address, rdi =
-// its stub.
-core::arch::global_asm!(
-    ".pushsection .text.uprobe_core_return_probe_entry,\"ax\",@progbits",
-    ".p2align 4",
-    ".globl uprobe_core_return_probe_entry",
-    ".hidden uprobe_core_return_probe_entry",
-    "uprobe_core_return_probe_entry:",
-    entry_prologue!(),
-    // Full, or a top that is not a frame below this one: the engine's.
-    "mov rdx, [rsi + {r_depth}]",
-    "cmp rdx, {max_depth}",
-    "jae 9f",
-    "test rdx, rdx",
-    "jz 2f",
-    "imul rax, rdx, {size}",
-    "cmp [rsi + {instances} - {size} + {slot} + rax], r8",
-    "jbe 9f",
-    "2:",
-    // Count the hit (rcx: slot 0 of the counters, 128 bytes apart), in
-    // a restartable sequence.
-    "3:",
-    "lea rax, [rip + 8f]",
-    "mov rdx, [rip + {params} + {p_area}]",
-    "mov fs:[rdx + 8], rax",
-    "4:",
-    "mov rdx, [rip + {params} + {p_area}]",
-    "mov edx, fs:[rdx + 4]",
-    "cmp rdx, [rip + {params} + {p_cpus}]",
-    "jae 9f",
-    "mov rcx, [rsp + {resume_slot}]",
-    "mov rcx, [rcx - {resume} + {cell}]",
-    "mov rcx, [rcx + {cell_hits}]",
-    "test rcx, rcx",
-    "jz 9f",
-    "shl rdx, 7",
-    "mov rax, [rcx + rdx]",
-    "lea rax, [rax + 1]",
-    "mov [rcx + rdx], rax",
-    "5:",
-    // The probe's switch (rcx), gone since: nothing to track.
-    "mov rdx, [rsp + {resume_slot}]",
-    "mov rdx, [rdx - {resume} + {cell}]",
-    "mov rcx, [rdx + {cell_returns}]",
-    "test rcx, rcx",
-    "jz 7f",
-    // Push: the slot, the depth, the slot again, then the rest.
-    "mov rax, [rsi + {r_depth}]",
-    "imul rax, rax, {size}",
-    "lea rax, [rsi + {instances} + rax]",
-    "mov [rax + {slot}], r8",
-    "add qword ptr [rsi + {r_depth}], 1",
-    "mov [rax + {slot}], r8",
-    "mov rdx, [rdx]",
-    "mov [rax + {func}], rdx",
-    "mov rdx, [r8]",
-    "mov [rax + {ret}], rdx",
-    "mov qword ptr [rax + {cookie}], 0",
-    "mov word ptr [rax + {charged}], 0",
-    "mov [rax + {switch}], rcx",
-    "mov rdx, [rcx + 8]",
-    "mov [rax + {generation}], rdx",
-    // Still the cell's switch after its generation was read: else the
-    // return names nothing.
-    "mov rdx, [rsp + {resume_slot}]",
-    "mov rdx, [rdx - {resume} + {cell}]",
-    "cmp rcx, [rdx + {cell_returns}]",
-    "je 1f",
-    "mov qword ptr [rax + {switch}], 0",
-    "1:",
-    // Return through the stub from now on.
-    "mov [r8], rdi",
-    "7:",
-    restore_for_entry!(),
-    "ret",
-    // The engine's: everything back as it was, then its routine.
-    "9:",
-    restore_for_entry!(),
-    "jmp uprobe_core_jump_entry",
-    // The sequence's abort handler: the signature glibc registered, as
-    // the tail of a `ud1`, then a restart.
-    ".byte 0x0f, 0xb9, 0x3d",
-    ".long 0x53053053",
-    "6:",
-    "jmp 3b",
-    ".popsection",
-    // The sequence's descriptor (struct rseq_cs).
-    ".pushsection .data.rel.ro.uprobe_core_return_probe_entry,\"aw\",@progbits",
-    ".p2align 5",
-    "8:",
-    ".long 0, 0",
-    ".quad 4b",
-    ".quad 5b - 4b",
-    ".quad 6b",
-    ".popsection",
-    params = sym PARAMS,
-    p_flags = const core::mem::offset_of!(Params, flags),
-    p_area = const core::mem::offset_of!(Params, area),
-    p_cpus = const core::mem::offset_of!(Params, cpus),
-    p_first_stub = const core::mem::offset_of!(Params, first_stub),
-    targets = sym TARGETS,
-    hash = const STUB_HASH,
-    stubs_mask = const MAX_STUBS - 1,
-    probed = const PROBED_AT,
-    resume_slot = const RESUME_SLOT_AT,
-    resume = const RESUME_AT,
-    cell = const CELL_AT,
+// the probed stack pointer stepped over. After the start the timed entry
+// shares (`entry_routine`): rsi = the thread's pending returns, r8 = the
+// slot of the return address, rdi = its stub.
+entry_routine!(
+    "uprobe_core_return_probe_entry",
+    [
+        // Full, or a top that is not a frame below this one: the engine's.
+        "mov rdx, [rsi + {r_depth}]",
+        "cmp rdx, {max_depth}",
+        "jae 9f",
+        "test rdx, rdx",
+        "jz 2f",
+        "imul rax, rdx, {size}",
+        "cmp [rsi + {instances} - {size} + {slot} + rax], r8",
+        "jbe 9f",
+        "2:",
+        // Count the hit (rcx: slot 0 of the counters, 128 bytes apart), in
+        // a restartable sequence.
+        "3:",
+        "lea rax, [rip + 8f]",
+        "mov rdx, [rip + {params} + {p_area}]",
+        "mov fs:[rdx + 8], rax",
+        "4:",
+        "mov rdx, [rip + {params} + {p_area}]",
+        "mov edx, fs:[rdx + 4]",
+        "cmp rdx, [rip + {params} + {p_cpus}]",
+        "jae 9f",
+        "mov rcx, [rsp + {resume_slot}]",
+        "mov rcx, [rcx - {resume} + {cell}]",
+        "mov rcx, [rcx + {cell_hits}]",
+        "test rcx, rcx",
+        "jz 9f",
+        "shl rdx, 7",
+        "mov rax, [rcx + rdx]",
+        "lea rax, [rax + 1]",
+        "mov [rcx + rdx], rax",
+        "5:",
+        // The probe's switch (rcx), gone since: nothing to track.
+        "mov rdx, [rsp + {resume_slot}]",
+        "mov rdx, [rdx - {resume} + {cell}]",
+        "mov rcx, [rdx + {cell_returns}]",
+        "test rcx, rcx",
+        "jz 7f",
+        // Push: the slot, the depth, the slot again, then the rest.
+        "mov rax, [rsi + {r_depth}]",
+        "imul rax, rax, {size}",
+        "lea rax, [rsi + {instances} + rax]",
+        "mov [rax + {slot}], r8",
+        "add qword ptr [rsi + {r_depth}], 1",
+        "mov [rax + {slot}], r8",
+        "mov rdx, [rdx]",
+        "mov [rax + {func}], rdx",
+        "mov rdx, [r8]",
+        "mov [rax + {ret}], rdx",
+        "mov qword ptr [rax + {cookie}], 0",
+        "mov word ptr [rax + {charged}], 0",
+        "mov [rax + {switch}], rcx",
+        "mov rdx, [rcx + 8]",
+        "mov [rax + {generation}], rdx",
+        // Still the cell's switch after its generation was read: else the
+        // return names nothing.
+        "mov rdx, [rsp + {resume_slot}]",
+        "mov rdx, [rdx - {resume} + {cell}]",
+        "cmp rcx, [rdx + {cell_returns}]",
+        "je 1f",
+        "mov qword ptr [rax + {switch}], 0",
+        "1:",
+        // Return through the stub from now on.
+        "mov [r8], rdi",
+        "7:",
+        restore_for_entry!(),
+        "ret",
+    ],
     cell_returns = const RETURNS_CELL_AT,
     cell_hits = const RETURN_HITS_AT,
     r_depth = const RETURNS_DEPTH_AT,

@@ -44,9 +44,15 @@ pub(crate) const TRAMPOLINE_COUNTING: Option<super::TrampolineCounting> =
         fits: count::fits,
     });
 
-/// Timing probes timed by assembly routines alone (`timing`).
+/// Timing probes timed, and return probes without an entry handler
+/// tracked, by assembly routines alone (`timing`, `lean_return`).
 pub(crate) const TIMED_ROUTINES: Option<super::TimedRoutines> = Some(super::TimedRoutines {
-    enable: timing::enable,
+    enable: |first_stub| {
+        timing::enable(first_stub).map(|timed| super::OwnEntries {
+            timed,
+            returns: lean_return::routine(),
+        })
+    },
 });
 
 /// Binds `$symbol` (called by an assembly routine) to `$function`: a

@@ -52,13 +52,11 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use super::count::RESUME_AT;
-use crate::arch::CELL_AT;
 use crate::base::abi::{
     JUMP_CELL_TIMED_AT as TIMED_AT, LATENCY_BUCKETS, LATENCY_BUCKETS_AT as BUCKETS_AT,
-    LATENCY_CELL_SIZE, MAX_STUBS, MAX_TIMED_DEPTH, RETURN_SIZE, RETURN_SLOT_AT, RETURNS_AT,
-    RETURNS_DEPTH_AT, RETURNS_TIMED_AT, STUB_HASH, STUB_TARGETS as TARGETS,
-    TIMED_DEPTH_AT as DEPTH_AT, TIMED_ENTRIES_AT as ENTRIES_AT, TIMED_ENTRY_SIZE as ENTRY_SIZE,
+    LATENCY_CELL_SIZE, MAX_TIMED_DEPTH, RETURN_SIZE, RETURN_SLOT_AT, RETURNS_AT, RETURNS_DEPTH_AT,
+    RETURNS_TIMED_AT, TIMED_DEPTH_AT as DEPTH_AT, TIMED_ENTRIES_AT as ENTRIES_AT,
+    TIMED_ENTRY_SIZE as ENTRY_SIZE,
 };
 
 /// What the routines need of the process, filled in once by [`enable`].
@@ -92,15 +90,11 @@ pub(super) static PARAMS: Params = Params {
 
 /// Turns the routines on if this process and processor allow them (after
 /// `crate::base::clock::init` and the stubs' region, whose first stub is
-/// at `first_stub`). Returns the entries a trampoline's header may name,
-/// if they are on. Not async-signal-safe (the first time).
-pub(crate) fn enable(first_stub: usize) -> Option<crate::arch::OwnEntries> {
-    let entries = crate::arch::OwnEntries {
-        timed: uprobe_core_timed_entry as *const () as usize,
-        returns: super::lean_return::routine(),
-    };
+/// at `first_stub`). Returns the timed entry a trampoline's header may
+/// name, if they are on. Not async-signal-safe (the first time).
+pub(crate) fn enable(first_stub: usize) -> Option<usize> {
     if PARAMS.stack.load(Ordering::Acquire) != 0 {
-        return Some(entries);
+        return Some(uprobe_core_timed_entry as *const () as usize);
     }
     // `lzcnt`: CPUID 0x8000_0001, ECX bit 5.
     let lzcnt = core::arch::x86_64::__cpuid(0x8000_0000).eax >= 0x8000_0001
@@ -130,7 +124,7 @@ pub(crate) fn enable(first_stub: usize) -> Option<crate::arch::OwnEntries> {
         crate::base::thread::return_stack_offset() as i64,
         Ordering::Release,
     );
-    Some(entries)
+    Some(uprobe_core_timed_entry as *const () as usize)
 }
 
 /// The address every stub calls.
@@ -157,54 +151,98 @@ macro_rules! restore_for_entry {
 }
 pub(super) use restore_for_entry;
 
-/// The start of an entry routine, up to where it knows its call can be
-/// tracked without the engine: saves rcx rax rdx rsi rdi r8 and the flags
-/// image (ah: SF ZF AF PF CF, al: OF), so that the probed stack pointer
-/// is rsp + 7 * 8 + 8 + 128; goes to `9f` (the engine's) if the thread is
-/// inside the engine or not observed, has no stack of pending returns
-/// yet (rsi once it has), or the call's return address (at r8) has no
-/// stub yet in the slot its hash picks first (the engine makes one);
-/// else leaves that stub's address in rdi. Operands: `params`,
-/// `p_flags`, `p_first_stub`, `targets`, `hash`, `stubs_mask`, `probed`.
-macro_rules! entry_prologue {
-    () => {
-        concat!(
-            "push rcx\n push rax\n push rdx\n push rsi\n push rdi\n push r8\n",
-            "lahf\n seto al\n push rax\n",
+/// An entry routine (the timed entry, the return entry): `$body`
+/// between the part they share at the start and at the end.
+///
+/// The start saves rcx rax rdx rsi rdi r8 and the flags image (ah: SF ZF
+/// AF PF CF, al: OF), so that the probed stack pointer is [`PROBED_AT`]
+/// above rsp; goes to `9f` (the engine's) if the thread is inside the
+/// engine or not observed, has no stack of pending returns yet (rsi once
+/// it has), or the call's return address (at r8) has no stub yet in the
+/// slot its hash picks first (the engine makes one); else leaves that
+/// stub's address in rdi. The end is `9:` (everything back as it was,
+/// then the engine's routine), the abort handler of the body's
+/// restartable sequence (`6:`, a restart at `3:`), and the sequence's
+/// descriptor (`8:`, from `4:` to `5:`). The operands both use are
+/// given here; `$operands` are the body's own.
+macro_rules! entry_routine {
+    ($name:literal, [$($body:expr),* $(,)?], $($operands:tt)*) => {
+        core::arch::global_asm!(
+            concat!(".pushsection .text.", $name, ",\"ax\",@progbits"),
+            ".p2align 4",
+            concat!(".globl ", $name),
+            concat!(".hidden ", $name),
+            concat!($name, ":"),
+            "push rcx\n push rax\n push rdx\n push rsi\n push rdi\n push r8",
+            "lahf\n seto al\n push rax",
             // Inside the engine, or not observed: the engine's.
-            "mov rax, [rip + {params} + {p_flags}]\n",
-            "mov eax, fs:[rax]\n",
-            "test eax, eax\n",
-            "jnz 9f\n",
+            "mov rax, [rip + {params} + {p_flags}]",
+            "mov eax, fs:[rax]",
+            "test eax, eax",
+            "jnz 9f",
             // The thread's pending returns (rsi), none yet: the engine's.
-            "mov rsi, [rip + {params}]\n",
-            "test rsi, rsi\n",
-            "jz 9f\n",
-            "mov rsi, fs:[rsi]\n",
-            "test rsi, rsi\n",
-            "jz 9f\n",
+            "mov rsi, [rip + {params}]",
+            "test rsi, rsi",
+            "jz 9f",
+            "mov rsi, fs:[rsi]",
+            "test rsi, rsi",
+            "jz 9f",
             // The return address (rdi) and the stub its hash picks first:
             // if that one is not its, the engine's (which finds or makes one).
-            "lea r8, [rsp + {probed}]\n",
-            "mov rdi, [r8]\n",
-            "movabs rax, {hash}\n",
-            "imul rax, rdi\n",
-            "shr rax, 40\n",
-            "and eax, {stubs_mask}\n",
-            "lea rdx, [rip + {targets}]\n",
-            "cmp [rdx + rax * 8], rdi\n",
-            "jne 9f\n",
-            "shl rax, 4\n",
-            "add rax, [rip + {params} + {p_first_stub}]\n",
-            "mov rdi, rax\n",
-        )
+            "lea r8, [rsp + {probed}]",
+            "mov rdi, [r8]",
+            "movabs rax, {hash}",
+            "imul rax, rdi",
+            "shr rax, 40",
+            "and eax, {stubs_mask}",
+            "lea rdx, [rip + {targets}]",
+            "cmp [rdx + rax * 8], rdi",
+            "jne 9f",
+            "shl rax, 4",
+            "add rax, [rip + {params} + {p_first_stub}]",
+            "mov rdi, rax",
+            $($body,)*
+            // The engine's: everything back as it was, then its routine.
+            "9:",
+            $crate::arch::x86_64::timing::restore_for_entry!(),
+            "jmp uprobe_core_jump_entry",
+            // The sequence's abort handler: the signature glibc registered,
+            // as the tail of a `ud1`, then a restart.
+            ".byte 0x0f, 0xb9, 0x3d",
+            ".long 0x53053053",
+            "6:",
+            "jmp 3b",
+            ".popsection",
+            // The sequence's descriptor (struct rseq_cs).
+            concat!(".pushsection .data.rel.ro.", $name, ",\"aw\",@progbits"),
+            ".p2align 5",
+            "8:",
+            ".long 0, 0",
+            ".quad 4b",
+            ".quad 5b - 4b",
+            ".quad 6b",
+            ".popsection",
+            params = sym $crate::arch::x86_64::timing::PARAMS,
+            p_flags = const core::mem::offset_of!($crate::arch::x86_64::timing::Params, flags),
+            p_area = const core::mem::offset_of!($crate::arch::x86_64::timing::Params, area),
+            p_cpus = const core::mem::offset_of!($crate::arch::x86_64::timing::Params, cpus),
+            p_first_stub = const core::mem::offset_of!($crate::arch::x86_64::timing::Params, first_stub),
+            targets = sym $crate::base::abi::STUB_TARGETS,
+            hash = const $crate::base::abi::STUB_HASH,
+            stubs_mask = const $crate::base::abi::MAX_STUBS - 1,
+            probed = const $crate::arch::x86_64::timing::PROBED_AT,
+            resume_slot = const $crate::arch::x86_64::timing::RESUME_SLOT_AT,
+            resume = const $crate::arch::x86_64::count::RESUME_AT,
+            cell = const $crate::arch::CELL_AT,
+            $($operands)*
+        );
     };
 }
-pub(super) use entry_prologue;
+pub(super) use entry_routine;
 
 /// Where the probed stack pointer (the slot of the call's return
 /// address) is, from an entry routine's stack pointer once
-/// [`entry_prologue`] saved its registers.
+/// [`entry_routine`] saved its registers.
 pub(super) const PROBED_AT: usize = 7 * 8 + 8 + 128;
 /// Where the routine's own return address is, from there: the
 /// trampoline's resume point, a fixed distance after its cell pointer.
@@ -228,117 +266,82 @@ macro_rules! restore_for_return {
 // zone below the probed stack pointer (128 bytes) stepped over. Saved:
 // rcx rax rdx rsi rdi r8, then the flags image (ah: SF ZF AF PF CF, al:
 // OF), so the probed stack pointer is rsp + 7 * 8 + 8 + 128.
-core::arch::global_asm!(
-    ".pushsection .text.uprobe_core_timed_entry,\"ax\",@progbits",
-    ".p2align 4",
-    ".globl uprobe_core_timed_entry",
-    ".hidden uprobe_core_timed_entry",
-    "uprobe_core_timed_entry:",
-    entry_prologue!(),
-    // The timed calls: full, or a top that is not a frame below this
-    // one: the engine's.
-    "mov rdx, [rsi + {timed} + {depth}]",
-    "cmp rdx, {max_depth}",
-    "jae 9f",
-    "test rdx, rdx",
-    "jz 2f",
-    "mov rax, rdx",
-    "shl rax, {entry_shift}",
-    "cmp [rsi + {timed} + {entries} - {entry_size} + rax], r8",
-    "jbe 9f",
-    "2:",
-    // Count the call (rcx: the cells), in a restartable sequence.
-    "3:",
-    "lea rax, [rip + 8f]",
-    "mov rdx, [rip + {params} + {p_area}]",
-    "mov fs:[rdx + 8], rax",
-    "4:",
-    "mov rdx, [rip + {params} + {p_area}]",
-    "mov edx, fs:[rdx + 4]",
-    "cmp rdx, [rip + {params} + {p_cpus}]",
-    "jae 9f",
-    "mov rcx, [rsp + {resume_slot}]",
-    "mov rcx, [rcx - {resume} + {cell}]",
-    "mov rcx, [rcx + {cell_timed}]",
-    "test rcx, rcx",
-    "jz 9f",
-    "mov rcx, [rcx]",
-    "test rcx, rcx",
-    "jz 9f",
-    "imul rdx, rdx, {cell_size}",
-    "mov rax, [rcx + rdx]",
-    "lea rax, [rax + 1]",
-    "mov [rcx + rdx], rax",
-    "5:",
-    // Push the call: slot, depth, slot again, the probe's switch (read
-    // again: a detach since the count leaves it null, and the return
-    // then records nothing) and its generation, then the clock.
-    "mov rcx, [rsp + {resume_slot}]",
-    "mov rcx, [rcx - {resume} + {cell}]",
-    "mov rcx, [rcx + {cell_timed}]",
-    "mov rdx, [rsi + {timed} + {depth}]",
-    "mov rax, rdx",
-    "shl rax, {entry_shift}",
-    "lea rax, [rsi + {timed} + {entries} + rax]",
-    "mov [rax], r8",
-    "lea rdx, [rdx + 1]",
-    "mov [rsi + {timed} + {depth}], rdx",
-    "mov [rax], r8",
-    "mov [rax + 16], rcx",
-    "test rcx, rcx",
-    "jz 1f",
-    "mov rdx, [rcx + 8]",
-    "mov [rax + 24], rdx",
-    // Still the cell's switch after its generation was read: else it may
-    // have been given back and turned on for another probe meanwhile,
-    // and the call records nothing.
-    "mov rdx, [rsp + {resume_slot}]",
-    "mov rdx, [rdx - {resume} + {cell}]",
-    "cmp rcx, [rdx + {cell_timed}]",
-    "je 1f",
-    "mov qword ptr [rax + 16], 0",
-    "1:",
-    "mov rsi, rax",
-    "rdtsc",
-    "shl rdx, 32",
-    "or rax, rdx",
-    "mov [rsi + 8], rax",
-    // Return through the stub from now on.
-    "mov [r8], rdi",
-    restore_for_entry!(),
-    "ret",
-    // The engine's: everything back as it was, then its routine.
-    "9:",
-    restore_for_entry!(),
-    "jmp uprobe_core_jump_entry",
-    // The sequence's abort handler: the signature glibc registered, as
-    // the tail of a `ud1`, then a restart.
-    ".byte 0x0f, 0xb9, 0x3d",
-    ".long 0x53053053",
-    "6:",
-    "jmp 3b",
-    ".popsection",
-    // The sequence's descriptor (struct rseq_cs).
-    ".pushsection .data.rel.ro.uprobe_core_timed_entry,\"aw\",@progbits",
-    ".p2align 5",
-    "8:",
-    ".long 0, 0",
-    ".quad 4b",
-    ".quad 5b - 4b",
-    ".quad 6b",
-    ".popsection",
-    params = sym PARAMS,
-    p_flags = const core::mem::offset_of!(Params, flags),
-    p_area = const core::mem::offset_of!(Params, area),
-    p_cpus = const core::mem::offset_of!(Params, cpus),
-    p_first_stub = const core::mem::offset_of!(Params, first_stub),
-    targets = sym TARGETS,
-    hash = const STUB_HASH,
-    stubs_mask = const MAX_STUBS - 1,
-    probed = const PROBED_AT,
-    resume_slot = const RESUME_SLOT_AT,
-    resume = const RESUME_AT,
-    cell = const CELL_AT,
+entry_routine!(
+    "uprobe_core_timed_entry",
+    [
+        // The timed calls: full, or a top that is not a frame below this
+        // one: the engine's.
+        "mov rdx, [rsi + {timed} + {depth}]",
+        "cmp rdx, {max_depth}",
+        "jae 9f",
+        "test rdx, rdx",
+        "jz 2f",
+        "mov rax, rdx",
+        "shl rax, {entry_shift}",
+        "cmp [rsi + {timed} + {entries} - {entry_size} + rax], r8",
+        "jbe 9f",
+        "2:",
+        // Count the call (rcx: the cells), in a restartable sequence.
+        "3:",
+        "lea rax, [rip + 8f]",
+        "mov rdx, [rip + {params} + {p_area}]",
+        "mov fs:[rdx + 8], rax",
+        "4:",
+        "mov rdx, [rip + {params} + {p_area}]",
+        "mov edx, fs:[rdx + 4]",
+        "cmp rdx, [rip + {params} + {p_cpus}]",
+        "jae 9f",
+        "mov rcx, [rsp + {resume_slot}]",
+        "mov rcx, [rcx - {resume} + {cell}]",
+        "mov rcx, [rcx + {cell_timed}]",
+        "test rcx, rcx",
+        "jz 9f",
+        "mov rcx, [rcx]",
+        "test rcx, rcx",
+        "jz 9f",
+        "imul rdx, rdx, {cell_size}",
+        "mov rax, [rcx + rdx]",
+        "lea rax, [rax + 1]",
+        "mov [rcx + rdx], rax",
+        "5:",
+        // Push the call: slot, depth, slot again, the probe's switch (read
+        // again: a detach since the count leaves it null, and the return
+        // then records nothing) and its generation, then the clock.
+        "mov rcx, [rsp + {resume_slot}]",
+        "mov rcx, [rcx - {resume} + {cell}]",
+        "mov rcx, [rcx + {cell_timed}]",
+        "mov rdx, [rsi + {timed} + {depth}]",
+        "mov rax, rdx",
+        "shl rax, {entry_shift}",
+        "lea rax, [rsi + {timed} + {entries} + rax]",
+        "mov [rax], r8",
+        "lea rdx, [rdx + 1]",
+        "mov [rsi + {timed} + {depth}], rdx",
+        "mov [rax], r8",
+        "mov [rax + 16], rcx",
+        "test rcx, rcx",
+        "jz 1f",
+        "mov rdx, [rcx + 8]",
+        "mov [rax + 24], rdx",
+        // Still the cell's switch after its generation was read: else it may
+        // have been given back and turned on for another probe meanwhile,
+        // and the call records nothing.
+        "mov rdx, [rsp + {resume_slot}]",
+        "mov rdx, [rdx - {resume} + {cell}]",
+        "cmp rcx, [rdx + {cell_timed}]",
+        "je 1f",
+        "mov qword ptr [rax + 16], 0",
+        "1:",
+        "mov rsi, rax",
+        "rdtsc",
+        "shl rdx, 32",
+        "or rax, rdx",
+        "mov [rsi + 8], rax",
+        // Return through the stub from now on.
+        "mov [r8], rdi",
+        restore_for_entry!(),
+        "ret",
+    ],
     cell_timed = const TIMED_AT,
     cell_size = const LATENCY_CELL_SIZE,
     timed = const RETURNS_TIMED_AT,
