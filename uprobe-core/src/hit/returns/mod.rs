@@ -18,7 +18,7 @@
 //! only the consumers live at the return. Where such a consumer has no entry
 //! handler and its site runs through a jump, the architecture's return
 //! entry routine pushes the instance itself, with no register frame and
-//! no call into Rust (`crate::arch::timing`): the instance's layout is
+//! no call into Rust (x86-64's `lean_return`): the instance's layout is
 //! `#[repr(C)]` for it (`crate::base::abi`). One that charged an in-flight
 //! account (it must uncharge it), or whose handler runs after detach,
 //! holds an `srcu` **lease** on the part (as the kernel's uretprobes since
@@ -66,6 +66,7 @@ use crate::site::returns::{
 use crate::site::switch::Switch;
 
 pub(crate) use crate::base::abi::MAX_RETURN_DEPTH;
+
 /// What a pending return that keeps its consumer's return part alive
 /// holds (one that names its switch holds nothing).
 enum KeepAlive {
