@@ -439,12 +439,7 @@ pub(crate) fn detach_many(items: &[(usize, Arc<Consumer>)]) -> Result<(), Detach
     let mut retry = Vec::new();
     let result = unpublish(&last, &Snapshot::read(), &mut garbage, &mut retry);
     reoptimize(retry);
-    // The clock: timing probes read it, and the routines below start
-    // with it.
-    if items
-        .iter()
-        .any(|(_, c)| c.switch.is_some() || c.lean_return.is_some())
-    {
+    if items.iter().any(|(_, c)| c.switch.is_some()) {
         // Timing probes' switches are off: restart every sequence that may
         // have read one on.
         pcpu::rseq::fence_all();
