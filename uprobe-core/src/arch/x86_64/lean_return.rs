@@ -32,7 +32,7 @@
 //! pending return is the engine's), which runs the handler with the
 //! full `ReturnContext`.
 
-use super::timing::{entry_routine, restore_for_entry};
+use super::timing::{entry_routine, restore_for_entry, sequence_start};
 use crate::base::abi::{
     JUMP_CELL_RETURN_HITS_AT as RETURN_HITS_AT, JUMP_CELL_RETURNS_AT as RETURNS_CELL_AT,
     MAX_RETURN_DEPTH, RETURN_CHARGED_AT, RETURN_COOKIE_AT, RETURN_FUNC_AT, RETURN_GENERATION_AT,
@@ -68,17 +68,7 @@ entry_routine!(
         "2:",
         // Count the hit (rcx: slot 0 of the counters, 128 bytes apart), in
         // a restartable sequence.
-        "3:",
-        "lea rax, [rip + 8f]",
-        "mov rdx, [rip + {params} + {p_area}]",
-        "mov fs:[rdx + 8], rax",
-        "4:",
-        "mov rdx, [rip + {params} + {p_area}]",
-        "mov edx, fs:[rdx + 4]",
-        "cmp rdx, [rip + {params} + {p_cpus}]",
-        "jae 9f",
-        "mov rcx, [rsp + {resume_slot}]",
-        "mov rcx, [rcx - {resume} + {cell}]",
+        sequence_start!(),
         "mov rcx, [rcx + {cell_hits}]",
         "test rcx, rcx",
         "jz 9f",

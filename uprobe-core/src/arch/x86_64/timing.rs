@@ -240,6 +240,31 @@ macro_rules! entry_routine {
 }
 pub(super) use entry_routine;
 
+/// The start of an entry routine's restartable sequence: arms it
+/// (`3:`, where its abort handler restarts), reads the CPU id into rdx
+/// at the sequence's start (`4:`), goes to the engine (`9f`) for an id
+/// past the possible CPUs (a thread without a registered sequence), and
+/// loads the trampoline's cell into rcx. The body goes on with the
+/// cell's field it needs and ends the sequence with its commit at `5:`.
+macro_rules! sequence_start {
+    () => {
+        concat!(
+            "3:\n",
+            "lea rax, [rip + 8f]\n",
+            "mov rdx, [rip + {params} + {p_area}]\n",
+            "mov fs:[rdx + 8], rax\n",
+            "4:\n",
+            "mov rdx, [rip + {params} + {p_area}]\n",
+            "mov edx, fs:[rdx + 4]\n",
+            "cmp rdx, [rip + {params} + {p_cpus}]\n",
+            "jae 9f\n",
+            "mov rcx, [rsp + {resume_slot}]\n",
+            "mov rcx, [rcx - {resume} + {cell}]\n",
+        )
+    };
+}
+pub(super) use sequence_start;
+
 /// Where the probed stack pointer (the slot of the call's return
 /// address) is, from an entry routine's stack pointer once
 /// [`entry_routine`] saved its registers.
@@ -282,17 +307,7 @@ entry_routine!(
         "jbe 9f",
         "2:",
         // Count the call (rcx: the cells), in a restartable sequence.
-        "3:",
-        "lea rax, [rip + 8f]",
-        "mov rdx, [rip + {params} + {p_area}]",
-        "mov fs:[rdx + 8], rax",
-        "4:",
-        "mov rdx, [rip + {params} + {p_area}]",
-        "mov edx, fs:[rdx + 4]",
-        "cmp rdx, [rip + {params} + {p_cpus}]",
-        "jae 9f",
-        "mov rcx, [rsp + {resume_slot}]",
-        "mov rcx, [rcx - {resume} + {cell}]",
+        sequence_start!(),
         "mov rcx, [rcx + {cell_timed}]",
         "test rcx, rcx",
         "jz 9f",
