@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
-use common::{call, fn_addr, probe_at};
+use common::{call, fn_addr, probe_at, waits};
 use uprobe_core::testing::{EntryRoute, entry_route};
 
 #[cfg(target_arch = "x86_64")]
@@ -237,18 +237,6 @@ fn signal_handlers_calling_the_function_mid_call_lose_nothing() {
     drop(probe);
 }
 
-static INSIDE: AtomicBool = AtomicBool::new(false);
-static RELEASE: AtomicBool = AtomicBool::new(false);
-
-#[inline(never)]
-extern "C" fn waits(x: u64) -> u64 {
-    INSIDE.store(true, SeqCst);
-    while !RELEASE.load(SeqCst) {
-        std::thread::yield_now();
-    }
-    std::hint::black_box(x + 1)
-}
-
 /// A call pending at detach returns normally and runs nothing; the next
 /// probe on the site (which may get the same switch) sees only its own.
 #[test]
@@ -256,18 +244,13 @@ fn a_call_pending_at_detach_runs_nothing_of_it_or_the_next() {
     let _s = serial();
     let (sum, seen) = (Arc::default(), Arc::default());
     let probe = summing_probe(waits, &sum, &seen);
-    assert_eq!(entry_route(waits as *const () as usize), lean_route());
-    INSIDE.store(false, SeqCst);
-    RELEASE.store(false, SeqCst);
-    let caller = std::thread::spawn(|| waits(41));
-    while !INSIDE.load(SeqCst) {
-        std::thread::yield_now();
-    }
+    assert_eq!(entry_route(fn_addr(waits)), lean_route());
+    let caller = common::call_waiting(41);
     assert_eq!(probe.hits(), 1);
     probe.detach().unwrap();
     let (next_sum, next_seen) = (Arc::default(), Arc::default());
     let next = summing_probe(waits, &next_sum, &next_seen);
-    RELEASE.store(true, SeqCst);
+    common::release_waiting();
     assert_eq!(caller.join().unwrap(), 42);
     assert_eq!(seen.load(SeqCst), 0, "a detached probe's handler ran");
     assert_eq!(

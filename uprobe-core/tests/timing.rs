@@ -11,7 +11,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
-use common::{call, fn_addr, probe_at};
+use common::{call, fn_addr, probe_at, waits};
 use uprobe_core::{AttachError, LatencyCell, Uprobe, latency_cells};
 
 #[cfg(target_arch = "x86_64")]
@@ -505,18 +505,6 @@ mod registers {
     }
 }
 
-static INSIDE: AtomicBool = AtomicBool::new(false);
-static RELEASE: AtomicBool = AtomicBool::new(false);
-
-#[inline(never)]
-extern "C" fn waits(x: u64) -> u64 {
-    INSIDE.store(true, SeqCst);
-    while !RELEASE.load(SeqCst) {
-        std::thread::yield_now();
-    }
-    std::hint::black_box(x + 1)
-}
-
 /// A call pending when its probe is detached returns normally and writes
 /// nothing into the cells, which the caller may unmap once the detach
 /// returned (as a tool does with a shared report).
@@ -540,20 +528,12 @@ fn a_call_pending_at_detach_writes_nothing_after_it() {
     // SAFETY: `n` zeroed cells, page-aligned; unmapped only once the
     // probe is detached, and not read after.
     let cells: &'static [LatencyCell] = unsafe { core::slice::from_raw_parts(p.cast(), n) };
-    let probe = probe_at(waits as *const () as usize)
-        .time_into(cells)
-        .attach()
-        .unwrap();
-    INSIDE.store(false, SeqCst);
-    RELEASE.store(false, SeqCst);
-    let caller = std::thread::spawn(|| waits(41));
-    while !INSIDE.load(SeqCst) {
-        std::thread::yield_now();
-    }
+    let probe = probe_at(fn_addr(waits)).time_into(cells).attach().unwrap();
+    let caller = common::call_waiting(41);
     assert_eq!(probe.hits(), 1);
     probe.detach().unwrap();
     // SAFETY: the probe is detached: nothing writes to the cells now.
     assert_eq!(unsafe { libc::munmap(p, len) }, 0);
-    RELEASE.store(true, SeqCst);
+    common::release_waiting();
     assert_eq!(caller.join().unwrap(), 42);
 }

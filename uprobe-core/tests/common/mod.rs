@@ -329,3 +329,36 @@ pub fn install(sig: libc::c_int, handler: extern "C" fn(libc::c_int), flags: lib
         assert_eq!(libc::sigaction(sig, &raw const sa, std::ptr::null_mut()), 0);
     }
 }
+
+/// Whether a call of [`waits`] is inside it, and whether it may return.
+static WAIT_INSIDE: AtomicBool = AtomicBool::new(false);
+static WAIT_RELEASE: AtomicBool = AtomicBool::new(false);
+
+/// Stays inside until [`release_waiting`] (returns `x + 1`): a call a
+/// test keeps pending while it detaches a probe of the function.
+#[inline(never)]
+pub extern "C" fn waits(x: u64) -> u64 {
+    WAIT_INSIDE.store(true, SeqCst);
+    while !WAIT_RELEASE.load(SeqCst) {
+        std::thread::yield_now();
+    }
+    std::hint::black_box(x + 1)
+}
+
+/// Starts a thread calling [`waits`]`(x)` and returns once it is inside.
+/// One at a time per test binary (the callers' tests are serialised).
+pub fn call_waiting(x: u64) -> std::thread::JoinHandle<u64> {
+    WAIT_INSIDE.store(false, SeqCst);
+    WAIT_RELEASE.store(false, SeqCst);
+    let caller = std::thread::spawn(move || waits(x));
+    while !WAIT_INSIDE.load(SeqCst) {
+        std::thread::yield_now();
+    }
+    caller
+}
+
+/// Lets the call [`call_waiting`] started (and every later call of
+/// [`waits`]) return.
+pub fn release_waiting() {
+    WAIT_RELEASE.store(true, SeqCst);
+}

@@ -151,6 +151,23 @@ macro_rules! restore_for_entry {
 }
 pub(super) use restore_for_entry;
 
+/// The calling thread's stack of pending returns into rsi, or to `9f`
+/// (the engine's) while the routines are off or the thread has none yet.
+/// Operand: `params`.
+macro_rules! thread_returns {
+    () => {
+        concat!(
+            "mov rsi, [rip + {params}]\n",
+            "test rsi, rsi\n",
+            "jz 9f\n",
+            "mov rsi, fs:[rsi]\n",
+            "test rsi, rsi\n",
+            "jz 9f\n",
+        )
+    };
+}
+pub(super) use thread_returns;
+
 /// An entry routine (the timed entry, the return entry): `$body`
 /// between the part they share at the start and at the end.
 ///
@@ -181,12 +198,7 @@ macro_rules! entry_routine {
             "test eax, eax",
             "jnz 9f",
             // The thread's pending returns (rsi), none yet: the engine's.
-            "mov rsi, [rip + {params}]",
-            "test rsi, rsi",
-            "jz 9f",
-            "mov rsi, fs:[rsi]",
-            "test rsi, rsi",
-            "jz 9f",
+            $crate::arch::x86_64::timing::thread_returns!(),
             // The return address (rdi) and the stub its hash picks first:
             // if that one is not its, the engine's (which finds or makes one).
             "lea r8, [rsp + {probed}]",
@@ -398,13 +410,8 @@ core::arch::global_asm!(
     "seto al",
     "push rax",
     ".cfi_adjust_cfa_offset 8",
-    // The thread's pending returns (rsi).
-    "mov rsi, [rip + {params}]",
-    "test rsi, rsi",
-    "jz 9f",
-    "mov rsi, fs:[rsi]",
-    "test rsi, rsi",
-    "jz 9f",
+    // The thread's pending returns (rsi), none yet: the engine's.
+    thread_returns!(),
     "lea r8, [rsp + 72]",
     // A thread without a restartable sequence: the engine's.
     "mov rax, [rip + {params} + {p_area}]",
