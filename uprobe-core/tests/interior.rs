@@ -260,6 +260,19 @@ fn every_instruction_of_libz_at_once() {
              {modes:?}",
             under_probes.as_secs_f64() / unprobed.as_secs_f64()
         );
+        for p in probes.iter().filter(|p| !p.mode().is_jump()).take(16) {
+            let (name, start) = starts
+                .iter()
+                .filter(|s| *s.1 <= p.addr())
+                .max_by_key(|s| *s.1)
+                .expect("a function");
+            let bytes: Vec<u8> = (0..8).map(|k| common::byte_at(p.addr() + k)).collect();
+            println!(
+                "  on a breakpoint: {name}+{:#x} (as it is now: {bytes:02x?}): {:?}",
+                p.addr() - start,
+                p.mode()
+            );
+        }
         assert!(hits > 0, "the workload reached no probe");
         for p in probes {
             p.detach().unwrap();

@@ -280,8 +280,9 @@ pub(crate) fn reoptimize(mut addrs: Vec<usize>) {
 }
 
 /// For `site`, whose pun found no room where its displacement ends in
-/// the jump of the next site: that jump planned again with its stub where
-/// the bytes it writes give `site` a window with room (as `E9Patch`
+/// the jump of a site after it (each whose stub could move, in turn): that
+/// jump planned again with its stub where the bytes it writes give `site`
+/// a window with room, and every jump punned over them too (as `E9Patch`
 /// chooses a jump's target for the pun of the instruction before it). A
 /// punned jump's stub moves within its window; a jump that replaces a
 /// long instruction alone, and went straight to its trampoline, is
@@ -289,26 +290,41 @@ pub(crate) fn reoptimize(mut addrs: Vec<usize>) {
 /// moved; the sites taken back on the way go to `taken`. `WRITER` is
 /// held.
 fn make_room_before(site: &Site, maps: &Snapshot, taken: &mut Vec<usize>) -> bool {
-    let Some((next, next_start)) = (1..JUMP_LEN)
+    (1..JUMP_LEN)
         .filter_map(|k| site_at(site.addr + k))
-        .find_map(|n| match &*n.mode() {
-            SiteMode::Jump(j) if j.stub_could_move() => Some((n, j.start)),
-            _ => None,
-        })
-    else {
-        return false;
-    };
-    let Some(room) = crate::patch::pun::room_before(site.addr, next.addr, next_start, maps) else {
-        return false;
+        .any(|next| move_for(site, next, maps, taken))
+}
+
+/// [`make_room_before`] with the jump of `next`, if its stub could move.
+fn move_for(site: &Site, next: &'static Site, maps: &Snapshot, taken: &mut Vec<usize>) -> bool {
+    let next_start = match &*next.mode() {
+        SiteMode::Jump(j) if j.stub_could_move() => j.start,
+        _ => return false,
     };
     let consumers = next.current_list();
-    // Not where another jump already ends in its bytes: moving them would
-    // take that one back, which could ask for them elsewhere again.
-    if consumers.iter().any(|c| c.trap_only || c.blocked.is_some())
-        || !covering(&[next.addr]).is_empty()
-    {
+    if consumers.iter().any(|c| c.trap_only || c.blocked.is_some()) {
         return false;
     }
+    // The bytes must give room to `site` and to every jump that already
+    // ends in them (a chain of short instructions: `pop rbx; pop rbp;
+    // pop r12`, the first two punned over the third's free byte), which
+    // moving them takes back and plans again. Not where a jump ends in
+    // those jumps' bytes in turn, or cannot be taken back.
+    let mut tests = Vec::new();
+    for (addr, at) in std::iter::once((site.addr, next.addr)).chain(
+        covering(&[next.addr])
+            .into_iter()
+            .map(|(c, at)| (c.addr, if is_direct(c) { 0 } else { at })),
+    ) {
+        match (at == next.addr)
+            .then(|| crate::patch::pun::room_before(addr, next.addr, next_start, maps))
+            .flatten()
+        {
+            Some(test) => tests.push(test),
+            None => return false,
+        }
+    }
+    let room = |bytes: &[u8]| tests.iter().all(|test| test(bytes));
     let function = consumers.iter().find_map(|c| c.function);
     taken.extend(to_traps(
         &[next],
@@ -329,6 +345,12 @@ fn make_room_before(site: &Site, maps: &Snapshot, taken: &mut Vec<usize>) -> boo
         Err(why) => *next.mode() = SiteMode::Trap(why),
     }
     moved && next.is_jump()
+}
+
+/// Whether `site` runs through a jump that is never taken back (a
+/// one-byte jump written with no breakpoint).
+fn is_direct(site: &Site) -> bool {
+    matches!(&*site.mode(), SiteMode::Ready(j) | SiteMode::Jump(j) if j.direct)
 }
 
 /// How many times one `reoptimize` plans a site at most.
