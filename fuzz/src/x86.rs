@@ -273,21 +273,64 @@ pub fn check_trampoline(
     copied.to_vec()
 }
 
+/// Asserts that the `n` bytes after the instruction of `len` bytes at
+/// `start` are padding no thread runs: the instruction never falls
+/// through, and what follows it is `nop`s and `int3`s, at least `n`
+/// bytes of them, up to a 16-byte boundary.
+fn assert_padding(start: usize, len: usize, code: &[u8], n: usize) {
+    let insn = decode(code, start as u64);
+    assert!(
+        matches!(
+            insn.flow_control(),
+            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+        ),
+        "{n} bytes after {} (which falls through) written",
+        text(&insn)
+    );
+    let mut at = len;
+    while !(start + at).is_multiple_of(16) {
+        let pad = decode(&code[at..], (start + at) as u64);
+        assert!(
+            !pad.is_invalid() && matches!(pad.mnemonic(), Mnemonic::Nop | Mnemonic::Int3),
+            "{} after {} written as padding",
+            text(&pad),
+            text(&insn)
+        );
+        at += pad.len();
+    }
+    assert!(
+        at >= len + n,
+        "{n} bytes written after {}, more than its padding",
+        text(&insn)
+    );
+}
+
 /// Checks the puns offered over the instruction of `len` bytes at
 /// `start` (code `code` from there): each written jump, followed by the
 /// bytes it leaves, decodes as a `jmp rel32` to any target in its
 /// window, and writes no byte past the instruction (or past the first,
-/// `one_byte`).
+/// `one_byte`) but padding that nothing runs.
 ///
 /// # Panics
 /// On a pun that does not jump where it says.
 pub fn check_puns(start: usize, len: usize, code: &[u8], one_byte: bool, windows: &[PunWindow]) {
-    // Over an instruction of a jump's length or more, the whole jump.
+    // Over an instruction of a jump's length or more, the whole jump;
+    // over a shorter one, its bytes and maybe padding after it.
     let written_len = if one_byte { 1 } else { len.min(5) };
     for w in windows {
-        assert_eq!(w.written, written_len, "{w:?}");
+        assert!(
+            w.written == written_len || (!one_byte && len < 5 && w.written <= 5),
+            "{w:?}"
+        );
+        if w.written > len {
+            assert_padding(start, len, code, w.written - len);
+        }
         assert!(w.prefixes < w.written, "{w:?}");
-        let jump_end = w.prefixes + 5;
+        // A `jmp rel32` after its prefixes, or (one byte written) a
+        // `jmp rel8` over the next byte.
+        let jump_end = w.written + w.fixed.len();
+        let short = jump_end == 2 && w.written == 1;
+        assert!(short || jump_end == w.prefixes + 5, "{w:?}");
         assert_eq!(&code[w.written..jump_end], &w.fixed[..], "{w:?}");
         assert!(w.size >= 1);
         for target in [w.lo, w.lo + w.size / 2, w.lo + w.size - 1] {
@@ -295,8 +338,13 @@ pub fn check_puns(start: usize, len: usize, code: &[u8], one_byte: bool, windows
             assert_eq!(written.len(), w.written);
             let bytes: Vec<u8> = written.iter().chain(&w.fixed).copied().collect();
             let jmp = decode(&bytes, start as u64);
+            let code = if short {
+                Code::Jmp_rel8_64
+            } else {
+                Code::Jmp_rel32_64
+            };
             assert!(
-                jmp.code() == Code::Jmp_rel32_64
+                jmp.code() == code
                     && jmp.len() == bytes.len()
                     && jmp.near_branch_target() == target as u64,
                 "{w:?} to {target:#x} decodes as {} ({} bytes)",

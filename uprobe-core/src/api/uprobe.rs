@@ -483,6 +483,14 @@ impl Uprobe {
                 return Err(AttachError::InvalidThreadId { tid });
             }
             p.check_boundary()?;
+            if queries::in_landing_pad(p.addr) {
+                return Err(AttachError::Unsupported {
+                    addr: p.addr,
+                    insn: "(padding)".to_string(),
+                    why: "the engine wrote a landing pad for a punned jump into this alignment \
+                          padding: no code of the program runs here",
+                });
+            }
             blocked.push(if p.allow_blocked {
                 None
             } else {

@@ -234,6 +234,9 @@ pub(crate) struct Punning {
     pub(crate) pun_bytes: fn(pun: &Pun, target: usize) -> [u8; JUMP_LEN],
     /// A stub at `at` that goes on to `target`.
     pub(crate) stub: fn(at: usize, target: usize) -> Vec<u8>,
+    /// How many bytes after the code from `start` to `end` (`code`, and
+    /// what follows) are alignment padding that nothing runs.
+    pub(crate) padding_after_code: fn(start: usize, end: usize, code: &[u8]) -> usize,
 }
 
 /// How this architecture puns jumps: x86-64 does; on aarch64 every

@@ -25,6 +25,14 @@ pub(crate) fn original_code(addr: usize, len: usize) -> Vec<u8> {
     code_as_original(addr, len)
 }
 
+/// Whether `addr` lies in a landing pad the engine wrote into alignment
+/// padding (`crate::patch::pun`): not the program's code, so no probe
+/// may go there. Takes the writer lock. Not async-signal-safe.
+pub(crate) fn in_landing_pad(addr: usize) -> bool {
+    let _w = writer();
+    crate::patch::pun::in_landing_pad(addr)
+}
+
 /// How the site at `addr` runs (`None` if nothing is attached there).
 pub(crate) fn mode(addr: usize) -> Option<Mode> {
     let _w = writer();

@@ -53,11 +53,17 @@ pub enum Tactic {
     /// instruction of 5 bytes or more whose bytes the jump of the
     /// instruction before it ends in gets its whole jump written this way
     /// (5 bytes, nothing fixed): its stub is placed where those bytes
-    /// give that jump room, at the cost of one more `jmp` per hit.
+    /// give that jump room, at the cost of one more `jmp` per hit. After
+    /// a return or jump, the alignment padding that follows (which no
+    /// thread runs) is written too: a `ret` before 4 bytes of padding
+    /// takes a whole jump. Where a one-byte patch's one target (a
+    /// `jmp rel32` over the next four bytes, or a `jmp rel8` over the
+    /// next one) lies in padding of loaded code, its stub is written
+    /// there (a landing pad).
     Pun {
-        /// Bytes the patch changes (the probed instruction's length, 5
-        /// where the whole jump goes over a longer instruction, or 1
-        /// where one byte suffices).
+        /// Bytes the patch changes (the probed instruction's length, with
+        /// the padding after it if any, 5 where the whole jump goes over
+        /// a longer instruction, or 1 where one byte suffices).
         written: u8,
         /// Redundant prefixes in front of the `jmp` (padding that moves
         /// the window the fixed bytes choose).

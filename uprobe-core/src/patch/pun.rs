@@ -1,8 +1,9 @@
 //! Punned jumps (x86-64; `crate::base::mode::Tactic::Pun`): which of the ways
 //! to pun a jump over a site (`arch::pun::puns`) has room for a stub in
-//! its window, and the stubs made so far.
+//! its window, the stubs made so far, and the landing pads.
 //!
-//! A punned jump changes only the probed instruction's bytes, so no
+//! A punned jump changes only the probed instruction's bytes (and the
+//! alignment padding after a return or jump, which nothing runs), so no
 //! thread can be stopped inside what it replaces and no branch elsewhere
 //! can land inside it: the checks a jump over several instructions needs
 //! (no indirect jump in the function, no branch into the range, threads
@@ -17,7 +18,10 @@
 //!
 //! A stub is made once per (trampoline, pun) and reused by every later
 //! attach of the same site and bytes; like the trampoline it jumps to, it
-//! is never freed (`crate::code::pinned`).
+//! is never freed (`crate::code::pinned`). Where a window is one address
+//! inside loaded code, in the alignment padding after a function that
+//! unwind information describes, the stub is written there instead: a
+//! landing pad, never changed either.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -27,7 +31,8 @@ use crate::arch::JUMP_LEN;
 use crate::arch::jump::Plan;
 use crate::base::mode::NotOptimized;
 use crate::code::pinned;
-use crate::process::maps::Snapshot;
+use crate::process::maps::{Patch, Snapshot, write_patches};
+use crate::process::symbols::Symbols;
 use crate::site::SiteMode;
 use crate::site::jump::{Pun, Trampoline};
 use crate::table::site_at;
@@ -72,7 +77,6 @@ pub(crate) fn choose(
     let Some(punning) = crate::arch::PUNNING else {
         return Err(None);
     };
-    let code = &code[..code.len().min(2 * JUMP_LEN)];
     let target = trampoline.base + crate::arch::jump::ENTRY_AT;
     let mut blocked = None;
     let mut stubs = STUBS
@@ -81,7 +85,12 @@ pub(crate) fn choose(
     let stubs = stubs.get_or_insert_with(HashMap::new);
     for pun in (punning.puns)(plan.start, plan.len, code, one_byte) {
         let end = pun.start + pun.written + pun.fixed.len();
-        if let Some(at) = (pun.start + 1..end).find(|&a| blocks(a, one_byte)) {
+        // Any site among the bytes written (padding after the probed
+        // instruction: a probe on a `nop`) blocks.
+        let written_end = pun.start + pun.written;
+        if let Some(at) = (pun.start + 1..end)
+            .find(|&a| blocks(a, one_byte) || (a < written_end && site_at(a).is_some()))
+        {
             blocked.get_or_insert(NotOptimized::OtherProbeInRange { at });
             continue;
         }
@@ -98,6 +107,16 @@ pub(crate) fn choose(
             && takes(at)
         {
             let bytes = (punning.pun_bytes)(&pun, at);
+            return Ok((pun, bytes));
+        }
+        if pun.fixed.is_empty()
+            && accept.is_none()
+            && pun.lo <= target
+            && target - pun.lo < pun.size
+        {
+            // The whole jump written, nothing asked of its bytes: straight
+            // to the trampoline.
+            let bytes = (punning.pun_bytes)(&pun, target);
             return Ok((pun, bytes));
         }
         let free = |start, end| maps.free(start, end, pinned::HEAP_ROOM);
@@ -125,8 +144,82 @@ pub(crate) fn choose(
             let bytes = (punning.pun_bytes)(&pun, at);
             return Ok((pun, bytes));
         }
+        // One target, mapped: a landing pad, if it lies in padding.
+        if pun.size == 1 && takes(pun.lo) && landing_pad(pun.lo, &stub(pun.lo), pun.start, maps) {
+            stubs.insert(key, pun.lo);
+            let bytes = (punning.pun_bytes)(&pun, pun.lo);
+            return Ok((pun, bytes));
+        }
     }
     Err(blocked)
+}
+
+/// Landing pads written so far: where, and their bytes.
+static PADS: Mutex<Vec<(usize, Vec<u8>)>> = Mutex::new(Vec::new());
+
+/// How far below a landing pad no site may lie: a jump's bytes, fixed
+/// bytes and copied tail reach no further ahead of its site.
+const PAD_CLEARANCE: usize = 4 * JUMP_LEN;
+
+/// Writes `stub` at `at`, the one target of a pun, where that lies in
+/// the alignment padding after code that unwind information describes
+/// (`arch::Punning::padding_after_code`: after its last instruction,
+/// which never falls through, `nop`s up to a 16-byte boundary): no
+/// thread runs those bytes and no branch lands there, so the stub is
+/// written with one sync before the pun's jump goes in. A landing pad,
+/// like a stub, is never changed or taken out (a thread may be on its
+/// way through it); a later pun with the same target and bytes shares
+/// it. Whether `at` holds the stub now. Not where a site other than the
+/// pun's own (at `from`) lies on it or close enough below for its jump
+/// to reach it. `WRITER` is held. Not async-signal-safe.
+fn landing_pad(at: usize, stub: &[u8], from: usize, maps: &Snapshot) -> bool {
+    let Some(punning) = crate::arch::PUNNING else {
+        return false;
+    };
+    let end = at + stub.len();
+    let mut pads = PADS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((a, b)) = pads.iter().find(|(a, b)| *a < end && at < a + b.len()) {
+        return *a == at && b == stub;
+    }
+    let Some(map) = maps.code_mapping_of(at).filter(|m| end <= m.end) else {
+        return false;
+    };
+    if (at.saturating_sub(PAD_CLEARANCE)..end).any(|a| a != from && site_at(a).is_some()) {
+        return false;
+    }
+    let Some((start, code_end)) = Symbols::now().unwound_before(at) else {
+        return false;
+    };
+    if start < map.start || at - code_end > PAD_CLEARANCE {
+        return false;
+    }
+    let code = code_as_it_stays(start, (code_end + 64).min(map.end) - start);
+    if end > code_end + (punning.padding_after_code)(start, code_end, &code) {
+        return false;
+    }
+    let patch = Patch {
+        map,
+        addr: at,
+        bytes: stub,
+    };
+    // SAFETY: `at .. end` is alignment padding inside `map`: no thread
+    // runs it, no branch lands in it, and no site's bytes reach it.
+    if unsafe { write_patches(&[patch]) }.is_err() {
+        return false;
+    }
+    pads.push((at, stub.to_vec()));
+    true
+}
+
+/// Whether `addr` lies in a landing pad the engine wrote (not the
+/// program's code: no probe may go there). Not async-signal-safe.
+pub(crate) fn in_landing_pad(addr: usize) -> bool {
+    let pads = PADS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    pads.iter().any(|(a, b)| (*a..a + b.len()).contains(&addr))
 }
 
 /// Targets tried for a jump written whole (its window all it reaches)

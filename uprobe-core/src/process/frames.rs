@@ -71,6 +71,17 @@ impl Frames {
         (addr - start < len).then_some((start, len))
     }
 
+    /// The `(start, len)` of the last FDE that ends at or before file
+    /// address `addr`, if no FDE covers `addr` (it lies between the
+    /// code that unwind information describes: padding, or code
+    /// without any).
+    pub(crate) fn before(&self, addr: u64) -> Option<(u64, u64)> {
+        let scanned = self.scanned.get_or_init(|| self.scan());
+        let after = scanned.partition_point(|e| e.0 <= addr);
+        let &(start, len) = scanned[..after].last()?;
+        (addr - start >= len).then_some((start, len))
+    }
+
     fn eh_frame(&self) -> EhFrame<EndianSlice<'_, RunTimeEndian>> {
         let mut eh_frame = EhFrame::new(&self.eh_frame, self.endian);
         eh_frame.set_address_size(8);

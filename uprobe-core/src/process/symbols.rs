@@ -347,14 +347,7 @@ impl Symbols {
 
     /// See [`covering_function`].
     pub(crate) fn covering_function(&self, addr: usize) -> Option<Function> {
-        let map_path = self
-            .maps
-            .get_or_init(crate::process::maps::Snapshot::read)
-            .path_of(addr)?;
-        let l = self.objects.iter().find(|l| {
-            l.path == map_path || self.canonical(&l.path).is_some_and(|p| p == map_path)
-        })?;
-        let index = self.index(&l.path)?;
+        let (l, index) = self.object_of(addr)?;
         let file_addr = addr.wrapping_sub(l.bias);
         if let Some((start, size, name)) = index.covering(file_addr) {
             return Some(Function {
@@ -374,6 +367,29 @@ impl Symbols {
             size: size as usize,
             sole_entry: false,
         })
+    }
+
+    /// The loaded object mapped at `addr`, and its index.
+    fn object_of(&self, addr: usize) -> Option<(&Loaded, std::sync::Arc<SymbolIndex>)> {
+        let map_path = self
+            .maps
+            .get_or_init(crate::process::maps::Snapshot::read)
+            .path_of(addr)?;
+        let l = self.objects.iter().find(|l| {
+            l.path == map_path || self.canonical(&l.path).is_some_and(|p| p == map_path)
+        })?;
+        Some((l, self.index(&l.path)?))
+    }
+
+    /// The code that unwind information describes right before `addr`,
+    /// where none describes `addr` itself: the last FDE's `(start, end)`
+    /// before it, in the process's addresses.
+    pub(crate) fn unwound_before(&self, addr: usize) -> Option<(usize, usize)> {
+        let (l, index) = self.object_of(addr)?;
+        let file_addr = addr.wrapping_sub(l.bias);
+        let (start, len) = index.frames.as_ref()?.before(file_addr as u64)?;
+        let start = l.bias.wrapping_add(start as usize);
+        Some((start, start + len as usize))
     }
 }
 

@@ -195,8 +195,13 @@ pub(crate) fn single(addr: usize, here: &[u8], limit: usize) -> Result<Plan, Not
     relocatable(&here[..first.len()], &first)?;
     let len = first.len();
     // Over an instruction of a jump's length or more, the jump ends
-    // inside it (one byte written).
-    let tail = if len < JUMP_LEN {
+    // inside it (one byte written); after one that never falls through,
+    // nothing runs.
+    let falls_through = !matches!(
+        first.flow_control(),
+        FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+    );
+    let tail = if len < JUMP_LEN && falls_through {
         tail(addr + len, &here[len..], limit)
     } else {
         Vec::new()

@@ -34,6 +34,7 @@ pub(crate) const PUNNING: Option<super::Punning> = Some(super::Punning {
     puns: pun::puns,
     pun_bytes: pun::pun_bytes,
     stub: pun::stub,
+    padding_after_code: pun::padding_after_code,
 });
 
 /// Trampolines count a counting probe's hits in a restartable sequence

@@ -15,12 +15,20 @@
 //! byte, written the way a breakpoint is, with no window in which a
 //! thread could trap.
 //!
+//! An instruction that never falls through (a return, an unconditional
+//! jump) followed by alignment padding (`nop`s or `int3`s up to a
+//! 16-byte boundary: what a compiler or assembler puts after a function,
+//! or before a loop's aligned start) can be punned over the padding too
+//! ([`padding_after`]): no thread runs those bytes and no branch lands
+//! in them, so they are written like the instruction's own, and a
+//! one-byte `ret` followed by four bytes of padding takes a whole jump.
+//!
 //! The prefix is `26` (an `es` segment override), which 64-bit mode
 //! ignores for a near `jmp` (`66` would truncate the target on AMD
 //! processors, `f2` and `f3` mean `bnd` and `rep`; `2e` and `3e` are
 //! branch hints, `3e` also `notrack`).
 
-use iced_x86::{Code, Decoder, DecoderOptions};
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Mnemonic};
 
 use super::JUMP_LEN;
 use crate::arch::Pun;
@@ -29,17 +37,23 @@ use crate::arch::Pun;
 const PREFIX: u8 = 0x26;
 /// `jmp rel32`.
 const JMP: u8 = 0xe9;
+/// `jmp rel8`.
+const JMP_SHORT: u8 = 0xeb;
 
 /// The ways to pun a jump over the instruction of `len` bytes at
 /// `start`, whose code (as it will stay around the written bytes) is
 /// `code`, from `start` on, most free bytes first. `one_byte`: only the
 /// opcode is written (instructions of 5 bytes or more); otherwise every
-/// byte of the instruction is, and over an instruction of 5 bytes or
-/// more that is the whole jump: no byte is fixed, and its window is all
-/// a `rel32` reaches (a jump through a stub placed where its bytes suit
-/// the instruction before it). Not async-signal-safe.
+/// byte of the instruction is, and the padding after it
+/// ([`padding_after`]), and over 5 bytes or more that is the whole jump:
+/// no byte is fixed, and its window is all a `rel32` reaches. Not
+/// async-signal-safe.
 pub(crate) fn puns(start: usize, len: usize, code: &[u8], one_byte: bool) -> Vec<Pun> {
-    let written = if one_byte { 1 } else { len };
+    let written = if one_byte {
+        1
+    } else {
+        (len + padding_after(start, len, code)).min(JUMP_LEN.max(len))
+    };
     if written == 0 {
         return Vec::new();
     }
@@ -76,17 +90,94 @@ pub(crate) fn puns(start: usize, len: usize, code: &[u8], one_byte: bool) -> Vec
             size: 1 << (8 * free),
         });
     }
+    // One byte written: `jmp rel8` too, to the one address within 128
+    // bytes that the next byte chooses (code: only a landing pad in its
+    // padding can take it).
+    if written == 1
+        && let Some(&rel) = code.get(1)
+        && let Some(lo) = (start + 2).checked_add_signed(isize::from(rel.cast_signed()))
+    {
+        all.push(Pun {
+            start,
+            prefixes: 0,
+            written,
+            fixed: vec![rel],
+            lo,
+            size: 1,
+        });
+    }
     all
+}
+
+/// How many bytes after the instruction of `len` bytes at `start` (code
+/// `code` from there) are padding that nothing runs: where it never
+/// falls through (a return, an unconditional direct or indirect jump),
+/// the `nop`s and `int3`s after it when they end at a 16-byte boundary
+/// before the end of `code` (alignment padding: a branch lands at the
+/// aligned instruction after it, never inside). 0 otherwise. A site
+/// among them (a probe on a `nop`) is the caller's to check. Not
+/// async-signal-safe.
+pub(crate) fn padding_after(start: usize, len: usize, code: &[u8]) -> usize {
+    /// The longest padding looked for: a 64-byte boundary's.
+    const MOST: usize = 63;
+    let mut decoder = Decoder::with_ip(64, code, start as u64, DecoderOptions::NONE);
+    let first = decoder.decode();
+    let ends_flow = matches!(
+        first.flow_control(),
+        FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+    );
+    if first.is_invalid() || first.len() != len || !ends_flow {
+        return 0;
+    }
+    let mut end = start + len;
+    while end - (start + len) <= MOST && decoder.can_decode() {
+        if end.is_multiple_of(16) {
+            return end - (start + len);
+        }
+        let insn = decoder.decode();
+        if insn.is_invalid() || !matches!(insn.mnemonic(), Mnemonic::Nop | Mnemonic::Int3) {
+            return 0;
+        }
+        end = insn.next_ip() as usize;
+    }
+    0
+}
+
+/// How many bytes of padding follow the code from `start` to `end`
+/// (`code`: its bytes, and at least those after it up to a 16-byte
+/// boundary), decoded from `start` on: its last instruction's
+/// [`padding_after`]; 0 where the instructions decoded do not end at
+/// `end`. Not async-signal-safe.
+pub(crate) fn padding_after_code(start: usize, end: usize, code: &[u8]) -> usize {
+    let mut decoder = Decoder::with_ip(64, code, start as u64, DecoderOptions::NONE);
+    let mut at = start;
+    while at < end && decoder.can_decode() {
+        let insn = decoder.decode();
+        let next = insn.next_ip() as usize;
+        if insn.is_invalid() || next > end {
+            return 0;
+        }
+        if next == end {
+            return padding_after(at, next - at, &code[at - start..]);
+        }
+        at = next;
+    }
+    0
 }
 
 /// The bytes `pun` writes for a jump to `target` (inside its window):
 /// the first `pun.written` of the result.
 pub(crate) fn pun_bytes(pun: &Pun, target: usize) -> [u8; JUMP_LEN] {
     debug_assert!(target >= pun.lo && target - pun.lo < pun.size);
+    let mut b = [0u8; JUMP_LEN];
+    if pun.written + pun.fixed.len() == 2 {
+        b[0] = JMP_SHORT;
+        debug_assert!(decodes_to(&b[..1], &pun.fixed, pun.start, target));
+        return b;
+    }
     let p = pun.prefixes;
     let end = pun.start + p + JUMP_LEN;
     let rel = (target as i64 - end as i64) as i32;
-    let mut b = [0u8; JUMP_LEN];
     b[..p].fill(PREFIX);
     b[p] = JMP;
     let free = pun.written - 1 - p;
@@ -100,7 +191,7 @@ pub(crate) fn pun_bytes(pun: &Pun, target: usize) -> [u8; JUMP_LEN] {
 fn decodes_to(written: &[u8], fixed: &[u8], start: usize, target: usize) -> bool {
     let bytes: Vec<u8> = written.iter().chain(fixed).copied().collect();
     let insn = Decoder::with_ip(64, &bytes, start as u64, DecoderOptions::NONE).decode();
-    insn.code() == Code::Jmp_rel32_64
+    matches!(insn.code(), Code::Jmp_rel32_64 | Code::Jmp_rel8_64)
         && insn.len() == bytes.len()
         && insn.near_branch_target() == target as u64
 }
@@ -137,10 +228,18 @@ mod tests {
                 }
             }
         }
+        // One byte: `jmp rel32` over the next four, `jmp rel8` over the
+        // next one (0x48: 72 bytes on).
         let one = puns(start, 7, &code, true);
-        assert_eq!(one.len(), 1);
-        assert_eq!(one[0].size, 1);
+        assert_eq!(one.len(), 2);
+        assert_eq!((one[0].size, one[1].size), (1, 1));
         assert_eq!(pun_bytes(&one[0], one[0].lo)[0], JMP);
+        assert_eq!(
+            (one[1].lo, one[1].fixed.as_slice()),
+            (start + 2 + 0x48, &code[1..2])
+        );
+        assert_eq!(pun_bytes(&one[1], one[1].lo)[0], JMP_SHORT);
+        assert!(decodes_to(&[JMP_SHORT], &one[1].fixed, start, one[1].lo));
         // The whole jump written over a long instruction: anywhere a
         // `rel32` reaches.
         let whole = puns(start, 7, &code, false);
@@ -154,6 +253,44 @@ mod tests {
             let b = pun_bytes(&whole[0], target);
             assert!(decodes_to(&b, &[], start, target));
         }
+    }
+
+    #[test]
+    fn padding_after_a_return_or_jump_is_written_too() {
+        // ret; nop dword [rax+rax*1+0] up to a 16-byte boundary; push rbp
+        let code = [0xc3, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0x55];
+        assert_eq!(padding_after(0x100a, 1, &code), 5);
+        let whole = puns(0x100a, 1, &code, false);
+        assert_eq!(
+            (whole.len(), whole[0].written, whole[0].fixed.len()),
+            (1, 5, 0)
+        );
+        // Two bytes of padding (`xchg ax, ax`): three written, two free.
+        let code = [0xc3, 0x66, 0x90, 0x55, 0x48, 0x89, 0xe5];
+        assert_eq!(padding_after(0x100d, 1, &code), 2);
+        let sizes: Vec<_> = puns(0x7f00_0000_100d, 1, &code, false)
+            .iter()
+            .map(|p| (p.written, p.size))
+            .collect();
+        assert_eq!(sizes, [(3, 1 << 16), (3, 1 << 8), (3, 1)]);
+        // jmp rel8 then int3s.
+        assert_eq!(padding_after(0x100c, 2, &[0xeb, 0xf0, 0xcc, 0xcc, 0x90]), 2);
+        // Not padding: an instruction that falls through (pop rbx), nops
+        // that do not end at a boundary (a loop's start inside), other
+        // code, the boundary not seen, only a one-byte patch.
+        assert_eq!(padding_after(0x100a, 1, &[0x5b, 0x0f, 0x1f, 0x44, 0, 0]), 0);
+        assert_eq!(
+            padding_after(0x1009, 1, &[0xc3, 0x0f, 0x1f, 0x44, 0, 0, 0x55]),
+            0
+        );
+        assert_eq!(padding_after(0x100d, 1, &[0xc3, 0x31, 0xc0, 0x90]), 0);
+        assert_eq!(padding_after(0x100d, 1, &[0xc3, 0x90]), 0);
+        assert_eq!(
+            puns(0x100a, 1, &[0xc3, 0x0f, 0x1f, 0x44, 0, 0], true)[0].written,
+            1
+        );
+        // Right at a boundary: none.
+        assert_eq!(padding_after(0x100f, 1, &[0xc3, 0x90]), 0);
     }
 
     #[test]
