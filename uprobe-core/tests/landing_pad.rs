@@ -73,13 +73,7 @@ fn a_pun_whose_one_target_is_padding_lands_on_a_pad_there() {
     for round in 0..3 {
         let probe = probe_at(site).attach().unwrap();
         assert!(
-            matches!(
-                probe.mode(),
-                Mode::Jump(Tactic::Pun {
-                    written: 1,
-                    prefixes: 0
-                })
-            ),
+            common::one_byte_jump(&probe.mode()),
             "round {round}: {:?}",
             probe.mode()
         );

@@ -169,15 +169,7 @@ fn every_exported_function_of_libc_while_threads_come_and_go_and_processes_spawn
 fn check_signal_blocked_code(probes: &[Probe], blocked: &BTreeMap<BlockedPath, Vec<&'static str>>) {
     let one_byte = probes
         .iter()
-        .filter(|p| {
-            matches!(
-                p.mode(),
-                Mode::Jump(Tactic::Pun {
-                    written: 1,
-                    prefixes: 0
-                })
-            )
-        })
+        .filter(|p| common::one_byte_jump(&p.mode()))
         .count();
     println!("  {one_byte} probes run through a one-byte jump");
     if cfg!(target_arch = "x86_64") {

@@ -193,6 +193,18 @@ pub fn bti_guarded_function(code: &[u32]) -> unsafe extern "C" fn(u64) -> u64 {
     }
 }
 
+/// Whether a probe runs through a jump that changed one byte (a `jmp`
+/// opcode over the probed instruction's first byte, nothing more).
+pub fn one_byte_jump(mode: &uprobe_core::Mode) -> bool {
+    matches!(
+        mode,
+        uprobe_core::Mode::Jump(uprobe_core::Tactic::Pun {
+            written: 1,
+            prefixes: 0
+        })
+    )
+}
+
 /// How a probe runs, as a key to count by: `jump: <tactic>`, or `trap:`
 /// and the kind of reason.
 pub fn mode_key(mode: &uprobe_core::Mode) -> String {
