@@ -88,10 +88,15 @@
 //! where their windows have room. Where a site's windows have none, the
 //! stub of the next site's jump, whose bytes they end in, moves within
 //! its own window to where they do (as `E9Patch` chooses a jump's target
-//! for the instruction before it; not where a third jump already ends in
-//! those bytes). Every instruction of libz's exported functions probed
-//! at once: 99.9% through a jump in one batch, 99.0% attached one by one
-//! (`tests/interior.rs`). Where the window is still taken (other
+//! for the instruction before it), with room kept for every jump that
+//! already ends in those bytes (a chain of `pop`s). A return or jump is
+//! punned over the alignment padding after it too, which no thread runs
+//! (a `ret` at a function's end takes a whole jump), and a one-byte
+//! patch whose one target lies in such padding after a function lands on
+//! a stub written there (a landing pad). Every instruction of libz's
+//! exported functions probed at once: all through a jump, in one batch
+//! and attached one by one (`tests/interior.rs`). Where the window is
+//! still taken (other
 //! mappings, the room the stack and the heap keep) the site stays on its
 //! breakpoint ([`NotOptimized::NoPunTarget`]), and so does one whose
 //! neighbour's jump is planned and not yet written when the planning
