@@ -114,18 +114,34 @@ core::arch::global_asm!(
     "jg 2b",
     "ret",
     ".size j_loop_in, . - j_loop_in",
-    // An indirect jump somewhere in the function.
+    // An indirect jump made as deep in the stack as instructions of the
+    // range are (a jump table could land there).
     ".globl j_indirect",
     ".type j_indirect, @function",
     "j_indirect:",
     "push rbx",
     "mov rax, rdi",
-    "pop rbx",
     "lea rcx, [rip + 3f]",
     "jmp rcx",
     "3:",
+    "pop rbx",
     "ret",
     ".size j_indirect, . - j_indirect",
+    // A sibling call through a register, once the frame is given back:
+    // no instruction of the range is at its depth.
+    ".globl j_sibling",
+    ".type j_sibling, @function",
+    "j_sibling:",
+    "push rbx",
+    "mov rbx, rdi",
+    "lea rax, [rip + 3f]",
+    "test rbx, rbx",
+    "pop rbx",
+    "jmp rax",
+    ".size j_sibling, . - j_sibling",
+    "3:",
+    "lea rax, [rdi + 1]",
+    "ret",
     // A return inside what the range would be.
     ".globl j_ret_in",
     ".type j_ret_in, @function",
@@ -287,6 +303,7 @@ unsafe extern "C" {
     fn j_short(x: u64) -> u64;
     fn j_loop_in(x: u64) -> u64;
     fn j_indirect(x: u64) -> u64;
+    fn j_sibling(x: u64) -> u64;
     fn j_ret_in(x: u64) -> u64;
     fn j_elsewhere(x: u64) -> u64;
     fn j_park(x: u64) -> u64;
@@ -364,6 +381,14 @@ fn a_five_byte_nop_takes_a_jump() {
 #[test]
 fn a_prologue_of_three_instructions_takes_a_jump() {
     same_through(j_prologue, true);
+}
+
+#[test]
+fn a_function_whose_indirect_jump_is_a_sibling_call_takes_a_jump_over_its_prologue() {
+    same_through(j_sibling, true);
+    let probe = at_entry(j_sibling).attach().unwrap();
+    assert_eq!(probe.mode(), Mode::Jump(Tactic::Replace));
+    assert_eq!(call(j_sibling, 41), 42);
 }
 
 #[test]

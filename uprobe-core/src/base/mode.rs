@@ -113,8 +113,9 @@ pub enum NotOptimized {
         /// Why no longer range could be taken.
         why: &'static str,
     },
-    /// The function has an indirect jump (a jump table could land inside
-    /// the replaced bytes), at `at`.
+    /// The function has an indirect jump at `at` that could land inside
+    /// the replaced bytes (a jump table): it leaves from a stack depth
+    /// that an instruction there has, or one the engine cannot follow.
     IndirectJump {
         /// The indirect jump.
         at: usize,
@@ -206,7 +207,10 @@ impl core::fmt::Display for NotOptimized {
             Self::TrapOnly => write!(f, "trap-only was asked for"),
             Self::TooShort { len, why } => write!(f, "{len} bytes: {why}"),
             Self::IndirectJump { at } => {
-                write!(f, "the function has an indirect jump at {at:#x}")
+                write!(
+                    f,
+                    "the function has an indirect jump at {at:#x} that could land inside"
+                )
             }
             Self::BranchIntoRange { from, target } => write!(
                 f,

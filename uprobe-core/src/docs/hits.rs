@@ -46,8 +46,12 @@
 //!   (found through a symbol with a size: [`Uprobe::function`],
 //!   [`Uprobe::in_object`], [`Uprobe::at`], not [`Uprobe::address`]), the
 //!   whole function decodes, no direct branch in it lands inside the
-//!   first instructions that make up 5 bytes, it has no indirect jump (a
-//!   jump table could), and none of those instructions but the last
+//!   first instructions that make up 5 bytes, no indirect jump in it can
+//!   (a jump table could: each must leave from a stack depth that none
+//!   of those instructions past the first has, as a sibling call made
+//!   after the epilogue does; the depths are followed from the entry
+//!   through every `push`, `pop` and constant move of `rsp`), and none of
+//!   those instructions but the last
 //!   branches, calls or returns; a last `call rel32` runs as a push of the
 //!   original return address and a `jmp`, so the callee returns to the
 //!   probed code;

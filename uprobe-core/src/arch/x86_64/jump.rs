@@ -33,6 +33,7 @@ use iced_x86::{
 };
 
 use super::JUMP_LEN;
+use super::branches::is_near_branch;
 use super::count::COPY_AT;
 pub(crate) use super::count::ENTRY_AT;
 use super::relocate::{self, Piece};
@@ -75,9 +76,10 @@ impl Plan {
 /// - or, at a function's first instruction (`function` known, with its
 ///   whole code), the first instructions up to at least 5 bytes, if the
 ///   whole function decodes, no direct branch in it lands inside the
-///   range (past its first byte), it has no indirect jump (a jump table
-///   could land there), and no instruction of the range but the last
-///   changes control flow.
+///   range (past its first byte), no indirect jump in it can land there
+///   (a jump table could: each must leave from a stack depth that no
+///   instruction of the range has, `super::stack_depth`), and no
+///   instruction of the range but the last changes control flow.
 ///
 /// Every replaced instruction must be relocatable: not refused by the
 /// kernel's tables, not a far branch, an `rcx` loop or transactional
@@ -153,25 +155,7 @@ pub(crate) fn plan(
             why: "the whole function is shorter than a jump",
         });
     }
-    for insn in &all {
-        if matches!(
-            insn.flow_control(),
-            FlowControl::IndirectBranch | FlowControl::XbeginXabortXend
-        ) {
-            return Err(NotOptimized::IndirectJump {
-                at: insn.ip() as usize,
-            });
-        }
-        if is_near_branch(insn) {
-            let target = insn.near_branch_target() as usize;
-            if target > addr && target < addr + len {
-                return Err(NotOptimized::BranchIntoRange {
-                    from: insn.ip() as usize,
-                    target,
-                });
-            }
-        }
-    }
+    super::branches::none_lands_inside(&all, &range)?;
     Ok(Plan {
         start: addr,
         len,
@@ -293,15 +277,6 @@ fn range_function(
         ),
         Some(f) => Ok(f),
     }
-}
-
-fn is_near_branch(insn: &Instruction) -> bool {
-    (0..insn.op_count()).any(|i| {
-        matches!(
-            insn.op_kind(i),
-            OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
-        )
-    })
 }
 
 /// Whether `insn` (its bytes `bytes`) can run relocated in a trampoline.

@@ -5,6 +5,7 @@
 //! interface.
 
 mod analyze;
+mod branches;
 mod context;
 mod count;
 mod emulate;
@@ -15,6 +16,7 @@ mod lean_return;
 mod pun;
 mod relocate;
 pub(super) mod return_entry;
+mod stack_depth;
 mod timing;
 pub(super) mod trampoline;
 pub(super) mod usdt;
