@@ -228,8 +228,10 @@ pub(crate) struct Pun {
 /// shorter than its jump) provides.
 pub(crate) struct Punning {
     /// The ways to pun a jump over `len` bytes at `start` whose code is
-    /// `code` (one-byte jumps only, if asked).
-    pub(crate) puns: fn(start: usize, len: usize, code: &[u8], one_byte: bool) -> Vec<Pun>,
+    /// `code` (one-byte jumps only, if asked; over the padding after
+    /// them too, if `padding`).
+    pub(crate) puns:
+        fn(start: usize, len: usize, code: &[u8], one_byte: bool, padding: bool) -> Vec<Pun>,
     /// The bytes of a punned jump whose stub is at `target`.
     pub(crate) pun_bytes: fn(pun: &Pun, target: usize) -> [u8; JUMP_LEN],
     /// A stub at `at` that goes on to `target`.

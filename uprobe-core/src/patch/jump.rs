@@ -61,7 +61,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use super::original::{code_as_it_stays, code_as_original};
+use super::original::{code_as_original, code_for_pun};
 use super::pun;
 use super::threads::check_threads;
 use crate::arch::BREAKPOINT;
@@ -146,16 +146,9 @@ pub(crate) fn prepare(
     // The fixed bytes as they stay: a neighbour's breakpoint or written
     // jump among them stays (`pun::choose`), its bytes what the
     // displacement ends in. What the patch replaces is the original code.
-    let stays = code_as_it_stays(addr, here.len());
-    let (pun, bytes) = pun::choose(
-        &plan,
-        &stays[plan.start - addr..],
-        trampoline,
-        maps,
-        direct,
-        accept,
-    )
-    .map_err(|e| e.unwrap_or(instead_of(plan.len, instead)))?;
+    let stays = code_for_pun(plan.start, plan.len, here.len() - (plan.start - addr));
+    let (pun, bytes) = pun::choose(&plan, &stays, trampoline, maps, direct, accept)
+        .map_err(|e| e.unwrap_or(instead_of(plan.len, instead)))?;
     let after = &here[plan.start - addr..];
     Ok(Jump {
         site: addr,

@@ -74,3 +74,16 @@ pub(crate) fn code_as_it_stays(addr: usize, len: usize) -> Vec<u8> {
     }
     code
 }
+
+/// The code at `[addr, addr + len)` as a punned jump over the instruction
+/// of `own` bytes at `addr` sees it: that instruction as it was (what
+/// the jump replaces: the site's own breakpoint is no part of it, and
+/// whether it falls through decides whether the padding after it may be
+/// written too), the rest as it stays ([`code_as_it_stays`]). `WRITER`
+/// is held.
+pub(crate) fn code_for_pun(addr: usize, own: usize, len: usize) -> Vec<u8> {
+    let mut code = code_as_it_stays(addr, len);
+    let own = own.min(len);
+    code[..own].copy_from_slice(&code_as_original(addr, own));
+    code
+}

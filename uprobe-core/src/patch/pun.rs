@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::original::{code_as_it_stays, code_as_original};
+use super::original::{code_as_it_stays, code_as_original, code_for_pun};
 use crate::arch::JUMP_LEN;
 use crate::arch::jump::Plan;
 use crate::base::mode::NotOptimized;
@@ -83,7 +83,8 @@ pub(crate) fn choose(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let stubs = stubs.get_or_insert_with(HashMap::new);
-    for pun in (punning.puns)(plan.start, plan.len, code, one_byte) {
+    let padding = padding_free(plan.start + plan.len);
+    for pun in (punning.puns)(plan.start, plan.len, code, one_byte, padding) {
         let end = pun.start + pun.written + pun.fixed.len();
         // Any site among the bytes written (padding after the probed
         // instruction: a probe on a `nop`) blocks.
@@ -154,6 +155,13 @@ pub(crate) fn choose(
     Err(blocked)
 }
 
+/// Whether the padding from `at` on (if any) may be written: no site
+/// lies within a jump's length of it (a probe on a `nop` there keeps its
+/// bytes, which a pun then takes as fixed ones). `WRITER` is held.
+fn padding_free(at: usize) -> bool {
+    (at..at + JUMP_LEN).all(|a| site_at(a).is_none())
+}
+
 /// Landing pads written so far: where, and their bytes.
 static PADS: Mutex<Vec<(usize, Vec<u8>)>> = Mutex::new(Vec::new());
 
@@ -195,8 +203,12 @@ fn landing_pad(at: usize, stub: &[u8], from: usize, maps: &Snapshot) -> bool {
     if start < map.start || at - code_end > PAD_CLEARANCE {
         return false;
     }
-    let code = code_as_it_stays(start, (code_end + 64).min(map.end) - start);
-    if end > code_end + (punning.padding_after_code)(start, code_end, &code) {
+    // The code as it was (a probe's breakpoint on its last `ret` is no
+    // part of it), and the padding still as it was.
+    let code = code_as_original(start, (code_end + 64).min(map.end) - start);
+    let padding = (punning.padding_after_code)(start, code_end, &code);
+    if end > code_end + padding || code_as_it_stays(at, stub.len()) != code[at - start..end - start]
+    {
         return false;
     }
     let patch = Patch {
@@ -254,7 +266,7 @@ pub(crate) fn room_before(
     if next_start < start + len || next_start >= start + JUMP_LEN + len {
         return None;
     }
-    let stays = code_as_it_stays(start, n - (start - addr));
+    let stays = code_for_pun(start, len, n - (start - addr));
     Some(move |written: &[u8]| {
         let mut code = stays.clone();
         for (k, &b) in written.iter().enumerate() {
@@ -263,7 +275,7 @@ pub(crate) fn room_before(
             }
         }
         let free = |s, e| maps.free(s, e, pinned::HEAP_ROOM);
-        (punning.puns)(start, len, &code, false)
+        (punning.puns)(start, len, &code, false, padding_free(start + len))
             .iter()
             .any(|p| pinned::could_place(p.lo, p.size, &free))
     })

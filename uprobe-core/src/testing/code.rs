@@ -180,13 +180,14 @@ pub struct PunWindow {
 
 /// The ways to pun a jump over the instruction of `len` bytes at `start`
 /// (code `code` from `start` on; `one_byte`: only its first byte is
-/// written), most free bytes first; `None` where the architecture does
-/// not pun.
+/// written; otherwise the alignment padding after a return or jump may
+/// be written too), most free bytes first; `None` where the architecture
+/// does not pun.
 #[must_use]
 pub fn puns(start: usize, len: usize, code: &[u8], one_byte: bool) -> Option<Vec<PunWindow>> {
     let punning = arch::PUNNING?;
     Some(
-        (punning.puns)(start, len, code, one_byte)
+        (punning.puns)(start, len, code, one_byte, true)
             .into_iter()
             .map(|p| PunWindow {
                 start: p.start,

@@ -44,15 +44,23 @@ const JMP_SHORT: u8 = 0xeb;
 /// `start`, whose code (as it will stay around the written bytes) is
 /// `code`, from `start` on, most free bytes first. `one_byte`: only the
 /// opcode is written (instructions of 5 bytes or more); otherwise every
-/// byte of the instruction is, and the padding after it
+/// byte of the instruction is, and (`padding`) the padding after it
 /// ([`padding_after`]), and over 5 bytes or more that is the whole jump:
 /// no byte is fixed, and its window is all a `rel32` reaches. Not
 /// async-signal-safe.
-pub(crate) fn puns(start: usize, len: usize, code: &[u8], one_byte: bool) -> Vec<Pun> {
+pub(crate) fn puns(
+    start: usize,
+    len: usize,
+    code: &[u8],
+    one_byte: bool,
+    padding: bool,
+) -> Vec<Pun> {
     let written = if one_byte {
         1
-    } else {
+    } else if padding {
         (len + padding_after(start, len, code)).min(JUMP_LEN.max(len))
+    } else {
+        len
     };
     if written == 0 {
         return Vec::new();
@@ -221,7 +229,7 @@ mod tests {
         let code = [0x55, 0x48, 0x89, 0xe5, 0x41, 0x57, 0x90, 0x90, 0x90];
         let start = 0x7f00_0000_1000;
         for len in 1..=4 {
-            for pun in puns(start, len, &code, false) {
+            for pun in puns(start, len, &code, false, true) {
                 for target in [pun.lo, pun.lo + pun.size - 1] {
                     let b = pun_bytes(&pun, target);
                     assert!(decodes_to(&b[..pun.written], &pun.fixed, start, target));
@@ -230,7 +238,7 @@ mod tests {
         }
         // One byte: `jmp rel32` over the next four, `jmp rel8` over the
         // next one (0x48: 72 bytes on).
-        let one = puns(start, 7, &code, true);
+        let one = puns(start, 7, &code, true, true);
         assert_eq!(one.len(), 2);
         assert_eq!((one[0].size, one[1].size), (1, 1));
         assert_eq!(pun_bytes(&one[0], one[0].lo)[0], JMP);
@@ -242,7 +250,7 @@ mod tests {
         assert!(decodes_to(&[JMP_SHORT], &one[1].fixed, start, one[1].lo));
         // The whole jump written over a long instruction: anywhere a
         // `rel32` reaches.
-        let whole = puns(start, 7, &code, false);
+        let whole = puns(start, 7, &code, false, true);
         assert_eq!(
             (whole.len(), whole[0].written, whole[0].fixed.len()),
             (1, 5, 0)
@@ -260,7 +268,7 @@ mod tests {
         // ret; nop dword [rax+rax*1+0] up to a 16-byte boundary; push rbp
         let code = [0xc3, 0x0f, 0x1f, 0x44, 0x00, 0x00, 0x55];
         assert_eq!(padding_after(0x100a, 1, &code), 5);
-        let whole = puns(0x100a, 1, &code, false);
+        let whole = puns(0x100a, 1, &code, false, true);
         assert_eq!(
             (whole.len(), whole[0].written, whole[0].fixed.len()),
             (1, 5, 0)
@@ -268,7 +276,7 @@ mod tests {
         // Two bytes of padding (`xchg ax, ax`): three written, two free.
         let code = [0xc3, 0x66, 0x90, 0x55, 0x48, 0x89, 0xe5];
         assert_eq!(padding_after(0x100d, 1, &code), 2);
-        let sizes: Vec<_> = puns(0x7f00_0000_100d, 1, &code, false)
+        let sizes: Vec<_> = puns(0x7f00_0000_100d, 1, &code, false, true)
             .iter()
             .map(|p| (p.written, p.size))
             .collect();
@@ -286,7 +294,7 @@ mod tests {
         assert_eq!(padding_after(0x100d, 1, &[0xc3, 0x31, 0xc0, 0x90]), 0);
         assert_eq!(padding_after(0x100d, 1, &[0xc3, 0x90]), 0);
         assert_eq!(
-            puns(0x100a, 1, &[0xc3, 0x0f, 0x1f, 0x44, 0, 0], true)[0].written,
+            puns(0x100a, 1, &[0xc3, 0x0f, 0x1f, 0x44, 0, 0], true, true)[0].written,
             1
         );
         // Right at a boundary: none.
@@ -296,7 +304,7 @@ mod tests {
     #[test]
     fn windows_shrink_with_prefixes() {
         let code = [0x31, 0xc0, 0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc];
-        let sizes: Vec<usize> = puns(0x7f00_0000_0000, 2, &code, false)
+        let sizes: Vec<usize> = puns(0x7f00_0000_0000, 2, &code, false, true)
             .iter()
             .map(|p| p.size)
             .collect();
