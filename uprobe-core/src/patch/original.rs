@@ -80,7 +80,7 @@ pub(crate) fn code_as_it_stays(addr: usize, len: usize) -> Vec<u8> {
 /// the jump replaces: the site's own breakpoint is no part of it, and
 /// whether it falls through decides whether the padding after it may be
 /// written too), the rest as it stays ([`code_as_it_stays`]). `WRITER`
-/// is held.
+/// is held. Not async-signal-safe.
 pub(crate) fn code_for_pun(addr: usize, own: usize, len: usize) -> Vec<u8> {
     let mut code = code_as_it_stays(addr, len);
     let own = own.min(len);

@@ -158,6 +158,7 @@ pub(crate) fn choose(
 /// Whether the padding from `at` on (if any) may be written: no site
 /// lies within a jump's length of it (a probe on a `nop` there keeps its
 /// bytes, which a pun then takes as fixed ones). `WRITER` is held.
+/// Not async-signal-safe.
 fn padding_free(at: usize) -> bool {
     (at..at + JUMP_LEN).all(|a| site_at(a).is_none())
 }

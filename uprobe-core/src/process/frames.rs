@@ -74,7 +74,8 @@ impl Frames {
     /// The `(start, len)` of the last FDE that ends at or before file
     /// address `addr`, if no FDE covers `addr` (it lies between the
     /// code that unwind information describes: padding, or code
-    /// without any).
+    /// without any). Not async-signal-safe (the first call scans the
+    /// whole section).
     pub(crate) fn before(&self, addr: u64) -> Option<(u64, u64)> {
         let scanned = self.scanned.get_or_init(|| self.scan());
         let after = scanned.partition_point(|e| e.0 <= addr);

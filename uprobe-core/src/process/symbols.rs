@@ -383,7 +383,7 @@ impl Symbols {
 
     /// The code that unwind information describes right before `addr`,
     /// where none describes `addr` itself: the last FDE's `(start, end)`
-    /// before it, in the process's addresses.
+    /// before it, in the process's addresses. Not async-signal-safe.
     pub(crate) fn unwound_before(&self, addr: usize) -> Option<(usize, usize)> {
         let (l, index) = self.object_of(addr)?;
         let file_addr = addr.wrapping_sub(l.bias);

@@ -27,6 +27,7 @@ use iced_x86::{
 /// its entry first) that the direct control flow from the entry
 /// reaches; `None` where some reached instruction moves the stack
 /// pointer by an amount not known here, or is reached at two depths.
+/// Not async-signal-safe.
 pub(super) fn depths(all: &[Instruction]) -> Option<HashMap<usize, i64>> {
     let index: HashMap<usize, usize> = all
         .iter()
