@@ -310,19 +310,19 @@ fn move_for(site: &Site, next: &'static Site, maps: &Snapshot, taken: &mut Vec<u
     // pop r12`, the first two punned over the third's free byte), which
     // moving them takes back and plans again. Not where a jump ends in
     // those jumps' bytes in turn, or cannot be taken back.
+    let punned_over = covering(&[next.addr]);
+    if punned_over
+        .iter()
+        .any(|(c, at)| *at != next.addr || is_direct(c))
+    {
+        return false;
+    }
     let mut tests = Vec::new();
-    for (addr, at) in std::iter::once((site.addr, next.addr)).chain(
-        covering(&[next.addr])
-            .into_iter()
-            .map(|(c, at)| (c.addr, if is_direct(c) { 0 } else { at })),
-    ) {
-        match (at == next.addr)
-            .then(|| crate::patch::pun::room_before(addr, next.addr, next_start, maps))
-            .flatten()
-        {
-            Some(test) => tests.push(test),
-            None => return false,
-        }
+    for addr in std::iter::once(site.addr).chain(punned_over.iter().map(|(c, _)| c.addr)) {
+        let Some(test) = crate::patch::pun::room_before(addr, next.addr, next_start, maps) else {
+            return false;
+        };
+        tests.push(test);
     }
     let room = |bytes: &[u8]| tests.iter().all(|test| test(bytes));
     let function = consumers.iter().find_map(|c| c.function);
