@@ -10,24 +10,29 @@
 //!   the return address), and where the thread's pending returns are
 //!   full or their top is not a frame below this one (abandoned or
 //!   chained frames: the engine sorts those out);
-//! - counts the hit in the probe's per-CPU counters (`return_hits`)
-//!   inside a restartable sequence that reads that pointer again, so
-//!   that once a detach has cleared it and fenced, no hit is counted (a
-//!   thread without a sequence goes to the engine);
+//! - reads the probe's switch and its generation and counts the hit in
+//!   the probe's per-CPU counters (`return_hits`) inside one restartable
+//!   sequence that reads the cell again, so that once a detach has
+//!   cleared it and fenced, no hit is counted, and the switch and
+//!   generation are those of the probe the hit was counted for (a thread
+//!   without a sequence goes to the engine);
 //! - pushes the pending return as the engine's `prepare` would: its
 //!   slot, then the depth, then the slot again (a signal handler's push
 //!   in between cannot leave its slot there), then the probed function,
-//!   the original return address, a zero cookie, the probe's switch and
-//!   its generation (the switch read again after the generation: if the
-//!   cell no longer names it, it may have been given back and turned on
-//!   for another probe meanwhile, and the return names nothing), nothing
-//!   charged;
+//!   the original return address, a zero cookie, that switch and
+//!   generation (the switch cleared if the cell no longer names it: the
+//!   probe was detached during the call, and the return names nothing),
+//!   nothing charged;
 //! - replaces the return address with the stub, restores, and returns
 //!   into the trampoline, which runs the relocated code.
 //!
-//! A detach between the count and the push leaves the cell's switch null:
-//! the hit is counted, no return is tracked (as a detach during the call
-//! does). The return goes through the stub to the engine's return
+//! A detach after the count: the hit is counted, and the return names
+//! nothing (as a detach during the call does), or, should the switch have
+//! been given back and turned on for another probe since, a generation
+//! that is no longer the switch's: no handler of the other probe runs
+//! for it. (Reading the switch after the count let a thread preempted
+//! between the two count a hit for one probe and track its return for
+//! the next.) The return goes through the stub to the engine's return
 //! trampoline (`super::timing`'s return routine sends it there: the
 //! pending return is the engine's), which runs the handler with the
 //! full `ReturnContext`.
@@ -66,9 +71,19 @@ entry_routine!(
         "cmp [rsi + {instances} - {size} + {slot} + rax], r8",
         "jbe 9f",
         "2:",
-        // Count the hit (rcx: slot 0 of the counters, 128 bytes apart), in
-        // a restartable sequence.
+        // In a restartable sequence: the probe's switch and its generation
+        // (kept below the stack pointer: this routine calls nothing, and a
+        // signal frame goes below the red zone), then the hit counted (rcx:
+        // slot 0 of the counters, 128 bytes apart). A detach fences the
+        // sequence once the cell names neither, so the return tracked
+        // below is the one of the probe this hit was counted for.
         sequence_start!(),
+        "mov rax, [rcx + {cell_returns}]",
+        "test rax, rax",
+        "jz 9f",
+        "mov [rsp - 8], rax",
+        "mov rax, [rax + 8]",
+        "mov [rsp - 16], rax",
         "mov rcx, [rcx + {cell_hits}]",
         "test rcx, rcx",
         "jz 9f",
@@ -77,12 +92,9 @@ entry_routine!(
         "lea rax, [rax + 1]",
         "mov [rcx + rdx], rax",
         "5:",
-        // The probe's switch (rcx), gone since: nothing to track.
+        "mov rcx, [rsp - 8]",
         "mov rdx, [rsp + {resume_slot}]",
         "mov rdx, [rdx - {resume} + {cell}]",
-        "mov rcx, [rdx + {cell_returns}]",
-        "test rcx, rcx",
-        "jz 7f",
         // Push: the slot, the depth, the slot again, then the rest.
         "mov rax, [rsi + {r_depth}]",
         "imul rax, rax, {size}",
@@ -97,10 +109,10 @@ entry_routine!(
         "mov qword ptr [rax + {cookie}], 0",
         "mov word ptr [rax + {charged}], 0",
         "mov [rax + {switch}], rcx",
-        "mov rdx, [rcx + 8]",
+        "mov rdx, [rsp - 16]",
         "mov [rax + {generation}], rdx",
-        // Still the cell's switch after its generation was read: else the
-        // return names nothing.
+        // Still the cell's switch: else the probe was detached during the
+        // call, and the return names nothing.
         "mov rdx, [rsp + {resume_slot}]",
         "mov rdx, [rdx - {resume} + {cell}]",
         "cmp rcx, [rdx + {cell_returns}]",
@@ -109,7 +121,6 @@ entry_routine!(
         "1:",
         // Return through the stub from now on.
         "mov [r8], rdi",
-        "7:",
         restore_for_entry!(),
         "ret",
     ],
