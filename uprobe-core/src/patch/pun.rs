@@ -86,12 +86,9 @@ pub(crate) fn choose(
     let padding = padding_free(plan.start + plan.len);
     for pun in (punning.puns)(plan.start, plan.len, code, one_byte, padding) {
         let end = pun.start + pun.written + pun.fixed.len();
-        // Any site among the bytes written (padding after the probed
-        // instruction: a probe on a `nop`) blocks.
-        let written_end = pun.start + pun.written;
-        if let Some(at) = (pun.start + 1..end)
-            .find(|&a| blocks(a, one_byte) || (a < written_end && site_at(a).is_some()))
-        {
+        // (Bytes written past the instruction are padding with no site:
+        // `padding_free`.)
+        if let Some(at) = (pun.start + 1..end).find(|&a| blocks(a, one_byte)) {
             blocked.get_or_insert(NotOptimized::OtherProbeInRange { at });
             continue;
         }

@@ -9,6 +9,7 @@
 
 use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 
+use super::branches::is_near_branch;
 use super::insn::{
     Emulation, Gpr, LoopKind, Operand, disassemble, greg_of, has_operand_size_override,
     refuse_by_table,
@@ -170,13 +171,6 @@ fn is_branch(e: &Emulation) -> bool {
             | Emulation::Ret { .. }
             | Emulation::Loop { .. }
             | Emulation::Indirect { .. }
-    )
-}
-
-fn is_near_branch(insn: &Instruction) -> bool {
-    matches!(
-        insn.op0_kind(),
-        OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
     )
 }
 
